@@ -1,0 +1,37 @@
+# The README's two commands. Both create (or reuse) the virtual environment in .venv themselves.
+#   make demo   the main job end to end on a small embedded default (CPU when there is no GPU)
+#   make test   install what is needed and run the tests
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed
+
+.PHONY: demo test lint install tokenizer clean
+
+install: $(STAMP)
+
+# Re-installs only when the pins or the package metadata change.
+$(STAMP): setup.py pyproject.toml requirements/pinned.txt
+	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 10) else "aogpt needs python >= 3.10")'
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q -r requirements/pinned.txt
+	$(PY) -m pip install -q --no-deps mosaicml-streaming==0.13.0
+	$(PY) -m pip install -q --no-deps -e .
+	touch $@
+
+# GPT-2's BPE ranks for offline use, from the openai-whisper sdist on PyPI (verified by sha256).
+tokenizer: $(STAMP)
+	$(PY) -m aogpt.data_prep.tokenizer fetch
+
+lint: $(STAMP)
+	$(PY) -m ruff check .
+
+test: $(STAMP) tokenizer lint
+	$(PY) -m pytest
+
+demo: $(STAMP) tokenizer
+	$(PY) tools/demo.py
+
+clean:
+	rm -rf $(VENV) build *.egg-info

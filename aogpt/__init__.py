@@ -1,0 +1,37 @@
+"""aogpt: distributed pretraining of AO-GPT, the any-order GPT that is a masked diffusion model.
+
+The code lives in the top-level folders model/, data_prep/ and trainer/, installed as
+`aogpt.model`, `aogpt.data_prep` and `aogpt.trainer` (see setup.py). This root holds only what
+all of them share: the version and the error type for bad user input.
+"""
+
+import functools
+import sys
+from collections.abc import Callable
+
+__version__ = "0.1.0"
+
+
+class UsageError(Exception):
+    """Bad input from a user (a flag, a config value, a file): the message says what and how to fix it.
+
+    Command-line entry points print it as one line and exit 2 instead of showing a traceback;
+    everything else (a bug) still raises with its traceback.
+    """
+
+
+def cli_entry(main: Callable[..., int | None]) -> Callable[..., int]:
+    """Wraps a command's `main` so that a UsageError ends it with one line and exit status 2."""
+
+    @functools.wraps(main)
+    def wrapper(*args, **kwargs) -> int:
+        try:
+            return main(*args, **kwargs) or 0
+        except UsageError as err:
+            print(f"error: {err}", file=sys.stderr)
+            return 2
+        except KeyboardInterrupt:
+            print("interrupted", file=sys.stderr)
+            return 130
+
+    return wrapper

@@ -1,0 +1,1 @@
+"""Text -> GPT-2 tokens -> MosaicML Streaming MDS shards."""

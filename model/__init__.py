@@ -1,0 +1,1 @@
+"""AO-GPT network, orders, sampler and checkpoint loading (no DeepSpeed here)."""

@@ -1,0 +1,84 @@
+"""The network's shape and variant switches: AO-GPT, its sigma-GPT baseline and a plain GPT.
+
+Defaults are the paper's AO-GPT small (model_AOGPT_AdaLN6_NoRep_cond_128_trunc_qknorm): RMSNorm,
+qk-norm, per-token AdaLN on the target position, untied head with bias, truncated-normal init.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+from aogpt import UsageError
+
+GPT2_VOCAB = 50257
+PADDED_VOCAB = 50304  # GPT-2's vocab rounded up to a multiple of 64, for faster matmuls
+
+TargetInjection = Literal["adaln", "sigma_sum", "none"]
+
+
+@dataclass
+class ModelConfig:
+    n_layer: int = 12
+    n_head: int = 12
+    n_embd: int = 768
+    block_size: int = 1024  # tokens per sequence; the residual stream has one more slot, [None]
+    vocab_size: int = PADDED_VOCAB
+    # How the next target's position reaches the network: "adaln" (AO-GPT: per-token AdaLN from a
+    # cond_dim-wide table), "sigma_sum" (sigma-GPT: a second position embedding added at the input),
+    # "none" (a plain left-to-right GPT; it can only be trained and scored left to right).
+    target_injection: TargetInjection = "adaln"
+    cond_dim: int = 128
+    norm: Literal["rms", "layer"] = "rms"
+    qk_norm: bool = True
+    bias: bool = True  # biases of the block's linear layers (norms never have one in "rms")
+    tie_embeddings: bool = False
+    lm_head_bias: bool = True
+    init: Literal["trunc_normal", "normal"] = "trunc_normal"
+    init_std: float = 0.02
+    adaln_zero_init: bool = False  # SEDD/DiT's adaLN-Zero; the paper's AO-GPT does not use it
+    dropout: float = 0.0
+    # "auto": flash-attn's kernel on a supported GPU when installed, else PyTorch SDPA.
+    attn_impl: Literal["auto", "sdpa", "flash_attn", "math"] = "auto"
+    activation_checkpointing: bool = False
+    # Cross-entropy is computed over chunks of this many tokens so the full (tokens x vocab)
+    # logits never exist at once; 0 computes them in one piece.
+    loss_chunk_size: int = 4096
+
+    @property
+    def head_dim(self) -> int:
+        return self.n_embd // self.n_head
+
+    def validate(self) -> None:
+        for name in ("n_layer", "n_head", "n_embd", "block_size", "vocab_size", "cond_dim"):
+            if getattr(self, name) <= 0:
+                raise UsageError(f"model.{name} must be positive, got {getattr(self, name)}")
+        if self.n_embd % self.n_head:
+            raise UsageError(
+                f"model.n_embd ({self.n_embd}) must be divisible by model.n_head ({self.n_head})"
+            )
+        if self.vocab_size < GPT2_VOCAB:
+            raise UsageError(
+                f"model.vocab_size ({self.vocab_size}) is smaller than GPT-2's {GPT2_VOCAB} tokens"
+            )
+        if not 0.0 <= self.dropout < 1.0:
+            raise UsageError(f"model.dropout must be in [0, 1), got {self.dropout}")
+        if self.loss_chunk_size < 0:
+            raise UsageError(f"model.loss_chunk_size must be >= 0, got {self.loss_chunk_size}")
+        if self.init_std <= 0:
+            raise UsageError(f"model.init_std must be positive, got {self.init_std}")
+
+
+def small() -> ModelConfig:
+    """The paper's "124M" AO-GPT (170.6M parameters with its untied head and AdaLN)."""
+    return ModelConfig(n_layer=12, n_head=12, n_embd=768)
+
+
+def medium() -> ModelConfig:
+    """The paper's "350M" AO-GPT (425.8M parameters)."""
+    return ModelConfig(n_layer=24, n_head=16, n_embd=1024)
+
+
+def tiny() -> ModelConfig:
+    """A few hundred thousand parameters in the blocks: trains on CPU in minutes, for tests and the demo."""
+    return ModelConfig(n_layer=2, n_head=2, n_embd=64, block_size=128, cond_dim=32)

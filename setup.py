@@ -1,0 +1,41 @@
+"""Packaging for aogpt.
+
+The source folders sit at the top of the repository (model/, trainer/, data_prep/) so that
+`deepspeed trainer/main.py` and `python data_prep/owt_to_mds.py` run from a checkout, but they
+install under the `aogpt` namespace: bare `model`/`trainer` names in site-packages would
+collide with other projects.
+"""
+
+from setuptools import setup
+
+PACKAGES = {"aogpt": "aogpt", "aogpt.model": "model", "aogpt.trainer": "trainer", "aogpt.data_prep": "data_prep"}
+
+setup(
+    name="aogpt",
+    version="0.1.0",
+    description="Distributed pretraining of AO-GPT, the any-order GPT / masked diffusion model",
+    python_requires=">=3.10",
+    packages=list(PACKAGES),
+    package_dir=PACKAGES,
+    install_requires=[
+        "torch>=2.4,<3",  # F.rms_norm
+        "deepspeed>=0.19.8,<0.20",
+        "mosaicml-streaming==0.13.0",
+        "numpy>=1.24,<2.2",  # streaming's own bound
+        "tiktoken>=0.7",
+        "pyyaml>=6",
+        "tqdm>=4.64",
+        "wandb>=0.17",
+        "matplotlib>=3.7",
+        "datasets>=4",
+        "pyarrow>=14",
+        "xxhash>=3,<4",
+        "zstd>=1.5,<2",
+        "transformers>=4.40,<5",  # StreamingDataLoader imports it
+    ],
+    extras_require={
+        "test": ["pytest>=8", "ruff>=0.6"],
+        "gpu": ["flash-attn>=2.6"],
+        "cloud": ["boto3>=1.21,<2"],
+    },
+)

@@ -1,0 +1,118 @@
+"""YAML presets -> typed, validated dataclasses; overrides; clear one-line errors."""
+
+import re
+
+import pytest
+import yaml
+from conftest import run_cli
+
+from aogpt import UsageError
+from aogpt.trainer.config import RunConfig, load_config, save_config
+
+PRESETS = ["ao_gpt_small", "ao_gpt_medium", "sigma_gpt_small", "sigma_gpt_medium",
+           "gpt_small", "gpt_medium", "tiny"]
+
+
+@pytest.mark.parametrize("name", PRESETS)
+def test_every_preset_loads_and_validates(repo, name):
+    cfg = load_config(repo / "configs" / f"{name}.yaml")
+    cfg.validate(world_size=1)
+    assert isinstance(cfg, RunConfig)
+
+
+def test_paper_presets_have_the_papers_settings(repo):
+    small = load_config(repo / "configs" / "ao_gpt_small.yaml")
+    medium = load_config(repo / "configs" / "ao_gpt_medium.yaml")
+    assert (small.model.n_layer, small.model.n_head, small.model.n_embd) == (12, 12, 768)
+    assert (medium.model.n_layer, medium.model.n_head, medium.model.n_embd) == (24, 16, 1024)
+    assert small.train.tokens_per_step == medium.train.tokens_per_step == 1_048_576
+    assert small.order.kind == "mixture" and small.order.p_left_to_right == 0.1
+    assert small.optim.lr == 6e-4 and medium.optim.lr == 3e-4 and medium.optim.min_lr == 6e-5
+    assert small.ema.decay == 0.9999
+    assert small.gradient_accumulation_steps(world_size=16) == 4  # 2 nodes x 8 GPUs, as the paper
+
+
+def test_baselines_switch_config_values_not_code(repo):
+    sigma = load_config(repo / "configs" / "sigma_gpt_small.yaml")
+    gpt = load_config(repo / "configs" / "gpt_small.yaml")
+    assert sigma.model.target_injection == "sigma_sum" and sigma.model.tie_embeddings
+    assert sigma.order.kind == "uniform" and not sigma.ema.enabled
+    assert gpt.order.kind == "l2r" and gpt.model.target_injection == "adaln"
+
+
+def test_dotted_overrides_are_typed(repo):
+    cfg = load_config(repo / "configs" / "tiny.yaml",
+                      ["train.max_steps=7", "order.p_left_to_right=0", "optim.lr=1e-3",
+                       "data.path=/x/y", "model.qk_norm=false"])
+    assert cfg.train.max_steps == 7 and isinstance(cfg.train.max_steps, int)
+    assert cfg.order.p_left_to_right == 0.0 and isinstance(cfg.order.p_left_to_right, float)
+    assert cfg.optim.lr == 1e-3 and cfg.data.path == "/x/y" and cfg.model.qk_norm is False
+
+
+def test_streams_list_builds_nested_dataclasses(repo):
+    cfg = load_config(repo / "configs" / "tiny.yaml",
+                      ["data.streams=[{path: a, proportion: 0.7}, {path: b}]"])
+    assert [s.path for s in cfg.data.streams] == ["a", "b"]
+    assert cfg.data.streams[0].proportion == 0.7 and cfg.data.streams[1].proportion is None
+
+
+@pytest.mark.parametrize("override, message", [
+    ("train.max_step=3", "unknown config key train.max_step (did you mean train.max_steps?)"),
+    ("modle.n_layer=3", "unknown config key modle (did you mean model?)"),
+    ("train.max_steps=many", "train.max_steps must be an integer, got 'many'"),
+    ("train.max_steps=2.5", "train.max_steps must be an integer"),
+    ("model.qk_norm=1", "model.qk_norm must be true or false"),
+    ("order.kind=zigzag", "order.kind must be one of mixture, uniform, l2r, fixed, blockwise"),
+    ("train", "is not of the form key.sub=value"),
+])
+def test_bad_overrides_name_the_problem(repo, override, message):
+    with pytest.raises(UsageError, match=re.escape(message)):
+        load_config(repo / "configs" / "tiny.yaml", [override])
+
+
+@pytest.mark.parametrize("override, world, message", [
+    ("model.n_head=3", 1, "n_embd .64. must be divisible by model.n_head .3."),
+    ("order.p_left_to_right=1.5", 1, "order.p_left_to_right must be in"),
+    ("train.micro_batch_size=5", 1, "must be a multiple of train.micro_batch_size"),
+    ("train.micro_batch_size=16", 4, "not divisible by micro_batch_size x world size"),
+    ("order.schedule=linear", 1, "needs order.schedule_steps"),
+    ("data.path=''", 1, "data.path is empty"),
+])
+def test_cross_field_rules(repo, override, world, message):
+    cfg = load_config(repo / "configs" / "tiny.yaml", [override])
+    with pytest.raises(UsageError, match=message):
+        cfg.validate(world_size=world)
+
+
+def test_base_presets_merge_and_missing_files_are_errors(tmp_path, repo):
+    child = tmp_path / "child.yaml"
+    child.write_text(f"base: {repo / 'configs' / 'tiny.yaml'}\ntrain:\n  max_steps: 3\n")
+    cfg = load_config(child)
+    assert cfg.train.max_steps == 3 and cfg.model.n_embd == 64  # the rest comes from the base
+    with pytest.raises(UsageError, match="does not exist"):
+        load_config(tmp_path / "nope.yaml")
+    (tmp_path / "loop.yaml").write_text("base: loop.yaml\n")
+    with pytest.raises(UsageError, match="includes itself"):
+        load_config(tmp_path / "loop.yaml")
+    (tmp_path / "bad.yaml").write_text("train: [1,\n")
+    with pytest.raises(UsageError, match="not valid YAML"):
+        load_config(tmp_path / "bad.yaml")
+
+
+def test_resolved_config_round_trips(tmp_path, repo):
+    cfg = load_config(repo / "configs" / "ao_gpt_medium.yaml", ["train.seed=5"])
+    save_config(cfg, tmp_path / "config.yaml")
+    assert load_config(tmp_path / "config.yaml") == cfg
+    assert yaml.safe_load((tmp_path / "config.yaml").read_text())["model"]["n_layer"] == 24
+    assert not list(tmp_path.glob("*.partial"))
+
+
+def test_demo_command_reports_config_errors_in_one_line(repo, tmp_path):
+    script = tmp_path / "check.py"
+    script.write_text(
+        "import sys\nfrom aogpt import cli_entry\nfrom aogpt.trainer.config import load_config\n"
+        "@cli_entry\ndef main():\n    load_config(sys.argv[1], sys.argv[2:])\n"
+        "sys.exit(main())\n")
+    result = run_cli(str(script), str(repo / "configs" / "tiny.yaml"), "optim.lrr=1")
+    assert result.returncode == 2
+    assert result.stderr.strip() == "error: unknown config key optim.lrr (did you mean optim.lr?)"

@@ -1,0 +1,1 @@
+"""DeepSpeed training, streaming loader, EMA, checkpoints, eval and sample CLIs."""

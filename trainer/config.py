@@ -1,0 +1,332 @@
+"""A training run's configuration: typed dataclasses loaded from YAML presets plus dotted overrides.
+
+    cfg = load_config("configs/ao_gpt_small.yaml", ["train.max_steps=100", "order.p_left_to_right=0"])
+
+A preset may start from another with `base: other.yaml` (a path relative to the preset). Every
+value is type-checked, unknown keys are rejected with the closest valid name, and cross-field
+rules (divisibility, ranges) are checked by `RunConfig.validate` before any heavy work starts.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import os
+import types
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+
+from aogpt import UsageError
+from aogpt.model.config import ModelConfig
+
+
+@dataclass
+class StreamConfig:
+    """One MDS dataset mixed into training (see DataConfig.streams)."""
+
+    path: str = ""
+    proportion: float | None = None  # share of each epoch; None splits what is left evenly
+
+
+@dataclass
+class DataConfig:
+    # A folder made by data_prep/owt_to_mds.py (holding train/ and val/), or a remote URL.
+    path: str = ""
+    # Several datasets mixed by proportion; when given, `path` is not used for training.
+    streams: list[StreamConfig] = field(default_factory=list)
+    # Where shards of a remote dataset are cached on each node (default: under out_dir).
+    local_cache: str | None = None
+    shuffle_algo: Literal["py1e", "py1br", "py1s", "py2s", "naive"] = "py1e"
+    # Fixes the sample order independently of the node count; keep it constant across resumes.
+    num_canonical_nodes: int | None = None
+    num_workers: int = 2
+
+
+@dataclass
+class TrainConfig:
+    max_steps: int = 500_000
+    seed: int = 1337
+    tokens_per_step: int = 1_048_576  # global batch in tokens, fixed whatever the world size
+    micro_batch_size: int = 16  # sequences per GPU per forward; accumulation is derived
+    log_every: int = 10
+
+
+@dataclass
+class OptimConfig:
+    lr: float = 6e-4
+    min_lr: float = 6e-5
+    warmup_steps: int = 2000
+    decay_steps: int = 500_000  # cosine from lr to min_lr ends here, then min_lr
+    weight_decay: float = 0.03  # on >= 2-D weights only; the released checkpoints' value
+    beta1: float = 0.9
+    beta2: float = 0.95
+    eps: float = 1e-8
+    grad_clip: float = 1.0
+
+
+@dataclass
+class OrderConfig:
+    """How the generation order of each training sequence is drawn."""
+
+    # mixture: left-to-right with probability p_left_to_right, else uniform (the paper, p = 0.1)
+    # uniform: any order; l2r: left to right; fixed: one random order for every sample;
+    # blockwise: contiguous blocks of block_size, see block_mode.
+    kind: Literal["mixture", "uniform", "l2r", "fixed", "blockwise"] = "mixture"
+    p_left_to_right: float = 0.1
+    # p_left_to_right moves to p_left_to_right_end over schedule_steps (constant: never moves).
+    schedule: Literal["constant", "linear", "step", "cosine"] = "constant"
+    p_left_to_right_end: float = 0.0
+    schedule_steps: int = 0
+    fixed_seed: int = 0  # seed of the fixed order, recorded with the run
+    fixed_file: str | None = None  # or a file holding the order (a permutation of 0..n-1)
+    block_size: int = 64
+    # within_blocks: blocks stay left to right, tokens inside each block in random order;
+    # across_blocks: blocks in random order, tokens inside each block left to right.
+    block_mode: Literal["within_blocks", "across_blocks"] = "within_blocks"
+
+
+@dataclass
+class EMAConfig:
+    enabled: bool = True
+    decay: float = 0.9999  # with the (1+n)/(10+n) warm-up
+
+
+@dataclass
+class CheckpointConfig:
+    every: int = 10_000  # steps; also on SIGTERM/SIGUSR1
+    keep_last: int = 3
+
+
+@dataclass
+class EvalConfig:
+    every: int = 2500  # steps; 0 turns periodic validation off
+    batches: int = 8  # validation batches per rank
+    num_orders: int = 10  # random orders per sequence for the any-order loss
+
+
+@dataclass
+class LoggingConfig:
+    # auto: online when WANDB_API_KEY is set, otherwise off. Never prompts.
+    wandb: Literal["auto", "off", "online", "offline"] = "auto"
+    wandb_project: str = "aogpt"
+    wandb_run_name: str | None = None
+
+
+@dataclass
+class RunConfig:
+    out_dir: str = "runs/default"
+    model: ModelConfig = field(default_factory=ModelConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+    optim: OptimConfig = field(default_factory=OptimConfig)
+    order: OrderConfig = field(default_factory=OrderConfig)
+    ema: EMAConfig = field(default_factory=EMAConfig)
+    checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
+    eval: EvalConfig = field(default_factory=EvalConfig)
+    logging: LoggingConfig = field(default_factory=LoggingConfig)
+
+    def validate(self, world_size: int | None = None) -> None:
+        """Checks rules that span fields; with world_size, also the batch arithmetic."""
+        self.model.validate()
+        positive = {
+            "train.max_steps": self.train.max_steps,
+            "train.tokens_per_step": self.train.tokens_per_step,
+            "train.micro_batch_size": self.train.micro_batch_size,
+            "train.log_every": self.train.log_every,
+            "checkpoint.every": self.checkpoint.every,
+            "checkpoint.keep_last": self.checkpoint.keep_last,
+            "eval.batches": self.eval.batches,
+            "eval.num_orders": self.eval.num_orders,
+            "optim.lr": self.optim.lr,
+            "order.block_size": self.order.block_size,
+            "data.num_workers": self.data.num_workers + 1,
+        }
+        for name, value in positive.items():
+            if value <= 0:
+                raise UsageError(f"{name} must be positive, got {value}")
+        if self.eval.every < 0:
+            raise UsageError(f"eval.every must be >= 0 (0 = off), got {self.eval.every}")
+        if not 0 <= self.optim.min_lr <= self.optim.lr:
+            raise UsageError(f"optim.min_lr ({self.optim.min_lr}) must be in [0, optim.lr]")
+        if self.optim.warmup_steps < 0 or self.optim.decay_steps < self.optim.warmup_steps:
+            raise UsageError("optim.decay_steps must be >= optim.warmup_steps >= 0")
+        if not 0.0 <= self.optim.beta1 < 1.0 or not 0.0 <= self.optim.beta2 < 1.0:
+            raise UsageError("optim.beta1 and optim.beta2 must be in [0, 1)")
+        for name in ("p_left_to_right", "p_left_to_right_end"):
+            if not 0.0 <= getattr(self.order, name) <= 1.0:
+                raise UsageError(f"order.{name} must be in [0, 1], got {getattr(self.order, name)}")
+        if self.order.schedule != "constant" and self.order.schedule_steps <= 0:
+            raise UsageError(f"order.schedule={self.order.schedule} needs order.schedule_steps > 0")
+        if self.order.kind == "blockwise" and self.model.block_size % self.order.block_size:
+            raise UsageError(
+                f"order.block_size ({self.order.block_size}) must divide model.block_size "
+                f"({self.model.block_size})"
+            )
+        if self.model.target_injection == "none" and self.order.kind != "l2r":
+            raise UsageError(
+                "model.target_injection=none cannot learn any-order generation: set order.kind=l2r"
+            )
+        if not 0.0 < self.ema.decay < 1.0:
+            raise UsageError(f"ema.decay must be in (0, 1), got {self.ema.decay}")
+        if not self.data.path and not self.data.streams:
+            raise UsageError("data.path is empty: point it at a folder made by data_prep/owt_to_mds.py")
+        tokens_per_micro_batch = self.train.micro_batch_size * self.model.block_size
+        if self.train.tokens_per_step % tokens_per_micro_batch:
+            raise UsageError(
+                f"train.tokens_per_step ({self.train.tokens_per_step}) must be a multiple of "
+                f"train.micro_batch_size x model.block_size ({tokens_per_micro_batch})"
+            )
+        if world_size is not None:
+            self.gradient_accumulation_steps(world_size)
+
+    @property
+    def sequences_per_step(self) -> int:
+        return self.train.tokens_per_step // self.model.block_size
+
+    def gradient_accumulation_steps(self, world_size: int) -> int:
+        """Micro-steps per optimizer step so that every step sees exactly tokens_per_step tokens."""
+        per_micro_step = self.train.micro_batch_size * world_size
+        if self.sequences_per_step % per_micro_step:
+            raise UsageError(
+                f"the global batch of {self.sequences_per_step} sequences is not divisible by "
+                f"micro_batch_size x world size = {self.train.micro_batch_size} x {world_size}: "
+                "change train.micro_batch_size or train.tokens_per_step"
+            )
+        return self.sequences_per_step // per_micro_step
+
+
+# ---- loading -------------------------------------------------------------------------------------
+
+
+def load_config(path: str | os.PathLike, overrides: list[str] = ()) -> RunConfig:
+    """Reads a YAML preset (following `base:` links), applies `key.sub=value` overrides, validates types."""
+    tree = _read_preset(Path(path), seen=())
+    for override in overrides:
+        key, sep, raw = override.partition("=")
+        if not sep or not key:
+            raise UsageError(f"override {override!r} is not of the form key.sub=value")
+        _set_dotted(tree, key.strip(), yaml.safe_load(raw) if raw.strip() else None)
+    return _build(RunConfig, tree, prefix="")
+
+
+def config_to_dict(cfg: Any) -> dict:
+    return dataclasses.asdict(cfg)
+
+
+def save_config(cfg: RunConfig, path: str | os.PathLike) -> None:
+    """Writes the resolved config atomically (temp file, then rename)."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    partial = path.with_name(path.name + ".partial")
+    partial.write_text(yaml.safe_dump(config_to_dict(cfg), sort_keys=False))
+    partial.replace(path)
+
+
+def _read_preset(path: Path, seen: tuple[Path, ...]) -> dict:
+    if not path.is_file():
+        raise UsageError(f"config file {path} does not exist (presets are in configs/)")
+    if path.resolve() in seen:
+        raise UsageError(f"config {path} includes itself through `base:`")
+    try:
+        tree = yaml.safe_load(path.read_text()) or {}
+    except yaml.YAMLError as err:
+        mark = getattr(err, "problem_mark", None)
+        where = f" line {mark.line + 1}" if mark else ""
+        raise UsageError(f"config {path}{where} is not valid YAML: {getattr(err, 'problem', err)}") from None
+    if not isinstance(tree, dict):
+        raise UsageError(f"config {path} must be a mapping of keys to values")
+    base = tree.pop("base", None)
+    if base is None:
+        return tree
+    merged = _read_preset(path.parent / base, seen + (path.resolve(),))
+    _deep_merge(merged, tree)
+    return merged
+
+
+def _deep_merge(into: dict, update: dict) -> None:
+    for key, value in update.items():
+        if isinstance(value, dict) and isinstance(into.get(key), dict):
+            _deep_merge(into[key], value)
+        else:
+            into[key] = value
+
+
+def _set_dotted(tree: dict, dotted: str, value: Any) -> None:
+    *parents, leaf = dotted.split(".")
+    node = tree
+    for part in parents:
+        node = node.setdefault(part, {})
+        if not isinstance(node, dict):
+            raise UsageError(f"override {dotted}: {part} is a value, not a section")
+    node[leaf] = value
+
+
+def _build(cls: type, values: Any, prefix: str) -> Any:
+    if not isinstance(values, dict):
+        raise UsageError(f"{prefix.rstrip('.') or 'config'} must be a section (a mapping), got {values!r}")
+    fields = {f.name: f for f in dataclasses.fields(cls)}
+    hints = typing.get_type_hints(cls)
+    kwargs = {}
+    for key, value in values.items():
+        if key not in fields:
+            close = difflib.get_close_matches(str(key), list(fields), n=1)
+            hint = f" (did you mean {prefix}{close[0]}?)" if close else f" (known: {', '.join(fields)})"
+            raise UsageError(f"unknown config key {prefix}{key}{hint}")
+        kwargs[key] = _coerce(hints[key], value, f"{prefix}{key}")
+    return cls(**kwargs)
+
+
+def _coerce(hint: Any, value: Any, name: str) -> Any:
+    """Checks (and where lossless, converts) a YAML value against a dataclass field's type."""
+    origin = typing.get_origin(hint)
+    if dataclasses.is_dataclass(hint):
+        return _build(hint, value, f"{name}.")
+    if origin in (typing.Union, types.UnionType):
+        options = typing.get_args(hint)
+        if value is None and type(None) in options:
+            return None
+        errors = []
+        for option in options:
+            if option is type(None):
+                continue
+            try:
+                return _coerce(option, value, name)
+            except UsageError as err:
+                errors.append(str(err))
+        raise UsageError(errors[0])
+    if origin is Literal:
+        allowed = typing.get_args(hint)
+        if value not in allowed:
+            raise UsageError(f"{name} must be one of {', '.join(map(str, allowed))}; got {value!r}")
+        return value
+    if origin is list:
+        if not isinstance(value, list):
+            raise UsageError(f"{name} must be a list, got {value!r}")
+        (item,) = typing.get_args(hint)
+        return [_coerce(item, v, f"{name}[{i}]") for i, v in enumerate(value)]
+    if hint is bool:
+        if not isinstance(value, bool):
+            raise UsageError(f"{name} must be true or false, got {value!r}")
+        return value
+    if hint in (int, float) and isinstance(value, str):
+        try:  # YAML 1.1 reads 6e-4 and 1e6 (no dot) as strings
+            value = float(value)
+        except ValueError:
+            pass
+    if hint is int:
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or value != int(value):
+            raise UsageError(f"{name} must be an integer, got {value!r}")
+        return int(value)
+    if hint is float:
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise UsageError(f"{name} must be a number, got {value!r}")
+        return float(value)
+    if hint is str:
+        if not isinstance(value, str):
+            raise UsageError(f"{name} must be a string, got {value!r}")
+        return value
+    raise TypeError(f"config field {name} has a type the loader does not handle: {hint}")

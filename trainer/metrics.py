@@ -1,0 +1,109 @@
+"""Where numbers go: one JSON object per line in out_dir/metrics.jsonl, and wandb when enabled.
+
+Only rank 0 writes. wandb is optional: "auto" turns it on only when WANDB_API_KEY is set, and it
+never prompts or waits on the network for a login. The wandb run id is kept in out_dir so a
+resumed (or requeued) job continues the same run.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import secrets
+import time
+from pathlib import Path
+from typing import Any
+
+from tqdm import tqdm
+
+from aogpt import UsageError
+from aogpt.trainer.config import LoggingConfig
+
+
+def wandb_mode(setting: str) -> str:
+    """The wandb mode a LoggingConfig.wandb setting means on this machine ("disabled" when off)."""
+    if setting == "auto":
+        return "online" if os.environ.get("WANDB_API_KEY") else "disabled"
+    return "disabled" if setting == "off" else setting
+
+
+class MetricsLogger:
+    def __init__(self, out_dir: str | os.PathLike, rank: int, logging: LoggingConfig,
+                 run_config: dict | None = None):
+        self.enabled = rank == 0
+        self.path = Path(out_dir) / "metrics.jsonl"
+        self._wandb_run = None
+        if not self.enabled:
+            return
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self._file = self.path.open("a", buffering=1)
+        mode = wandb_mode(logging.wandb)
+        if mode != "disabled":
+            self._wandb_run = self._start_wandb(mode, logging, run_config)
+
+    def _start_wandb(self, mode: str, logging: LoggingConfig, run_config: dict | None):
+        try:
+            import wandb
+        except ImportError:
+            raise UsageError("logging.wandb is on but wandb is not installed: pip install wandb") from None
+        id_file = self.path.parent / "wandb_id"
+        run_id = id_file.read_text().strip() if id_file.is_file() else secrets.token_hex(4)
+        id_file.write_text(run_id)
+        return wandb.init(
+            project=logging.wandb_project,
+            name=logging.wandb_run_name,
+            id=run_id,
+            resume="allow",
+            mode=mode,
+            dir=str(self.path.parent),
+            config=run_config,
+            settings=wandb.Settings(silent=True),
+        )
+
+    def log(self, step: int, **metrics: Any) -> None:
+        """Appends {"step": step, "time": ..., **metrics}; non-finite floats become null."""
+        if not self.enabled:
+            return
+        record = {"step": step, "time": round(time.time(), 3)}
+        record.update({k: _json_safe(v) for k, v in metrics.items()})
+        self._file.write(json.dumps(record) + "\n")
+        if self._wandb_run is not None:
+            self._wandb_run.log({k: v for k, v in metrics.items() if v is not None}, step=step)
+
+    def close(self) -> None:
+        if not self.enabled:
+            return
+        self._file.close()
+        if self._wandb_run is not None:
+            self._wandb_run.finish()
+
+    def __enter__(self) -> MetricsLogger:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+def read_metrics(path: str | os.PathLike) -> list[dict]:
+    """The records of a metrics.jsonl file; a torn last line (a killed writer) is skipped."""
+    records = []
+    for line in Path(path).read_text().splitlines():
+        try:
+            records.append(json.loads(line))
+        except json.JSONDecodeError:
+            continue
+    return records
+
+
+def progress(rank: int, **kwargs) -> tqdm:
+    """A tqdm bar shown on rank 0 only (all other ranks get a disabled one with the same API)."""
+    return tqdm(disable=rank != 0, dynamic_ncols=True, **kwargs)
+
+
+def _json_safe(value: Any) -> Any:
+    if hasattr(value, "item") and callable(value.item):  # numpy / torch scalars
+        value = value.item()
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    return value
