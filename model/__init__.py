@@ -1,1 +1,9 @@
 """AO-GPT network, orders, sampler and checkpoint loading (no DeepSpeed here)."""
+
+from aogpt.model.checkpoint import load_checkpoint, save_consolidated
+from aogpt.model.config import ModelConfig
+from aogpt.model.gpt import AOGPT
+from aogpt.model.orders import OrderConfig, OrderSampler, shuffle, unshuffle
+
+__all__ = ["AOGPT", "ModelConfig", "OrderConfig", "OrderSampler", "load_checkpoint",
+           "save_consolidated", "shuffle", "unshuffle"]

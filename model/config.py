@@ -6,7 +6,7 @@ qk-norm, per-token AdaLN on the target position, untied head with bias, truncate
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Literal
 
 from aogpt import UsageError
@@ -82,3 +82,18 @@ def medium() -> ModelConfig:
 def tiny() -> ModelConfig:
     """A few hundred thousand parameters in the blocks: trains on CPU in minutes, for tests and the demo."""
     return ModelConfig(n_layer=2, n_head=2, n_embd=64, block_size=128, cond_dim=32)
+
+
+def sigma_gpt(base: ModelConfig) -> ModelConfig:
+    """The paper repo's sigma-GPT baseline at the size of `base` (125.16M params at small's).
+
+    Target position added at the input (a block_size x n_embd table), plain nanoGPT otherwise:
+    LayerNorm, no qk-norm, no biases, head tied to wte without bias, normal init.
+    """
+    return replace(base, target_injection="sigma_sum", norm="layer", qk_norm=False, bias=False,
+                   tie_embeddings=True, lm_head_bias=False, init="normal")
+
+
+def plain_gpt(base: ModelConfig) -> ModelConfig:
+    """AO-GPT's network without any target information: a left-to-right-only GPT."""
+    return replace(base, target_injection="none")

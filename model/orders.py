@@ -1,13 +1,27 @@
 """Generation orders: which permutation of positions each training sequence is read in.
 
-The sampler itself lands with the model issue; the config lives here so that model/ owns the
-whole idea and trainer/ only composes it.
+An order is a (b, t) int64 tensor whose row is a permutation of 0..t-1: orders[:, k] is the
+original position of the k-th token read (the identity is left to right). `shuffle` puts a
+sequence in its order, `unshuffle` puts per-order values back in their original positions.
+
+OrderSampler draws them for training. Every random number is a counter-based hash of
+(seed, step, sample index, position), so a sample's order depends on nothing else: not on the
+batch it sits in, the world size, the rank or what was drawn before. Resuming or changing the
+number of GPUs reproduces the same orders, and no per-sample Python loop or Generator is needed.
 """
 
 from __future__ import annotations
 
+import json
+import math
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Literal
+
+import numpy as np
+import torch
+
+from aogpt import UsageError
 
 
 @dataclass
@@ -29,3 +43,182 @@ class OrderConfig:
     # within_blocks: blocks stay left to right, tokens inside each block in random order;
     # across_blocks: blocks in random order, tokens inside each block left to right.
     block_mode: Literal["within_blocks", "across_blocks"] = "within_blocks"
+    # blockwise: True draws one block-structured order from fixed_seed for every sample (the
+    # paper's "fixed block-wise random" of Fig. 2a); False draws a fresh one per sample and step.
+    blockwise_fixed: bool = True
+
+
+def shuffle(x: torch.Tensor, orders: torch.Tensor) -> torch.Tensor:
+    """x in generation order: out[:, k] = x[:, orders[:, k]]. x is (b, t) or (b, t, ...)."""
+    index = orders.view(*orders.shape, *(1,) * (x.dim() - 2)).expand_as(x)
+    return x.gather(1, index)
+
+
+def unshuffle(x: torch.Tensor, orders: torch.Tensor) -> torch.Tensor:
+    """Inverse of `shuffle`: values given in generation order back at their original positions."""
+    index = orders.view(*orders.shape, *(1,) * (x.dim() - 2)).expand_as(x)
+    return torch.empty_like(x).scatter_(1, index, x)
+
+
+# ---- counter-based random numbers ----------------------------------------------------------------
+# splitmix64's finalizer in int64 arithmetic: multiplication wraps modulo 2^64 as in C, and a
+# logical right shift is an arithmetic one with the sign-extended bits masked off.
+
+def _int64(value: int) -> int:
+    return value - (1 << 64) if value >= 1 << 63 else value
+
+
+_GOLDEN = _int64(0x9E3779B97F4A7C15)
+_MIX1 = _int64(0xBF58476D1CE4E5B9)
+_MIX2 = _int64(0x94D049BB133111EB)
+
+# Independent streams of random numbers, so that e.g. the coin never correlates with the order.
+_PERMUTATION, _COIN, _BLOCKS = 1, 2, 3
+
+
+def _shift_right(z: torch.Tensor, bits: int) -> torch.Tensor:
+    return (z >> bits) & ((1 << (64 - bits)) - 1)
+
+
+def _mix(z: torch.Tensor) -> torch.Tensor:
+    z = (z ^ _shift_right(z, 30)) * _MIX1
+    z = (z ^ _shift_right(z, 27)) * _MIX2
+    return z ^ _shift_right(z, 31)
+
+
+def counter_hash(*counters: int | torch.Tensor) -> torch.Tensor:
+    """A 64-bit pseudo-random key per combination of the (broadcast) integer counters."""
+    z = torch.zeros((), dtype=torch.int64)
+    for counter in counters:
+        counter = torch.as_tensor(counter, dtype=torch.int64)
+        z = _mix(z.to(counter.device) + (counter + 1) * _GOLDEN)
+    return z
+
+
+def counter_uniform(*counters: int | torch.Tensor) -> torch.Tensor:
+    """Uniform float64 numbers in [0, 1), one per combination of the counters."""
+    return _shift_right(counter_hash(*counters), 11).double() * 2.0**-53
+
+
+def _random_permutations(keys: torch.Tensor) -> torch.Tensor:
+    # stable: equal keys (probability ~2^-64) still sort the same on every device
+    return torch.argsort(keys, dim=-1, stable=True)
+
+
+# ---- the sampler ---------------------------------------------------------------------------------
+
+
+def load_order_file(path: str | Path, seq_len: int) -> torch.Tensor:
+    """Reads a fixed order from .txt (whitespace-separated), .json (a list) or .npy; checks it."""
+    path = Path(path)
+    if not path.is_file():
+        raise UsageError(f"order.fixed_file {path} does not exist: give a .txt, .json or .npy order")
+    try:
+        if path.suffix == ".npy":
+            values = np.load(path, allow_pickle=False).tolist()
+        elif path.suffix == ".json":
+            values = json.loads(path.read_text())
+        elif path.suffix == ".txt":
+            values = [int(v) for v in path.read_text().split()]
+        else:
+            raise UsageError(f"order.fixed_file {path}: unknown format, use .txt, .json or .npy")
+    except (ValueError, json.JSONDecodeError) as err:
+        raise UsageError(f"order.fixed_file {path} is not a list of integers: {err}") from err
+    if not isinstance(values, list) or not all(isinstance(v, int) for v in values):
+        raise UsageError(f"order.fixed_file {path} must hold a flat list of integers")
+    if sorted(values) != list(range(seq_len)):
+        missing = sorted(set(range(seq_len)) - set(values))[:5]
+        raise UsageError(
+            f"order.fixed_file {path} is not a permutation of 0..{seq_len - 1} "
+            f"({len(values)} entries, {len(set(values))} distinct, first missing: {missing}): "
+            "write each position exactly once"
+        )
+    return torch.tensor(values, dtype=torch.int64)
+
+
+class OrderSampler:
+    """Draws the training orders: orders, is_l2r = sampler(step, sample_indices).
+
+    sample_indices (b,) are the GLOBAL indices of the sequences within the optimizer step, so the
+    result for a sample depends only on (seed, step, sample index).
+    """
+
+    def __init__(self, config: OrderConfig, seq_len: int, seed: int):
+        self.config = config
+        self.seq_len = seq_len
+        self.seed = seed
+        self._validate()
+        self._fixed = self._fixed_order()  # (seq_len,) for fixed kinds, else None
+
+    def _validate(self) -> None:
+        c = self.config
+        for name in ("p_left_to_right", "p_left_to_right_end"):
+            if not 0.0 <= getattr(c, name) <= 1.0:
+                raise UsageError(f"order.{name} must be in [0, 1], got {getattr(c, name)}")
+        if c.schedule != "constant" and c.schedule_steps <= 0:
+            raise UsageError(f"order.schedule={c.schedule} needs order.schedule_steps > 0")
+        if c.kind == "blockwise" and (c.block_size <= 0 or self.seq_len % c.block_size):
+            raise UsageError(
+                f"order.block_size ({c.block_size}) must be positive and divide the sequence "
+                f"length ({self.seq_len})"
+            )
+        if c.fixed_file is not None and c.kind != "fixed":
+            raise UsageError(f"order.fixed_file is only read by order.kind=fixed, not {c.kind}")
+
+    def _fixed_order(self) -> torch.Tensor | None:
+        c = self.config
+        if c.kind == "fixed" and c.fixed_file is not None:
+            return load_order_file(c.fixed_file, self.seq_len)
+        if c.kind == "fixed" or (c.kind == "blockwise" and c.blockwise_fixed):
+            return self._draw(c.kind, c.fixed_seed, 0, torch.zeros(1, dtype=torch.int64))[0]
+        return None
+
+    def p_left_to_right(self, step: int) -> float:
+        """The mixture's probability of a left-to-right sample at this optimizer step."""
+        c = self.config
+        start, end = c.p_left_to_right, c.p_left_to_right_end
+        if c.schedule == "constant":
+            return start
+        progress = min(max(step, 0) / c.schedule_steps, 1.0)
+        if c.schedule == "step":
+            return start if step < c.schedule_steps else end
+        if c.schedule == "linear":
+            return start + (end - start) * progress
+        return end + (start - end) * 0.5 * (1.0 + math.cos(math.pi * progress))  # cosine
+
+    def __call__(self, step: int, sample_indices: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(b,) global sample indices -> orders (b, seq_len) int64, is_l2r (b,) bool (same device)."""
+        sample_indices = sample_indices.to(torch.int64)
+        b, device = sample_indices.numel(), sample_indices.device
+        identity = torch.arange(self.seq_len, device=device).expand(b, -1)
+        kind = self.config.kind
+        if kind == "l2r":
+            return identity.clone(), torch.ones(b, dtype=torch.bool, device=device)
+        if self._fixed is not None:
+            orders = self._fixed.to(device).expand(b, -1).clone()
+            return orders, (orders == identity).all(dim=1)
+        orders = self._draw(kind, self.seed, step, sample_indices)
+        if kind != "mixture":
+            return orders, torch.zeros(b, dtype=torch.bool, device=device)
+        is_l2r = counter_uniform(self.seed, step, sample_indices, _COIN) < self.p_left_to_right(step)
+        return torch.where(is_l2r[:, None], identity, orders), is_l2r
+
+    def _draw(self, kind: str, seed: int, step: int, sample_indices: torch.Tensor) -> torch.Tensor:
+        """Random orders of this kind, one per sample index: (b, seq_len)."""
+        t, device = self.seq_len, sample_indices.device
+        samples = sample_indices[:, None]  # (b, 1), broadcast against positions
+        if kind != "blockwise":  # uniform, and the uniform part of mixture and fixed
+            positions = torch.arange(t, device=device)
+            return _random_permutations(counter_hash(seed, step, samples, _PERMUTATION, positions))
+        size = self.config.block_size
+        n_blocks = t // size
+        if self.config.block_mode == "across_blocks":
+            blocks = torch.arange(n_blocks, device=device)
+            block_order = _random_permutations(counter_hash(seed, step, samples, _BLOCKS, blocks))
+            within = torch.arange(size, device=device)
+            return (block_order[:, :, None] * size + within).flatten(1)  # (b, n_blocks*size)
+        positions = torch.arange(t, device=device).view(n_blocks, size)
+        keys = counter_hash(seed, step, samples[:, :, None], _PERMUTATION, positions)
+        within = _random_permutations(keys)  # (b, n_blocks, size): a permutation per block
+        offsets = torch.arange(n_blocks, device=device)[:, None] * size
+        return (within + offsets).flatten(1)

@@ -1,0 +1,104 @@
+"""Causal self-attention kernels: flash-attn, PyTorch SDPA, and an explicit reference.
+
+All take q, k, v as (b, h, s, hd) and return (b, h, s_q, hd). Without a mask the attention is
+causal (slot i sees slots 0..i); with a boolean mask (True = may attend, broadcastable to
+(b, h, s_q, s_k)) it is whatever the mask says, which the KV-cache sampler uses for its
+"parallel generation" steps. Attention dropout is always 0, as in the paper.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from typing import Protocol
+
+import torch
+import torch.nn.functional as F
+
+from aogpt import UsageError
+
+try:
+    from flash_attn import flash_attn_func
+except ImportError:  # not installed, or built for another torch/CUDA
+    flash_attn_func = None
+
+BACKENDS = ("auto", "sdpa", "flash_attn", "math")
+
+
+class KVCache(Protocol):
+    """What attention needs from a KV cache (the sampler implements it).
+
+    update(layer, k, v) stores the new keys/values (b, h, s_new, hd) of that layer and returns
+    all keys/values the new queries may see, (b, h, s_k, hd), with an explicit mask to match.
+    """
+
+    def update(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        ...
+
+
+@functools.cache
+def _flash_capable(device: torch.device) -> bool:
+    return torch.cuda.get_device_capability(device) >= (8, 0)
+
+
+def flash_attn_supported(device: torch.device) -> bool:
+    """flash-attn is installed and this is a CUDA device it has kernels for (sm80+)."""
+    return flash_attn_func is not None and device.type == "cuda" and _flash_capable(device)
+
+
+def check_backend(attn_impl: str) -> None:
+    """Rejects an attn_impl that can never run in this process."""
+    if attn_impl not in BACKENDS:
+        raise UsageError(f"model.attn_impl={attn_impl!r} is unknown: use one of {', '.join(BACKENDS)}")
+    if attn_impl == "flash_attn" and flash_attn_func is None:
+        raise UsageError(
+            "model.attn_impl=flash_attn but flash-attn is not installed: "
+            "pip install flash-attn (CUDA, sm80+), or set model.attn_impl=auto"
+        )
+
+
+def resolve_backend(attn_impl: str, device: torch.device) -> str:
+    """The kernel that causal training attention uses for this setting on this device."""
+    if attn_impl == "auto":
+        return "flash_attn" if flash_attn_supported(device) else "sdpa"
+    return attn_impl
+
+
+def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, attn_impl: str,
+           mask: torch.Tensor | None = None) -> torch.Tensor:
+    """Scaled dot-product attention with the chosen kernel; causal when mask is None."""
+    backend = resolve_backend(attn_impl, q.device)
+    half = q.dtype in (torch.bfloat16, torch.float16)
+    if backend == "flash_attn" and (mask is not None or not half):
+        if attn_impl == "flash_attn":
+            raise UsageError(
+                "model.attn_impl=flash_attn runs only causal bf16/fp16 attention: use bf16 "
+                f"autocast (got {q.dtype}{', an explicit mask' if mask is not None else ''}) "
+                "or model.attn_impl=auto"
+            )
+        backend = "sdpa"  # auto: flash-attn has no fp32 or masked kernel
+    if backend == "flash_attn":
+        if not flash_attn_supported(q.device):
+            raise UsageError(
+                f"model.attn_impl=flash_attn needs a CUDA GPU of compute capability 8.0+, got "
+                f"{q.device}: set model.attn_impl=auto"
+            )
+        # flash-attn wants (b, s, h, hd); these transposes are views of the projection output
+        y = flash_attn_func(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), causal=True)
+        return y.transpose(1, 2)
+    if backend == "sdpa":
+        if mask is None:
+            return F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+    return math_attention(q, k, v, mask)
+
+
+def math_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                   mask: torch.Tensor | None = None) -> torch.Tensor:
+    """The textbook computation, softmax in fp32: the reference the kernels are tested against."""
+    s_q, s_k = q.size(-2), k.size(-2)
+    if mask is None:
+        mask = torch.ones(s_q, s_k, dtype=torch.bool, device=q.device).tril()
+    scores = (q @ k.transpose(-2, -1)).float() / math.sqrt(q.size(-1))  # (b, h, s_q, s_k)
+    weights = scores.masked_fill(~mask, float("-inf")).softmax(dim=-1)
+    return weights.to(v.dtype) @ v

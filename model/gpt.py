@@ -1,0 +1,306 @@
+"""The AO-GPT decoder, and its sigma-GPT and plain-GPT baselines as config switches.
+
+AO-GPT (Xue et al. 2025, the released model_AOGPT_AdaLN6_NoRep_cond_128_trunc_qknorm) is nanoGPT
+with RMSNorm, qk-norm, an untied output head with bias, truncated-normal init, and one new idea:
+it reads a sequence x in any order σ (orders[:, k] = σ_k) and is told which position to
+predict next. Its residual stream has one slot per prediction:
+
+    slot k   token          own position (wpe)    target (wtpe, by AdaLN)   predicts
+    0        [None] wnonee  row 0                 σ_0                       x[σ_0]
+    k >= 1   x[σ_{k-1}]     row σ_{k-1} + 1       σ_k                       x[σ_k]
+
+Ordinary causal attention then makes slot k see [None] and the first k tokens of the order. The
+target position enters only through AdaLN: a 128-d embedding shared by all layers, projected per
+block to 6 per-token modulations (shift, scale, gate for attention and MLP) and to 2 (shift,
+scale) in the final layer. The paper's code also runs a last slot holding x[σ_{t-1}] with a zero
+condition; its output is discarded and causal attention hides it from every other slot, so it is
+not computed here (the logits of all t predictions are identical).
+
+Module names follow the paper's code (transformer.wte/wpe/wtpe/wnonee/h/final_layer, attn.c_attn,
+adaLN, ...), so importing its checkpoints is an identity map on names (model/official.py).
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.utils.checkpoint import checkpoint
+
+from aogpt import UsageError
+from aogpt.model.attention import KVCache, attend, check_backend, resolve_backend
+from aogpt.model.config import ModelConfig
+from aogpt.model.loss import token_nll
+from aogpt.model.orders import shuffle
+
+
+class Norm(nn.Module):
+    """RMSNorm (AO-GPT) or LayerNorm (sigma-GPT, nanoGPT), computed in fp32 for any activation dtype."""
+
+    def __init__(self, dim: int, kind: str, bias: bool):
+        super().__init__()
+        self.kind = kind
+        self.weight = nn.Parameter(torch.ones(dim))
+        # an RMSNorm has no bias whatever config.bias says
+        self.bias = nn.Parameter(torch.zeros(dim)) if kind == "layer" and bias else None
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        shape, xf = self.weight.shape, x.float()
+        bias = None if self.bias is None else self.bias.float()
+        if self.kind == "rms":
+            y = F.rms_norm(xf, shape, self.weight.float(), eps=1e-5)
+        else:
+            y = F.layer_norm(xf, shape, self.weight.float(), bias, eps=1e-5)
+        return y.type_as(x)
+
+
+def modulate(x: torch.Tensor, shift: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+    return x * (1 + scale) + shift
+
+
+class CausalSelfAttention(nn.Module):
+    def __init__(self, config: ModelConfig, layer_idx: int):
+        super().__init__()
+        self.layer_idx = layer_idx  # which layer's entries of a KV cache are ours
+        self.n_head = config.n_head
+        self.attn_impl = config.attn_impl
+        self.c_attn = nn.Linear(config.n_embd, 3 * config.n_embd, bias=config.bias)
+        self.c_proj = nn.Linear(config.n_embd, config.n_embd, bias=config.bias)
+        if config.qk_norm:  # per head, over head_dim, shared by all heads of the layer
+            self.q_norm = Norm(config.head_dim, config.norm, bias=False)
+            self.k_norm = Norm(config.head_dim, config.norm, bias=False)
+        else:
+            self.q_norm = self.k_norm = None
+        self.resid_dropout = nn.Dropout(config.dropout)
+
+    def forward(self, x: torch.Tensor, mask: torch.Tensor | None = None,
+                cache: KVCache | None = None) -> torch.Tensor:
+        """x (b, s, d) -> (b, s, d). Causal without mask; see attention.py for mask and cache."""
+        b, s, d = x.shape
+        q, k, v = self.c_attn(x).view(b, s, 3, self.n_head, d // self.n_head).unbind(2)
+        if self.q_norm is not None:
+            q, k = self.q_norm(q), self.k_norm(k)
+        q, k, v = (t.transpose(1, 2) for t in (q, k, v))  # (b, h, s, hd)
+        if cache is not None:
+            k, v = cache.update(self.layer_idx, k, v)
+        y = attend(q, k, v, self.attn_impl, mask)  # (b, h, s, hd)
+        return self.resid_dropout(self.c_proj(y.transpose(1, 2).reshape(b, s, d)))
+
+
+class MLP(nn.Module):
+    def __init__(self, config: ModelConfig):
+        super().__init__()
+        self.c_fc = nn.Linear(config.n_embd, 4 * config.n_embd, bias=config.bias)
+        self.gelu = nn.GELU()
+        self.c_proj = nn.Linear(4 * config.n_embd, config.n_embd, bias=config.bias)
+        self.dropout = nn.Dropout(config.dropout)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.dropout(self.c_proj(self.gelu(self.c_fc(x))))
+
+
+def _adaln(config: ModelConfig, ways: int) -> nn.Sequential | None:
+    """The projection of the target-position code to `ways` per-token modulations (DiT style)."""
+    if config.target_injection != "adaln":
+        return None
+    return nn.Sequential(nn.SiLU(), nn.Linear(config.cond_dim, ways * config.n_embd))
+
+
+class Block(nn.Module):
+    def __init__(self, config: ModelConfig, layer_idx: int):
+        super().__init__()
+        self.ln_1 = Norm(config.n_embd, config.norm, config.bias)
+        self.attn = CausalSelfAttention(config, layer_idx)
+        self.ln_2 = Norm(config.n_embd, config.norm, config.bias)
+        self.mlp = MLP(config)
+        self.adaLN = _adaln(config, 6)
+
+    def forward(self, x: torch.Tensor, cond: torch.Tensor | None = None,
+                mask: torch.Tensor | None = None, cache: KVCache | None = None) -> torch.Tensor:
+        if self.adaLN is None:
+            x = x + self.attn(self.ln_1(x), mask, cache)
+            return x + self.mlp(self.ln_2(x))
+        # per token: every slot is modulated by its own target position, (b, s, d) each
+        shift_msa, scale_msa, gate_msa, shift_mlp, scale_mlp, gate_mlp = self.adaLN(cond).chunk(6, -1)
+        x = x + gate_msa * self.attn(modulate(self.ln_1(x), shift_msa, scale_msa), mask, cache)
+        return x + gate_mlp * self.mlp(modulate(self.ln_2(x), shift_mlp, scale_mlp))
+
+
+class FinalLayer(nn.Module):
+    def __init__(self, config: ModelConfig):
+        super().__init__()
+        self.ln_f = Norm(config.n_embd, config.norm, config.bias)
+        self.adaLN_final = _adaln(config, 2)
+
+    def forward(self, x: torch.Tensor, cond: torch.Tensor | None) -> torch.Tensor:
+        x = self.ln_f(x)
+        if self.adaLN_final is None:
+            return x
+        shift, scale = self.adaLN_final(cond).chunk(2, -1)
+        return modulate(x, shift, scale)
+
+
+class AOGPT(nn.Module):
+    def __init__(self, config: ModelConfig):
+        super().__init__()
+        config.validate()
+        check_backend(config.attn_impl)
+        self.config = config
+        d = config.n_embd
+        layers = {
+            "wte": nn.Embedding(config.vocab_size, d),
+            "wpe": nn.Embedding(config.block_size + 1, d),  # row 0: the [None] slot; p + 1: position p
+        }
+        if config.target_injection == "adaln":
+            layers["wtpe"] = nn.Embedding(config.block_size, config.cond_dim)
+        elif config.target_injection == "sigma_sum":
+            layers["wtpe"] = nn.Embedding(config.block_size, d)  # added to the input
+        layers["wnonee"] = nn.Embedding(1, d)
+        layers["drop"] = nn.Dropout(config.dropout)
+        layers["h"] = nn.ModuleList(Block(config, i) for i in range(config.n_layer))
+        layers["final_layer"] = FinalLayer(config)
+        self.transformer = nn.ModuleDict(layers)
+        self.lm_head = nn.Linear(d, config.vocab_size, bias=config.lm_head_bias)
+        if config.tie_embeddings:
+            self.lm_head.weight = self.transformer.wte.weight
+        self._init_weights()
+
+    def _init_weights(self) -> None:
+        """Every linear and embedding weight ~ N(0, 0.02), cut at 3 std for "trunc_normal"; biases 0.
+
+        The residual projections (c_proj) get std / sqrt(2 n_layer), GPT-2's scaling that keeps the
+        residual stream's variance independent of depth. Norm weights stay 1.
+        """
+        config = self.config
+        for name, module in self.named_modules():
+            if not isinstance(module, (nn.Linear, nn.Embedding)):
+                continue
+            std = config.init_std
+            if name.endswith("c_proj"):
+                std /= math.sqrt(2 * config.n_layer)
+            if config.init == "trunc_normal":
+                nn.init.trunc_normal_(module.weight, std=std, a=-3 * std, b=3 * std)
+            else:
+                nn.init.normal_(module.weight, std=std)
+            if getattr(module, "bias", None) is not None:
+                nn.init.zeros_(module.bias)
+        if config.adaln_zero_init:
+            for module in self.modules():
+                if isinstance(module, (Block, FinalLayer)):
+                    adaln = module.adaLN if isinstance(module, Block) else module.adaLN_final
+                    nn.init.zeros_(adaln[1].weight)
+                    nn.init.zeros_(adaln[1].bias)
+
+    # ---- facts about the network -----------------------------------------------------------------
+
+    @property
+    def attention_backend(self) -> str:
+        """The kernel causal attention runs on the model's device: "flash_attn", "sdpa" or "math".
+
+        "flash_attn" applies to bf16/fp16 activations; "auto" falls back to SDPA for fp32 ones.
+        """
+        return resolve_backend(self.config.attn_impl, self.lm_head.weight.device)
+
+    def num_params(self) -> int:
+        """True total: every parameter once (a tied head counts once)."""
+        return sum(p.numel() for p in self.parameters())
+
+    def param_groups(self, weight_decay: float) -> list[dict]:
+        """AdamW groups: decay on matrices and embeddings (>= 2-D), none on biases and norm weights."""
+        params = list(self.parameters())
+        return [
+            {"params": [p for p in params if p.dim() >= 2], "weight_decay": weight_decay},
+            {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0},
+        ]
+
+    def flops_per_token(self, seq_len: int) -> float:
+        """Training FLOPs per token, 6N + 12 L d T (forward + backward), for MFU.
+
+        N counts the parameters used in matmuls: embedding tables are lookups, except wte when the
+        head is tied to it. (The paper's script counted the untied wte too, which overstates MFU.)
+        """
+        lookups = [self.transformer.wpe, self.transformer.wnonee]
+        if "wtpe" in self.transformer:
+            lookups.append(self.transformer.wtpe)
+        if not self.config.tie_embeddings:
+            lookups.append(self.transformer.wte)
+        n = self.num_params() - sum(m.weight.numel() for m in lookups)
+        c = self.config
+        return 6 * n + 12 * c.n_layer * c.n_embd * seq_len
+
+    # ---- the network -----------------------------------------------------------------------------
+
+    def embed(self, tokens: torch.Tensor, positions: torch.Tensor,
+              target_positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Input of the residual stream, and the AdaLN condition (None without AdaLN).
+
+        tokens, positions, target_positions: (b, s). Each slot holds `tokens` from original
+        `positions` (-1 = the [None] start slot, whose token is ignored) and is asked to predict
+        the token at `target_positions`. Returns x (b, s, d) and cond (b, s, cond_dim).
+        """
+        t = self.transformer
+        is_none = (positions < 0)[..., None]
+        none = t.wnonee(positions.new_zeros(()))  # (d,); a module call, so ZeRO-3 gathers it
+        x = torch.where(is_none, none, t.wte(tokens.clamp(min=0))) + t.wpe(positions + 1)
+        cond = None
+        if self.config.target_injection == "adaln":
+            cond = t.wtpe(target_positions)
+        elif self.config.target_injection == "sigma_sum":
+            x = x + t.wtpe(target_positions)
+        return t.drop(x), cond
+
+    def forward_stream(self, tokens: torch.Tensor, positions: torch.Tensor,
+                       target_positions: torch.Tensor, mask: torch.Tensor | None = None,
+                       cache: KVCache | None = None) -> torch.Tensor:
+        """The network on explicit slots (see `embed`): final hidden states (b, s, d).
+
+        Logits are self.lm_head(hidden). Causal over the slots unless `mask` (boolean, True = may
+        attend) says otherwise; `cache` is a KV cache for incremental decoding (attention.KVCache).
+        """
+        x, cond = self.embed(tokens, positions, target_positions)
+        recompute = self.config.activation_checkpointing and self.training and torch.is_grad_enabled()
+        for block in self.transformer.h:
+            if recompute:
+                x = checkpoint(block, x, cond, mask, cache, use_reentrant=False)
+            else:
+                x = block(x, cond, mask, cache)
+        return self.transformer.final_layer(x, cond)
+
+    def _slots(self, idx: torch.Tensor, orders: torch.Tensor | None):
+        """The training stream for sequences idx read in `orders`: its inputs and its targets."""
+        b, t = idx.shape
+        if t > self.config.block_size:
+            raise UsageError(f"sequence length {t} exceeds model.block_size {self.config.block_size}")
+        if orders is None:
+            orders = torch.arange(t, device=idx.device).expand(b, t)
+        elif orders.shape != idx.shape:
+            raise UsageError(f"orders {tuple(orders.shape)} must have the shape of idx {(b, t)}")
+        elif self.config.target_injection == "none" and not torch.equal(
+                orders, torch.arange(t, device=orders.device).expand(b, t)):
+            raise UsageError("model.target_injection=none only reads left to right: pass identity orders")
+        targets = shuffle(idx, orders)  # (b, t): slot k predicts the k-th token of the order
+        start = torch.full_like(orders[:, :1], -1)  # the [None] slot
+        tokens = torch.cat([start, targets[:, :-1]], dim=1)
+        positions = torch.cat([start, orders[:, :-1]], dim=1)
+        return tokens, positions, orders, targets
+
+    def forward(self, idx: torch.Tensor, orders: torch.Tensor | None = None) -> torch.Tensor:
+        """-log p of the k-th token of each order given the ones before it: (b, t) fp32.
+
+        idx (b, t) token ids; orders (b, t) permutations of 0..t-1 (None = left to right). The
+        training loss is the mean. Logits are made in chunks (config.loss_chunk_size), never all at once.
+        """
+        tokens, positions, target_positions, targets = self._slots(idx, orders)
+        hidden = self.forward_stream(tokens, positions, target_positions)
+        return token_nll(hidden, self.lm_head, targets, self.config.loss_chunk_size)
+
+    def token_nll(self, idx: torch.Tensor, orders: torch.Tensor | None = None) -> torch.Tensor:
+        """Same as calling the model (the name of the user-facing API)."""
+        return self(idx, orders)
+
+    def logits(self, idx: torch.Tensor, orders: torch.Tensor | None = None) -> torch.Tensor:
+        """Full fp32 logits (b, t, vocab) in order positions: logits[:, k] predicts idx[:, orders[:, k]]."""
+        tokens, positions, target_positions, _ = self._slots(idx, orders)
+        return self.lm_head(self.forward_stream(tokens, positions, target_positions)).float()
