@@ -107,3 +107,41 @@ def _json_safe(value: Any) -> Any:
     if isinstance(value, float) and not math.isfinite(value):
         return None
     return value
+
+
+# Dense bf16 peak FLOP/s per device (no sparsity), matched in order against the CUDA device name:
+# the more specific names first. MFU against the wrong peak misleads (nanoGPT#464 showed "104%").
+PEAK_BF16_FLOPS = (
+    ("H100 PCIe", 756e12),
+    ("H100 NVL", 835e12),
+    ("H100", 989e12),  # SXM
+    ("H200", 989e12),
+    ("GH200", 989e12),
+    ("H800", 989e12),
+    ("B200", 2250e12),
+    ("A100", 312e12),
+    ("A800", 312e12),
+    ("L40S", 362e12),
+    ("A10G", 70e12),
+    ("L4", 121e12),
+)
+
+
+def peak_flops(device_name: str) -> float | None:
+    """The device's dense bf16 peak, or None for an unknown device (then MFU is not reported)."""
+    for name, flops in PEAK_BF16_FLOPS:
+        if name.lower() in device_name.lower():
+            return flops
+    return None
+
+
+def truncate_metrics(path: str | os.PathLike, last_step: int) -> None:
+    """Drops records after `last_step` (logged by a run killed after its last checkpoint), so a
+    resumed run's file reads as one run. Atomic: temp file, then rename."""
+    path = Path(path)
+    if not path.is_file():
+        return
+    kept = [r for r in read_metrics(path) if r.get("step", 0) <= last_step]
+    partial = path.with_name(path.name + ".partial")
+    partial.write_text("".join(json.dumps(r) + "\n" for r in kept))
+    partial.replace(path)

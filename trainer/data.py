@@ -1,0 +1,192 @@
+"""Training and validation batches from MDS shards through MosaicML Streaming.
+
+    check_data(cfg)                      manifests present and made for this model (pre-flight)
+    TrainBatches(cfg, rank_env, device)  endless (micro, seq_len) int64 batches, epoch after epoch,
+                                         with state_dict()/load_state_dict() for exact resumption
+    validation_loader(cfg, ...)          the `val` split, unshuffled, never the training stream
+
+A data location is a folder made by data_prep/owt_to_mds.py or a remote URL (s3://, gs://, ...)
+of one; remote shards are cached per node under data.local_cache (default out_dir/data_cache).
+Several datasets are mixed through data.streams with their proportions.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import signal
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from aogpt import UsageError
+from aogpt.data_prep.manifest import check_compatible, read_manifest, split_path
+from aogpt.data_prep.streaming_compat import streaming
+from aogpt.trainer.config import RunConfig
+from aogpt.trainer.dist_env import DistEnv
+
+TOKENS = "tokens"  # the one column of every sample (contracts.md section 1)
+
+
+def is_remote(location: str) -> bool:
+    return "://" in location
+
+
+def training_locations(cfg: RunConfig) -> list[tuple[str, float | None]]:
+    """(location, proportion) of every dataset mixed into training; proportions sum to 1 or are None."""
+    if not cfg.data.streams:
+        return [(cfg.data.path, None)]
+    given = [s.proportion for s in cfg.data.streams if s.proportion is not None]
+    if any(p <= 0 for p in given) or sum(given) > 1 + 1e-9:
+        raise UsageError(f"data.streams proportions {given} must be positive and sum to at most 1")
+    unset = len(cfg.data.streams) - len(given)
+    if unset == 0 and abs(sum(given) - 1) > 1e-6:
+        raise UsageError(f"data.streams proportions sum to {sum(given)}: make them sum to 1, or "
+                         "leave one unset to take what is left")
+    rest = (1.0 - sum(given)) / unset if unset else 0.0
+    if unset and rest <= 0:
+        raise UsageError("data.streams proportions already sum to 1: the streams without one "
+                         "would get nothing")
+    return [(s.path, s.proportion if s.proportion is not None else rest) for s in cfg.data.streams]
+
+
+def validation_location(cfg: RunConfig) -> str:
+    return cfg.data.path or cfg.data.streams[0].path
+
+
+def cache_dir(cfg: RunConfig, location: str, dist_env: DistEnv) -> Path:
+    """Where a remote dataset is cached on this node (streaming wants one local dir per node)."""
+    root = Path(cfg.data.local_cache or Path(cfg.out_dir) / "data_cache")
+    node = dist_env.rank // dist_env.local_world_size
+    digest = hashlib.sha256(location.encode()).hexdigest()[:12]
+    return root / f"node{node}" / digest
+
+
+def local_manifest_dir(cfg: RunConfig, location: str, dist_env: DistEnv) -> Path:
+    """A local folder holding the location's manifest.json (downloaded first when remote)."""
+    if not is_remote(location):
+        return Path(location)
+    local = cache_dir(cfg, location, dist_env)
+    target = local / "manifest.json"
+    partial = local / f"manifest.json.{os.getpid()}.partial"
+    try:
+        streaming.base.storage.CloudDownloader.direct_download(
+            f"{location.rstrip('/')}/manifest.json", str(partial))
+    except Exception as err:  # each cloud SDK raises its own types
+        raise UsageError(f"cannot read {location}/manifest.json: {err}") from None
+    partial.replace(target)
+    return local
+
+
+def check_data(cfg: RunConfig, dist_env: DistEnv) -> dict[str, dict]:
+    """Every manifest used, by location; UsageError if one is missing or made for another model."""
+    manifests = {}
+    locations = [loc for loc, _ in training_locations(cfg)] + [validation_location(cfg)]
+    for location in dict.fromkeys(locations):
+        manifest = read_manifest(local_manifest_dir(cfg, location, dist_env))
+        check_compatible(manifest, cfg.model.block_size)
+        splits = ("train", "val") if location == validation_location(cfg) else ("train",)
+        for split in splits:
+            if split not in manifest.get("splits", {}):
+                raise UsageError(f"{location} has no {split!r} split (it has "
+                                 f"{', '.join(manifest.get('splits', {})) or 'none'}): "
+                                 "build it with data_prep/owt_to_mds.py")
+            if not is_remote(location):
+                split_path(location, split)
+        manifests[location] = manifest
+    return manifests
+
+
+def _stream(cfg: RunConfig, location: str, manifest: dict, split: str, dist_env: DistEnv,
+            proportion: float | None = None):
+    if is_remote(location):
+        relative = manifest["splits"][split]["path"]
+        return streaming.Stream(remote=f"{location.rstrip('/')}/{relative}",
+                                local=str(cache_dir(cfg, location, dist_env) / relative),
+                                proportion=proportion)
+    return streaming.Stream(local=str(split_path(location, split)), proportion=proportion)
+
+
+def collate_tokens(samples: list[dict]) -> torch.Tensor:
+    """MDS samples (uint16 arrays) -> a (b, seq_len) int64 batch."""
+    return torch.from_numpy(np.stack([s[TOKENS] for s in samples]).astype(np.int64))
+
+
+def _ignore_preemption_signals(worker_id: int) -> None:
+    # Launchers signal the whole process tree. Loader workers must outlive the signal, so the
+    # trainer can still finish its step and checkpoint; it shuts them down itself afterwards.
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    signal.signal(signal.SIGUSR1, signal.SIG_IGN)
+
+
+def _loader(dataset, cfg: RunConfig, num_workers: int, device: torch.device, drop_last: bool):
+    return streaming.StreamingDataLoader(
+        dataset, batch_size=cfg.train.micro_batch_size, collate_fn=collate_tokens,
+        num_workers=num_workers, persistent_workers=num_workers > 0,
+        pin_memory=device.type == "cuda", drop_last=drop_last,
+        worker_init_fn=_ignore_preemption_signals if num_workers else None,
+    )
+
+
+class TrainBatches:
+    """Endless training micro-batches. Re-iterating the dataset starts its next epoch, which
+    streaming shuffles afresh (seeded by train.seed), so the stream simply runs on across epochs."""
+
+    def __init__(self, cfg: RunConfig, manifests: dict[str, dict], dist_env: DistEnv,
+                 device: torch.device):
+        streams = [_stream(cfg, location, manifests[location], "train", dist_env, proportion)
+                   for location, proportion in training_locations(cfg)]
+        self.dataset = streaming.StreamingDataset(
+            streams=streams, shuffle=True, shuffle_seed=cfg.train.seed,
+            shuffle_algo=cfg.data.shuffle_algo, num_canonical_nodes=cfg.data.num_canonical_nodes,
+            batch_size=cfg.train.micro_batch_size,  # streaming's resumption needs the per-rank batch
+        )
+        # drop_last: every micro-batch is full, so every optimizer step sees exactly
+        # tokens_per_step tokens; an epoch's few leftover samples are skipped, never repeated.
+        self.loader = _loader(self.dataset, cfg, cfg.data.num_workers, device, drop_last=True)
+        self.device = device
+        self._iterator = None
+
+    def __iter__(self) -> TrainBatches:
+        return self
+
+    def __next__(self) -> torch.Tensor:
+        empty_epochs = 0
+        while True:
+            if self._iterator is None:
+                self._iterator = iter(self.loader)
+            try:
+                batch = next(self._iterator)
+                return batch.to(self.device, non_blocking=True)
+            except StopIteration:
+                self._iterator = None
+                empty_epochs += 1
+                # One empty epoch is normal: a run resumed right at an epoch's end.
+                if empty_epochs >= 2:
+                    raise UsageError("the training split has fewer samples than one micro-batch "
+                                     "per rank: use more data or a smaller micro batch") from None
+
+    def state_dict(self) -> dict:
+        """The position after the last batch handed out: take it at optimizer-step boundaries."""
+        return self.loader.state_dict()
+
+    def load_state_dict(self, state: dict) -> None:
+        """Call before the first batch: the next one is the sample after `state`'s position."""
+        self.loader.load_state_dict(state)
+
+
+def validation_loader(cfg: RunConfig, manifests: dict[str, dict], dist_env: DistEnv,
+                      device: torch.device):
+    """The val split, unshuffled, the same samples in the same order at every evaluation."""
+    location = validation_location(cfg)
+    dataset = streaming.StreamingDataset(
+        streams=[_stream(cfg, location, manifests[location], "val", dist_env)], shuffle=False,
+        batch_size=cfg.train.micro_batch_size,
+    )
+    return _loader(dataset, cfg, num_workers=0, device=device, drop_last=False)
+
+
+def clean_stale_shared_memory() -> None:
+    """Unlinks shared memory leaked by a killed run (local rank 0, then a barrier)."""
+    streaming.base.util.clean_stale_shared_memory()

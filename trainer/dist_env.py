@@ -1,0 +1,95 @@
+"""Who this process is, whatever launched it: deepspeed, torchrun, srun, or plain python.
+
+    deepspeed launcher   sets RANK, LOCAL_RANK, WORLD_SIZE, LOCAL_SIZE, MASTER_ADDR/PORT, but not
+                         LOCAL_WORLD_SIZE, which streaming needs (stack-notes 0.1): copied here
+    torchrun             sets everything
+    srun (no launcher)   sets only SLURM_*: mapped to the torch names when RANK is unset;
+                         MASTER_ADDR and MASTER_PORT must then be exported by the job script
+    plain python         a world of one on 127.0.0.1 and a free port
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import socket
+from dataclasses import dataclass
+
+import deepspeed.comm as dist
+import torch
+
+from aogpt import UsageError
+
+
+@dataclass(frozen=True)
+class DistEnv:
+    rank: int
+    local_rank: int
+    world_size: int
+    local_world_size: int
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+    @property
+    def device(self) -> torch.device:
+        if torch.cuda.is_available():
+            return torch.device("cuda", self.local_rank)
+        return torch.device("cpu")
+
+
+def setup_distributed_env(environ: os._Environ | dict | None = None) -> DistEnv:
+    """Fills in RANK/LOCAL_RANK/WORLD_SIZE/LOCAL_WORLD_SIZE/MASTER_* in `environ` (default os.environ)."""
+    env = os.environ if environ is None else environ
+    if "RANK" not in env and "SLURM_PROCID" in env:
+        _map_slurm(env)
+    if "RANK" not in env:
+        env.update(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", LOCAL_WORLD_SIZE="1")
+        env.setdefault("MASTER_ADDR", "127.0.0.1")
+        env.setdefault("MASTER_PORT", str(free_port()))
+    if "LOCAL_WORLD_SIZE" not in env:
+        if "LOCAL_SIZE" in env:  # the deepspeed launcher's name for it
+            env["LOCAL_WORLD_SIZE"] = env["LOCAL_SIZE"]
+        elif env.get("WORLD_SIZE") == "1":
+            env["LOCAL_WORLD_SIZE"] = "1"
+        else:
+            raise UsageError("LOCAL_WORLD_SIZE is not set (processes per node, needed by the data "
+                             "loader): launch with deepspeed, torchrun or srun, or export it")
+    env.setdefault("LOCAL_RANK", "0")
+    missing = [name for name in ("MASTER_ADDR", "MASTER_PORT") if name not in env]
+    if missing:
+        raise UsageError(f"{' and '.join(missing)} not set: export the address and a free port of "
+                         "the first node (e.g. MASTER_ADDR=$(scontrol show hostnames | head -n1))")
+    try:
+        dist_env = DistEnv(rank=int(env["RANK"]), local_rank=int(env["LOCAL_RANK"]),
+                           world_size=int(env["WORLD_SIZE"]),
+                           local_world_size=int(env["LOCAL_WORLD_SIZE"]))
+    except (KeyError, ValueError) as err:
+        raise UsageError(f"bad distributed environment variable: {err}") from None
+    if not 0 <= dist_env.rank < dist_env.world_size:
+        raise UsageError(f"RANK={dist_env.rank} is outside WORLD_SIZE={dist_env.world_size}")
+    return dist_env
+
+
+def _map_slurm(env) -> None:
+    env["RANK"] = env["SLURM_PROCID"]
+    env["LOCAL_RANK"] = env.get("SLURM_LOCALID", "0")
+    env["WORLD_SIZE"] = env.get("SLURM_NTASKS", "1")
+    # SLURM_NTASKS_PER_NODE is set only with --ntasks-per-node; SLURM_TASKS_PER_NODE is always
+    # there but compressed ("8(x2)" = 8 on each of 2 nodes).
+    per_node = env.get("SLURM_NTASKS_PER_NODE") or env.get("SLURM_TASKS_PER_NODE", "1")
+    env["LOCAL_WORLD_SIZE"] = re.match(r"\d+", per_node).group(0)
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def all_reduce_sum(values: list[float] | torch.Tensor, device: torch.device) -> torch.Tensor:
+    """Sum over ranks of a small vector (float64 so that token counts stay exact)."""
+    tensor = torch.as_tensor(values, dtype=torch.float64, device=device).clone()
+    dist.all_reduce(tensor)
+    return tensor

@@ -1,0 +1,103 @@
+"""The DeepSpeed JSON and the YAML run config, reconciled in one place.
+
+The YAML owns everything about the optimization (batch sizes, accumulation, clipping, the
+optimizer and its schedule); the JSON owns how DeepSpeed runs it (ZeRO stage, precision,
+buckets). A YAML-owned key in the JSON is either "auto" (filled here) or a value that agrees
+with the YAML: anything else, or an optimizer/scheduler block, is a UsageError before any heavy
+work starts, so the two files can never silently disagree.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+from aogpt import UsageError
+from aogpt.trainer.config import RunConfig
+
+AUTO = "auto"
+
+
+def load_ds_config(path: str | os.PathLike) -> dict:
+    path = Path(path)
+    if not path.is_file():
+        raise UsageError(f"DeepSpeed config {path} does not exist (presets are in ds_configs/)")
+    try:
+        config = json.loads(path.read_text())
+    except json.JSONDecodeError as err:
+        raise UsageError(f"DeepSpeed config {path} is not valid JSON: {err}") from None
+    if not isinstance(config, dict):
+        raise UsageError(f"DeepSpeed config {path} must be a JSON object")
+    return config
+
+
+def yaml_owned_values(cfg: RunConfig, world_size: int) -> dict[str, tuple[Any, str]]:
+    """JSON key -> (the value the YAML implies, the YAML field that owns it)."""
+    return {
+        "train_batch_size": (cfg.sequences_per_step, "train.tokens_per_step / model.block_size"),
+        "train_micro_batch_size_per_gpu": (cfg.train.micro_batch_size, "train.micro_batch_size"),
+        "gradient_accumulation_steps": (
+            cfg.gradient_accumulation_steps(world_size),
+            "train.tokens_per_step / (train.micro_batch_size x block_size x world size)",
+        ),
+        "gradient_clipping": (cfg.optim.grad_clip, "optim.grad_clip"),
+    }
+
+
+def resolve_ds_config(ds_config: dict, cfg: RunConfig, world_size: int) -> dict:
+    """A copy of `ds_config` with the YAML-owned values filled in; UsageError on any contradiction."""
+    resolved = copy.deepcopy(ds_config)
+    for block in ("optimizer", "scheduler"):
+        if block in resolved:
+            raise UsageError(
+                f"the DeepSpeed config has a \"{block}\" block, but the optimizer and LR schedule "
+                f"come from the YAML (optim.*): delete the \"{block}\" block"
+            )
+    for key, (value, owner) in yaml_owned_values(cfg, world_size).items():
+        given = resolved.get(key, AUTO)
+        if given == AUTO:
+            resolved[key] = value
+        elif given != value:
+            raise UsageError(
+                f"the DeepSpeed config sets {key}={given!r} but the YAML gives {value!r} "
+                f"(from {owner}): set {key} to \"auto\" in the JSON and change the YAML instead"
+            )
+    if resolved.get("fp16", {}).get("enabled"):
+        raise UsageError("fp16 is not supported (no loss scaling here): use bf16 (zero*.json) "
+                         "or fp32 (cpu.json)")
+    if bf16_enabled(resolved):
+        # ZeRO accumulates gradients in the model's dtype unless told otherwise (stack-notes 0.5):
+        # summing micro-batch gradients in bf16 loses the small ones.
+        data_types = resolved.setdefault("data_types", {})
+        accum = data_types.setdefault("grad_accum_dtype", "fp32")
+        if accum != "fp32":
+            raise UsageError(f"data_types.grad_accum_dtype is {accum!r}: with bf16 it must be "
+                             "\"fp32\" (or absent), bf16 accumulation drops small gradients")
+    stage = zero_stage(resolved)
+    if stage not in (1, 2, 3):
+        raise UsageError(f"zero_optimization.stage is {stage}: use 1, 2 or 3 (ds_configs/zero*.json); "
+                         "the EMA follows the fp32 master partition that ZeRO keeps")
+    leftover = [key for key, value in _walk(resolved) if value == AUTO]
+    if leftover:
+        raise UsageError(f"the DeepSpeed config has \"auto\" for {', '.join(leftover)}, which this "
+                         "trainer does not fill: give a concrete value")
+    return resolved
+
+
+def zero_stage(ds_config: dict) -> int:
+    return int(ds_config.get("zero_optimization", {}).get("stage", 0))
+
+
+def bf16_enabled(ds_config: dict) -> bool:
+    return bool(ds_config.get("bf16", {}).get("enabled", False))
+
+
+def _walk(tree: dict, prefix: str = ""):
+    for key, value in tree.items():
+        if isinstance(value, dict):
+            yield from _walk(value, f"{prefix}{key}.")
+        else:
+            yield f"{prefix}{key}", value

@@ -1,0 +1,343 @@
+"""The training run: a DeepSpeed engine over AOGPT, fed by the streaming loader, one optimizer step
+at a time, with the EMA, validation, checkpoints and metrics around it.
+
+    trainer = Trainer(plan, dist_env)    # builds everything, resumes from `latest` if present
+    exit_code = trainer.fit()            # trains to train.max_steps, exports final/model.pt
+
+Steps are counted as completed optimizer updates: after `fit` has run update i (0-based, the
+index the LR schedule and the order sampler see), the run is at step i + 1, which is what
+metrics, checkpoint tags and `latest` report.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import shutil
+import sys
+import time
+import warnings
+from contextlib import nullcontext
+from dataclasses import dataclass
+from pathlib import Path
+
+import deepspeed
+import deepspeed.comm as dist
+import torch
+
+from aogpt.model import AOGPT, OrderConfig, OrderSampler, save_consolidated
+from aogpt.trainer.checkpoint import (
+    EXIT_PREEMPTED,
+    RUN_STATE,
+    CheckpointDir,
+    PreemptionFlag,
+    git_sha,
+    rank_state_file,
+    restore_rng_states,
+    rng_states,
+    save_torch_atomic,
+    tag_for,
+    write_json_atomic,
+)
+from aogpt.trainer.config import RunConfig, config_to_dict, save_config
+from aogpt.trainer.data import TrainBatches, clean_stale_shared_memory, validation_loader
+from aogpt.trainer.dist_env import DistEnv, all_reduce_sum
+from aogpt.trainer.ds_config import bf16_enabled, zero_stage
+from aogpt.trainer.ema import ShardedEMA, gather_full_weights
+from aogpt.trainer.lr_schedule import learning_rate
+from aogpt.trainer.metrics import MetricsLogger, peak_flops, progress, truncate_metrics
+
+EVAL_ORDER_SEED = 20250624  # validation orders never change, so evaluations compare across a run
+
+
+@dataclass
+class Plan:
+    """Everything checked before the heavy work starts (trainer/main.py's pre-flight)."""
+
+    cfg: RunConfig
+    ds_config: dict
+    manifests: dict[str, dict]
+    resume_tag: str | None
+
+
+def token_weighted(nll_sum: float, tokens: float) -> float | None:
+    return nll_sum / tokens if tokens else None
+
+
+class Trainer:
+    def __init__(self, plan: Plan, dist_env: DistEnv):
+        self.cfg = cfg = plan.cfg
+        self.ds_config = plan.ds_config
+        self.env = dist_env
+        self.preemption = PreemptionFlag()
+        quiet_third_party_logs()
+        deepspeed.init_distributed()
+        self.device = dist_env.device
+        if self.device.type == "cuda":
+            torch.cuda.set_device(self.device)
+            torch.backends.cuda.matmul.allow_tf32 = True
+            torch.backends.cudnn.allow_tf32 = True
+        if dist_env.local_rank == 0:
+            clean_stale_shared_memory()  # a killed run's leftovers break the next loader
+        dist.barrier()
+        self.accum = cfg.gradient_accumulation_steps(dist_env.world_size)
+        self.out_dir = Path(cfg.out_dir)
+        self.checkpoints = CheckpointDir(self.out_dir)
+        self.git_sha = git_sha()
+        if dist_env.is_main:
+            save_config(cfg, self.out_dir / "config.yaml")
+
+        torch.manual_seed(cfg.train.seed)  # the same initial weights on every rank
+        model = AOGPT(cfg.model).to(self.device)
+        self.num_params = model.num_params()
+        self.flops_per_token = model.flops_per_token(cfg.model.block_size)
+        self.attention_backend = model.attention_backend
+        optimizer = torch.optim.AdamW(
+            model.param_groups(cfg.optim.weight_decay), lr=cfg.optim.lr,
+            betas=(cfg.optim.beta1, cfg.optim.beta2), eps=cfg.optim.eps,
+            fused=self.device.type == "cuda",
+        )
+        self.engine, _, _, _ = deepspeed.initialize(model=model, optimizer=optimizer,
+                                                    config=self.ds_config)
+        self.ema = ShardedEMA(self.engine, cfg.ema.decay) if cfg.ema.enabled else None
+        self.sampler = OrderSampler(cfg.order, cfg.model.block_size, cfg.train.seed)
+        self.eval_sampler = OrderSampler(OrderConfig(kind="uniform"), cfg.model.block_size,
+                                         EVAL_ORDER_SEED)
+        self.batches = TrainBatches(cfg, plan.manifests, dist_env, self.device)
+        self.val_loader = validation_loader(cfg, plan.manifests, dist_env, self.device)
+        self._eval_model: AOGPT | None = None
+        self.step = self.resume(plan.resume_tag) if plan.resume_tag else 0
+
+    # ---- set-up ---------------------------------------------------------------------------------
+
+    def resume(self, tag: str) -> int:
+        load_path, client = self.engine.load_checkpoint(str(self.checkpoints.root), tag=tag)
+        if load_path is None:
+            raise RuntimeError(f"DeepSpeed could not load checkpoint {self.checkpoints.root / tag}")
+        self.batches.load_state_dict(client["loader"])
+        rank_state = torch.load(rank_state_file(self.checkpoints.root / tag, self.env.rank),
+                                weights_only=False)
+        if self.ema is not None:
+            self.ema.load_state_dict(rank_state["ema"])
+        restore_rng_states(rank_state["rng"])
+        if self.env.is_main:
+            truncate_metrics(self.out_dir / "metrics.jsonl", client["step"])
+            print(f"resumed from {self.checkpoints.root / tag} at step {client['step']}", flush=True)
+        return client["step"]
+
+    def describe(self) -> str:
+        cfg, env = self.cfg, self.env
+        precision = "bf16" if bf16_enabled(self.ds_config) else "fp32"
+        return (
+            f"model: {cfg.model.n_layer} layers x {cfg.model.n_embd}, "
+            f"{self.num_params / 1e6:.2f}M parameters, attention {self.attention_backend} | "
+            f"ZeRO-{zero_stage(self.ds_config)} {precision} on {self.device.type} | world size "
+            f"{env.world_size} ({env.local_world_size} per node) | per step: "
+            f"{cfg.train.micro_batch_size} sequences x {self.accum} accumulation x "
+            f"{env.world_size} ranks = {cfg.sequences_per_step} x {cfg.model.block_size} tokens | "
+            f"orders: {cfg.order.kind} | EMA: "
+            f"{cfg.ema.decay if cfg.ema.enabled else 'off'} | out_dir: {self.out_dir}"
+        )
+
+    # ---- one optimizer step -----------------------------------------------------------------------
+
+    def train_step(self, update: int) -> tuple[torch.Tensor, float]:
+        """Runs optimizer update `update` (0-based) over `accum` micro-batches.
+
+        Returns this rank's [nll sum, tokens] of its left-to-right and any-order samples (a
+        float64 vector of 4, on the device, not yet reduced) and the seconds spent waiting for data.
+        """
+        cfg, env = self.cfg, self.env
+        lr = learning_rate(update, cfg.optim)
+        for group in self.engine.optimizer.param_groups:
+            group["lr"] = lr
+        sums = torch.zeros(4, dtype=torch.float64, device=self.device)
+        data_wait = 0.0
+        micro = cfg.train.micro_batch_size
+        for micro_step in range(self.accum):
+            start = time.perf_counter()
+            idx = next(self.batches)  # (micro, t)
+            data_wait += time.perf_counter() - start
+            # Global index of each sequence within the step: orders depend on it, not on ranks.
+            first = micro_step * micro * env.world_size + env.rank * micro
+            sample_indices = torch.arange(first, first + idx.shape[0], device=self.device)
+            orders, is_l2r = self.sampler(update, sample_indices)
+            nll = self.engine(idx, orders)  # (micro, t)
+            self.engine.backward(nll.mean())
+            self.engine.step()  # DeepSpeed steps the optimizer on the last micro-step only
+            with torch.no_grad():
+                per_sample = nll.detach().double().sum(dim=1)  # (micro,)
+                tokens = is_l2r.double() * nll.shape[1]
+                sums += torch.stack([(per_sample * is_l2r).sum(), tokens.sum(),
+                                     (per_sample * ~is_l2r).sum(),
+                                     nll.shape[1] * idx.shape[0] - tokens.sum()])
+        if self.ema is not None:
+            self.ema.update()
+        return sums, data_wait
+
+    # ---- evaluation -------------------------------------------------------------------------------
+
+    def full_weights(self, ema: bool, everywhere: bool = True) -> dict[str, torch.Tensor]:
+        """Full fp32 weights (collective); EMA ones when asked and kept. Only rank 0 gets them
+        unless `everywhere`: the others need no copy to export."""
+        if ema and self.ema is not None:
+            with self.ema.swapped_in():
+                return gather_full_weights(self.engine, keep=everywhere or self.env.is_main)
+        return gather_full_weights(self.engine, keep=everywhere or self.env.is_main)
+
+    def eval_model(self, weights: dict[str, torch.Tensor]) -> AOGPT:
+        """A plain copy of the network holding `weights`; the engine's own weights stay untouched."""
+        if self._eval_model is None:
+            with torch.device(self.device):
+                self._eval_model = AOGPT(self.cfg.model).eval()
+        self._eval_model.load_state_dict(weights)
+        return self._eval_model
+
+    @torch.no_grad()
+    def evaluate(self) -> dict[str, float | None]:
+        """val_loss_l2r and val_loss_ao (mean over eval.num_orders fixed orders) on the val split."""
+        cfg, env = self.cfg, self.env
+        model = self.eval_model(self.full_weights(ema=True))
+        use_bf16 = bf16_enabled(self.ds_config) and self.device.type == "cuda"
+        autocast = torch.autocast("cuda", dtype=torch.bfloat16) if use_bf16 else nullcontext()
+        sums = torch.zeros(4, dtype=torch.float64, device=self.device)
+        micro = cfg.train.micro_batch_size
+        with autocast:
+            for batch_index, idx in enumerate(self.val_loader):
+                if batch_index == cfg.eval.batches:
+                    break
+                idx = idx.to(self.device)  # (b, t)
+                first = (batch_index * env.world_size + env.rank) * micro
+                sample_indices = torch.arange(first, first + idx.shape[0], device=self.device)
+                sums[0] += model(idx).double().sum()
+                sums[1] += idx.numel()
+                for k in range(cfg.eval.num_orders):
+                    orders, _ = self.eval_sampler(k, sample_indices)
+                    sums[2] += model(idx, orders).double().sum()
+                    sums[3] += idx.numel()
+        total = all_reduce_sum(sums, self.device).tolist()
+        return {"val_loss_l2r": token_weighted(total[0], total[1]),
+                "val_loss_ao": token_weighted(total[2], total[3])}
+
+    # ---- checkpoints ------------------------------------------------------------------------------
+
+    def export(self, path: Path) -> None:
+        """Consolidated raw + EMA weights at `path`, written by rank 0 (collective)."""
+        raw = self.full_weights(ema=False, everywhere=False)
+        ema = self.full_weights(ema=True, everywhere=False) if self.ema is not None else None
+        if self.env.is_main:
+            save_consolidated(path, self.cfg.model, raw, ema, **self.run_meta(), source="aogpt trainer")
+
+    def run_meta(self) -> dict:
+        return {"step": self.step, "tokens_seen": self.step * self.cfg.train.tokens_per_step,
+                "samples_seen": self.step * self.cfg.sequences_per_step, "git_sha": self.git_sha,
+                "run_config": config_to_dict(self.cfg)}
+
+    def save_checkpoint(self) -> None:
+        """Collective. DeepSpeed's files come last: its `latest` marks the tag complete."""
+        tag = tag_for(self.step)
+        tag_dir = self.checkpoints.root / tag
+        if self.env.is_main and tag_dir.exists():
+            shutil.rmtree(tag_dir)  # a save of this step that was interrupted earlier
+        dist.barrier()
+        self.export(tag_dir / "model.pt")
+        rank_state = {"ema": self.ema.state_dict() if self.ema is not None else None,
+                      "rng": rng_states()}
+        tag_dir.mkdir(parents=True, exist_ok=True)
+        save_torch_atomic(rank_state, rank_state_file(tag_dir, self.env.rank))
+        if self.env.is_main:
+            write_json_atomic({**self.run_meta(), "world_size": self.env.world_size,
+                               "zero_stage": zero_stage(self.ds_config),
+                               "model_config": dataclasses.asdict(self.cfg.model)},
+                              tag_dir / RUN_STATE)
+        client_state = {**self.run_meta(), "loader": self.batches.state_dict(),
+                        "model_config": dataclasses.asdict(self.cfg.model)}
+        self.engine.save_checkpoint(str(self.checkpoints.root), tag=tag, client_state=client_state)
+        if self.env.is_main:
+            self.checkpoints.prune(self.cfg.checkpoint.keep_last)
+
+    # ---- the loop ---------------------------------------------------------------------------------
+
+    def fit(self) -> int:
+        cfg, env = self.cfg, self.env
+        if env.is_main:
+            print(self.describe(), flush=True)
+        if self.step >= cfg.train.max_steps:
+            if env.is_main:
+                print(f"already at step {self.step} >= train.max_steps={cfg.train.max_steps}",
+                      flush=True)
+            self.export(self.out_dir / "final" / "model.pt")
+            return 0
+        logger = MetricsLogger(self.out_dir, env.rank, cfg.logging, config_to_dict(cfg))
+        on_gpu = self.device.type == "cuda"
+        peak = peak_flops(torch.cuda.get_device_name(self.device)) if on_gpu else None
+        bar = progress(env.rank, total=cfg.train.max_steps, initial=self.step, desc="train",
+                       unit="step")
+        window_start, window_steps, window_wait = time.perf_counter(), 0, 0.0
+        try:
+            while self.step < cfg.train.max_steps:
+                sums, data_wait = self.train_step(self.step)
+                self.step += 1
+                window_steps += 1
+                window_wait += data_wait
+                bar.update(1)
+                last = self.step == cfg.train.max_steps
+                record = {}
+                if self.step % cfg.train.log_every == 0 or self.step == 1 or last:
+                    record = self.step_metrics(sums, window_start, window_steps, window_wait, peak)
+                    window_start, window_steps, window_wait = time.perf_counter(), 0, 0.0
+                    bar.set_postfix(loss=f"{record['loss']:.4f}",
+                                    tok_s=f"{record['tokens_per_s']:.0f}")
+                if cfg.eval.every and (self.step % cfg.eval.every == 0 or last):
+                    record.update(self.evaluate())
+                if record:
+                    logger.log(self.step, **record)
+                preempted = all_reduce_sum([float(self.preemption.requested)], self.device).item() > 0
+                if self.step % cfg.checkpoint.every == 0 or last or preempted:
+                    self.save_checkpoint()
+                if preempted:
+                    if env.is_main:
+                        bar.write(f"stopping at step {self.step} on "
+                                  f"{self.preemption.received or 'a signal to another rank'}: "
+                                  f"checkpoint saved, re-run the same command to resume")
+                    return EXIT_PREEMPTED
+        finally:
+            bar.close()
+            logger.close()
+        self.export(self.out_dir / "final" / "model.pt")
+        if env.is_main:
+            print(f"done: {self.step} steps, {self.step * cfg.train.tokens_per_step:,} tokens; "
+                  f"weights in {self.out_dir / 'final' / 'model.pt'}", flush=True)
+        return 0
+
+    def step_metrics(self, sums: torch.Tensor, window_start: float, window_steps: int,
+                     window_wait: float, peak: float | None) -> dict:
+        cfg = self.cfg
+        total = all_reduce_sum(sums, self.device).tolist()  # also waits for the step to finish
+        elapsed = time.perf_counter() - window_start
+        tokens_per_s = window_steps * cfg.train.tokens_per_step / elapsed
+        grad_norm = self.engine.get_global_grad_norm()
+        return {
+            "loss": token_weighted(total[0] + total[2], total[1] + total[3]),
+            "loss_l2r": token_weighted(total[0], total[1]),
+            "loss_ao": token_weighted(total[2], total[3]),
+            "lr": learning_rate(self.step - 1, cfg.optim),
+            "grad_norm": None if grad_norm is None else float(grad_norm),
+            "tokens_per_s": tokens_per_s,
+            "tokens_per_s_per_device": tokens_per_s / self.env.world_size,
+            "samples_seen": self.step * cfg.sequences_per_step,
+            "tokens_seen": self.step * cfg.train.tokens_per_step,
+            "step_time": elapsed / window_steps,
+            "data_wait": window_wait / window_steps,
+            "mfu": (self.flops_per_token * tokens_per_s / (peak * self.env.world_size)
+                    if peak else None),
+            "memory_gb": (torch.cuda.max_memory_allocated(self.device) / 2**30
+                          if self.device.type == "cuda" else None),
+        }
+
+
+def quiet_third_party_logs() -> None:
+    """DeepSpeed logs every config key at INFO on every rank; keep warnings and errors."""
+    deepspeed.utils.logger.setLevel(logging.WARNING)
+    warnings.filterwarnings("ignore", category=FutureWarning, module="torch.distributed")
+    sys.stdout.reconfigure(line_buffering=True)

@@ -1,0 +1,67 @@
+"""Train AO-GPT with DeepSpeed ZeRO on MDS shards.
+
+    deepspeed --num_gpus 8 trainer/main.py --ds_config ds_configs/zero2.json \\
+        --config configs/ao_gpt_small.yaml [key.sub=value ...]
+
+Also runs under torchrun, under srun without a launcher (SLURM_* variables are mapped, export
+MASTER_ADDR and MASTER_PORT), or as plain `python trainer/main.py` on one process. Re-running the
+same command resumes from out_dir/checkpoints/latest. Exit status: 0 done, 2 bad input (one
+line saying what and how to fix it, before any heavy work), 75 stopped by SIGTERM/SIGUSR1 after
+saving a checkpoint (re-run, or requeue, to continue).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from aogpt import UsageError, cli_entry
+from aogpt.trainer.checkpoint import CheckpointDir, check_resumable
+from aogpt.trainer.config import load_config
+from aogpt.trainer.data import check_data
+from aogpt.trainer.dist_env import DistEnv, setup_distributed_env
+from aogpt.trainer.ds_config import load_ds_config, resolve_ds_config, zero_stage
+from aogpt.trainer.loop import Plan, Trainer
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--ds_config", required=True, help="DeepSpeed JSON (ds_configs/*.json)")
+    parser.add_argument("--config", required=True, help="run preset (configs/*.yaml)")
+    parser.add_argument("overrides", nargs="*", metavar="key.sub=value",
+                        help="override any config value, e.g. train.max_steps=100")
+    parser.add_argument("--local_rank", type=int, default=None,
+                        help=argparse.SUPPRESS)  # appended by the deepspeed launcher; env has it
+    return parser.parse_args(argv)
+
+
+def preflight(args: argparse.Namespace, dist_env: DistEnv) -> Plan:
+    """Every check that can fail on user input, cheap and before any process group exists."""
+    cfg = load_config(args.config, args.overrides)
+    cfg.validate(world_size=dist_env.world_size)
+    ds_config = resolve_ds_config(load_ds_config(args.ds_config), cfg, dist_env.world_size)
+    manifests = check_data(cfg, dist_env)
+    checkpoints = CheckpointDir(cfg.out_dir)
+    tag = checkpoints.latest_tag()
+    if tag is not None:
+        check_resumable(checkpoints.run_state(tag), cfg.model, dist_env.world_size,
+                        zero_stage(ds_config), checkpoints.root / tag)
+    return Plan(cfg=cfg, ds_config=ds_config, manifests=manifests, resume_tag=tag)
+
+
+@cli_entry
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    dist_env = setup_distributed_env()
+    try:
+        plan = preflight(args, dist_env)
+    except UsageError:
+        if dist_env.rank != 0:
+            return 2  # every rank sees the same problem: rank 0 alone says it
+        raise
+    return Trainer(plan, dist_env).fit()
+
+
+if __name__ == "__main__":
+    sys.exit(main())
