@@ -1,0 +1,111 @@
+"""manifest.json: what a data folder holds, how it was built, and whether a model can read it.
+
+A data folder DIR holds MDS datasets plus DIR/manifest.json (contracts.md section 1):
+pretraining data (data_prep/owt_to_mds.py) has DIR/train/ and DIR/val/; an eval set
+(data_prep/eval_to_mds.py) has its one split directly in DIR/ (path "."). Every sample has the
+column `tokens` = ndarray:uint16:<seq_len> of GPT-2 ids, EOS after each document.
+
+The builders write manifest.json last, so its presence means the folder is complete. Readers call
+read_manifest / split_path / check_compatible and get a one-line UsageError that says how to fix
+the folder instead of a failure deep inside streaming or the model.
+"""
+
+import datetime
+import json
+import os
+from pathlib import Path
+
+import aogpt
+from aogpt import UsageError
+from aogpt.data_prep import tokenizer
+
+FORMAT = "aogpt-mds"
+VERSION = 1
+FILENAME = "manifest.json"
+COLUMN = "tokens"
+DTYPE = "uint16"
+KINDS = ("pretrain", "eval")
+REQUIRED_KEYS = ("kind", "dataset", "seq_len", "tokenizer", "splits")
+HOW_TO_BUILD = (
+    "build it with `python data_prep/owt_to_mds.py --out DIR` "
+    "(or data_prep/eval_to_mds.py for an eval set)"
+)
+
+
+def new_manifest(kind: str, dataset: str, source: str, seq_len: int, tokenizer_info: dict,
+                 splits: dict[str, dict], **extra) -> dict:
+    """A complete manifest; `splits` maps each split name to {"path": ..., counts...}."""
+    assert kind in KINDS, kind
+    return {
+        "format": FORMAT,
+        "version": VERSION,
+        "kind": kind,
+        "dataset": dataset,
+        "source": source,
+        "seq_len": seq_len,
+        "column": COLUMN,
+        "dtype": DTYPE,
+        "tokenizer": tokenizer_info,
+        "splits": splits,
+        "tool_version": aogpt.__version__,
+        "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        **extra,
+    }
+
+
+def write_manifest(path: Path, manifest: dict) -> None:
+    """Writes atomically (temp file, then rename): a reader never sees half a manifest."""
+    partial = path.with_name(path.name + ".partial")
+    partial.write_text(json.dumps(manifest, indent=2) + "\n")
+    os.replace(partial, path)
+
+
+def read_manifest(data_dir: str | Path) -> dict:
+    """The manifest of a finished data folder; a UsageError that says how to build one otherwise."""
+    path = Path(data_dir) / FILENAME
+    if not path.is_file():
+        what = "does not exist" if not Path(data_dir).exists() else f"has no {FILENAME}"
+        raise UsageError(f"data folder {data_dir} {what} (not a finished aogpt data folder): "
+                         f"{HOW_TO_BUILD}")
+    try:
+        manifest = json.loads(path.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as err:
+        raise UsageError(f"{path} is not valid JSON ({err}): delete the folder and {HOW_TO_BUILD}") from None
+    if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
+        raise UsageError(f"{path} is not an aogpt data manifest (format is not {FORMAT!r}): {HOW_TO_BUILD}")
+    if manifest.get("version") != VERSION:
+        raise UsageError(f"{path} has manifest version {manifest.get('version')!r}, this aogpt reads "
+                         f"version {VERSION}: rebuild the folder with this version's data_prep")
+    missing = [key for key in REQUIRED_KEYS if key not in manifest]
+    if missing:
+        raise UsageError(f"{path} lacks {', '.join(missing)}: the folder is damaged; {HOW_TO_BUILD}")
+    return manifest
+
+
+def split_path(data_dir: str | Path, split: str) -> Path:
+    """The folder holding `split`'s index.json (DIR/train, DIR/val, or DIR itself for an eval set)."""
+    splits = read_manifest(data_dir)["splits"]
+    if split not in splits:
+        raise UsageError(f"data folder {data_dir} has no split {split!r} (it has: {', '.join(splits)})")
+    path = Path(data_dir) / splits[split]["path"]
+    if not (path / "index.json").is_file():
+        raise UsageError(f"{path / 'index.json'} is missing: the data folder is damaged; "
+                         f"delete it and {HOW_TO_BUILD}")
+    return path
+
+
+def check_compatible(manifest: dict, seq_len: int) -> None:
+    """Refuses data made with another tokenizer or for another sequence length than the model's."""
+    info = manifest["tokenizer"]
+    if info.get("name") != tokenizer.NAME or info.get("ranks_sha256") != tokenizer.RANKS_SHA256:
+        raise UsageError(
+            f"the data was tokenized with {info.get('name')!r} (ranks sha256 "
+            f"{str(info.get('ranks_sha256'))[:12]}...), the model uses GPT-2 "
+            f"({tokenizer.RANKS_SHA256[:12]}...): rebuild the data with data_prep/owt_to_mds.py"
+        )
+    if manifest["seq_len"] != seq_len:
+        raise UsageError(
+            f"the data has samples of {manifest['seq_len']} tokens, the model's sequence length "
+            f"is {seq_len}: rebuild the data with --seq-len {seq_len} or set "
+            f"model.block_size={manifest['seq_len']}"
+        )

@@ -1,0 +1,185 @@
+"""Build the pretraining data: OpenWebText (or local text) -> GPT-2 tokens -> MDS train/ and val/.
+
+    python data_prep/owt_to_mds.py --out data/owt [--source SRC ...] [--seq-len 1024]
+        [--val-fraction 0.0005] [--workers N] [--tokenizer-file PATH] [--overwrite]
+
+Without --source it streams OpenWebText from the Hugging Face hub (its parquet export: datasets
+>= 4 cannot run the original loading script). SRC may also be local files or folders (.txt one
+document per file, .jsonl[.gz] field "text", .parquet column "text", OpenWebText's .tar/.xz
+archives; see sources.py). Every document is tokenized with GPT-2's BPE and followed by EOS
+(50256); the token stream is cut into samples of --seq-len tokens, the remainder carried into the
+next document (only the final tail is dropped), and written as MDS shards with one column
+`tokens` = ndarray:uint16:<seq-len>. A document goes to val/ when a hash of its text falls below
+--val-fraction (0.0005 like nanoGPT), so the split never changes between runs.
+
+The output does not depend on --workers. An interrupted run resumes where it stopped when re-run
+with the same arguments; a finished folder (manifest.json present) is left alone unless
+--overwrite. Disk: the work files in DIR/.partial need about as much space as the output.
+"""
+
+import argparse
+import dataclasses
+import itertools
+import os
+import sys
+import time
+from pathlib import Path
+
+import aogpt
+from aogpt import UsageError, cli_entry
+from aogpt.data_prep import packing, sources
+from aogpt.data_prep.build_dir import OutputDir
+from aogpt.data_prep.manifest import new_manifest, read_manifest
+from aogpt.data_prep.tokenizer import describe, load_gpt2
+
+SPLITS = ("train", "val")
+OPENWEBTEXT_DOCUMENTS = 8_013_769  # for the progress bar's total
+COMPRESSIONS = ("none", "zstd", "gz", "br", "bz2", "snappy")
+
+
+def available_cores() -> int:
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(
+        prog="python data_prep/owt_to_mds.py",
+        description="Tokenize OpenWebText (or local text) with GPT-2 BPE and pack it into "
+                    "fixed-length MDS samples in OUT/train and OUT/val, with OUT/manifest.json.",
+    )
+    parser.add_argument("--out", type=Path, required=True, help="output folder")
+    parser.add_argument("--source", nargs="+", action="extend", metavar="SRC",
+                        help=f"Hugging Face dataset id (default: {sources.OPENWEBTEXT}) or local "
+                             f"files/folders ({sources.SUPPORTED}); repeatable")
+    parser.add_argument("--seq-len", type=int, default=1024, help="tokens per sample (default 1024)")
+    parser.add_argument("--val-fraction", type=float, default=0.0005,
+                        help="share of documents in val/, chosen by a hash of the text (default 0.0005)")
+    parser.add_argument("--workers", type=int, default=available_cores(),
+                        help="worker processes (default: all available cores); the output does not depend on it")
+    parser.add_argument("--tokenizer-file", default=None, help="GPT-2 ranks file (gpt2.tiktoken) for offline use")
+    parser.add_argument("--overwrite", action="store_true", help="rebuild OUT even when it is complete")
+    parser.add_argument("--compression", default="none",
+                        help="shard compression: none (default), or zstd[:level], gz, br, bz2, snappy. "
+                             "Compressed local shards are decompressed next to themselves when read, "
+                             "which races on shared filesystems")
+    parser.add_argument("--name", default=None,
+                        help="dataset name in the manifest (default: openwebtext without --source, else custom)")
+    parser.add_argument("--docs-per-chunk", type=int, default=1000,
+                        help="documents per unit of work (default 1000); does not change the output")
+    parser.add_argument("--samples-per-shard", type=int, default=None,
+                        help="samples per MDS shard (default: 64 MiB of tokens)")
+    parser.add_argument("--hf-split", default="train", help="split of a hub dataset (default train)")
+    parser.add_argument("--hf-config", default=None, help="config (subset) name of a hub dataset")
+    parser.add_argument("--hf-revision", default=None,
+                        help=f"revision of a hub dataset (default: {sources.PARQUET_REVISION} for "
+                             f"OpenWebText, else the main branch)")
+    args = parser.parse_args(argv)
+    args.samples_per_shard = args.samples_per_shard or packing.default_samples_per_shard(args.seq_len)
+    _validate(args)
+    return args
+
+
+def _validate(args: argparse.Namespace) -> None:
+    if args.seq_len < 1:
+        raise UsageError(f"--seq-len must be at least 1, got {args.seq_len}")
+    if not 0.0 <= args.val_fraction < 1.0:
+        raise UsageError(f"--val-fraction must be in [0, 1), got {args.val_fraction}")
+    if args.workers < 1:
+        raise UsageError(f"--workers must be at least 1, got {args.workers}")
+    if args.docs_per_chunk < 1:
+        raise UsageError(f"--docs-per-chunk must be at least 1, got {args.docs_per_chunk}")
+    check_shard_size(args.samples_per_shard, args.seq_len)
+    args.compression = parse_compression(args.compression)
+
+
+def check_shard_size(samples_per_shard: int, seq_len: int) -> None:
+    # MDS stores sample offsets as uint32, so one shard must stay below 4 GiB.
+    if samples_per_shard < 1 or samples_per_shard * (2 * seq_len + 4) >= 2**32:
+        raise UsageError(f"--samples-per-shard must be between 1 and {(2**32 - 1) // (2 * seq_len + 4)} "
+                         f"for --seq-len {seq_len}, got {samples_per_shard}")
+
+
+def parse_compression(name: str) -> str | None:
+    algorithm, _, level = name.partition(":")
+    if algorithm not in COMPRESSIONS or (level and not level.isdigit()) or (level and algorithm == "none"):
+        raise UsageError(f"--compression {name!r} is not one of {', '.join(COMPRESSIONS)} "
+                         f"(with an optional :level, e.g. zstd:7)")
+    return None if algorithm == "none" else name
+
+
+@cli_entry
+def main(argv: list[str] | None = None) -> int:
+    wall_start = time.perf_counter()
+    args = parse_args(argv)
+    encoding = load_gpt2(args.tokenizer_file)
+    packing.check_fits_uint16(encoding)
+    inputs = [sources.resolve(spec, args.hf_split, args.hf_config, args.hf_revision)
+              for spec in args.source or [sources.OPENWEBTEXT]]
+    spec = packing.PackSpec(seq_len=args.seq_len, splits=SPLITS, val_fraction=args.val_fraction,
+                            samples_per_shard=args.samples_per_shard, compression=args.compression)
+    settings = {"tool": "owt_to_mds", "tool_version": aogpt.__version__,
+                "sources": [source.fingerprint() for source in inputs],
+                "docs_per_chunk": args.docs_per_chunk, "tokenizer": describe(encoding),
+                "spec": dataclasses.asdict(spec)}
+    out = OutputDir(args.out, owns=lambda name: name in SPLITS)
+    if not out.start(settings, args.overwrite):
+        print(f"{args.out} is complete already ({_summary_of(read_manifest(args.out))}): "
+              f"nothing to do (--overwrite rebuilds it)")
+        return 0
+
+    description = "; ".join(source.describe() for source in inputs)
+    try:
+        chunks = itertools.chain.from_iterable(source.chunks(args.docs_per_chunk) for source in inputs)
+        result = packing.build(chunks, spec, out.work, {name: out.out / name for name in SPLITS},
+                               encoding, args.workers,
+                               OPENWEBTEXT_DOCUMENTS if not args.source else None)
+        _check_result(result, args, description)
+    except UsageError:
+        out.discard()
+        raise
+    manifest = new_manifest(
+        "pretrain", args.name or ("custom" if args.source else "openwebtext"), description,
+        args.seq_len, describe(encoding),
+        {name: {"path": name, **result.splits[name]} for name in SPLITS},
+        val_fraction=args.val_fraction,
+        split_rule="a document is in val when blake2b(text, 8 bytes) / 2**64 < val_fraction",
+        samples_per_shard=args.samples_per_shard,
+        compression=args.compression,
+    )
+    out.publish(manifest)
+    _report(manifest, result, args, time.perf_counter() - wall_start)
+    return 0
+
+
+def _check_result(result: packing.BuildResult, args: argparse.Namespace, description: str) -> None:
+    train = result.splits["train"]
+    if not any(result.splits[name]["documents"] for name in SPLITS):
+        raise UsageError(f"no documents in {description}: the input is empty")
+    if train["samples"] == 0:
+        raise UsageError(f"the training split has {train['tokens']} tokens, not enough for one "
+                         f"sample of --seq-len {args.seq_len}: add text or lower --seq-len")
+
+
+def _summary_of(manifest: dict) -> str:
+    return ", ".join(f"{name} {split['samples']:,} samples" for name, split in manifest["splits"].items())
+
+
+def _report(manifest: dict, result: packing.BuildResult, args: argparse.Namespace, wall: float) -> None:
+    splits = manifest["splits"]
+    if args.val_fraction > 0 and splits["val"]["samples"] == 0:
+        print(f"warning: val/ has no samples ({splits['val']['tokens']} tokens): raise --val-fraction "
+              f"or add text if you need a validation split")
+    replaced = sum(split["replaced_bytes"] for split in splits.values())
+    if replaced:
+        documents = sum(split["replaced_documents"] for split in splits.values())
+        print(f"note: {replaced:,} bytes in {documents:,} documents were not UTF-8 and became U+FFFD")
+    rate = result.tokenized / max(result.seconds, 1e-9)
+    print(f"done: {sum(s['documents'] for s in splits.values()):,} documents, "
+          f"{sum(s['tokens'] for s in splits.values()):,} tokens, "
+          f"{sum(s['samples'] for s in splits.values()):,} samples of {args.seq_len} "
+          f"({_summary_of(manifest)}) in {wall:.1f} s; tokenized {rate / 1e6:.2f}M tokens/s "
+          f"({rate / args.workers / 1e6:.2f}M per worker, {args.workers} workers) -> {args.out}")
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,330 @@
+"""Documents -> GPT-2 tokens -> fixed-length MDS samples: parallel, and identical for any worker count.
+
+Two passes, each spread over the worker processes:
+1. tokenize: each chunk of documents (cut by the sources, never by the number of workers) is
+   tokenized by one worker, EOS after every document, and each document goes to a split by a
+   hash of its text. The worker writes work/chunks/<i>.<split>.u16 and then <i>.json with the
+   counts; the json is the commit mark, so a re-run after a crash skips the chunks that have one.
+2. write: prefix sums of the chunks' token counts give every sample its place in its split's
+   token stream, so shard p (samples [p*P, (p+1)*P)) can be written by any worker from the few
+   chunk files it overlaps. A shard is written to <split>/part_<p>.tmp and renamed when complete;
+   streaming's merge_index then joins the parts' indexes, in order, into <split>/index.json.
+
+The concatenation of a split's samples is therefore its document stream token for token; only the
+final tail shorter than seq_len is dropped (and counted). Memory stays bounded: at most two chunks
+per worker are in flight, and one shard is the largest array a worker holds.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import importlib
+import json
+import logging
+import multiprocessing
+import os
+import shutil
+import threading
+import time
+from collections.abc import Iterable, Iterator
+from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, as_completed, wait
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import tiktoken
+from tqdm import tqdm
+
+from aogpt import UsageError
+from aogpt.data_prep.detokenizers import DETOKENIZERS
+from aogpt.data_prep.manifest import COLUMN
+from aogpt.data_prep.sources import Chunk
+from aogpt.data_prep.tokenizer import EOS
+
+SHARD_BYTES = 1 << 26  # 64 MiB of tokens per shard: streaming's default shard size
+HASHES = ["xxh3_64"]  # per shard, in index.json: readers may verify them (validate_hash)
+COUNTS = ("documents", "tokens", "group_dropped_tokens", "replaced_bytes", "replaced_documents")
+_EOS = np.array([EOS], dtype=np.uint32)
+
+
+def default_samples_per_shard(seq_len: int) -> int:
+    return max(1, SHARD_BYTES // (2 * seq_len))
+
+
+def mds_columns(seq_len: int) -> dict[str, str]:
+    return {COLUMN: f"ndarray:uint16:{seq_len}"}
+
+
+@dataclass(frozen=True)
+class PackSpec:
+    """What to build: everything here (not the worker count) determines the output bytes."""
+    seq_len: int
+    splits: tuple[str, ...] = ("train", "val")
+    val_fraction: float = 0.0  # with two splits: the share of documents that go to the second
+    detokenizer: str | None = None  # a key of detokenizers.DETOKENIZERS
+    group_size: int | None = None  # reference packing: drop each group's remainder (SEDD protocol)
+    samples_per_shard: int = 32768
+    compression: str | None = None
+
+    def split_of(self, text: str) -> int:
+        """A document's split, fixed by its text alone: it never changes between runs."""
+        if len(self.splits) == 1:
+            return 0
+        digest = hashlib.blake2b(text.encode("utf-8", "surrogatepass"), digest_size=8).digest()
+        return int(int.from_bytes(digest, "big") / 2**64 < self.val_fraction)
+
+
+@dataclass
+class BuildResult:
+    splits: dict[str, dict]  # per split: the counts for the manifest
+    tokenized: int  # tokens tokenized by this run (a resumed run skips finished chunks)
+    seconds: float
+
+
+def check_fits_uint16(encoding: tiktoken.Encoding) -> None:
+    if encoding.max_token_value >= 2**16:
+        raise UsageError(f"tokenizer {encoding.name} has token ids up to {encoding.max_token_value}, "
+                         f"which do not fit the uint16 shards: use a vocabulary of at most 65536")
+
+
+# ---- pass 1: tokenize a chunk (runs in a worker) -------------------------------------------------
+
+_encoding: tiktoken.Encoding | None = None
+
+
+def _encode(text: str) -> np.ndarray:
+    try:
+        return _encoding.encode_to_numpy(text, disallowed_special=())  # = encode_ordinary, no list
+    except UnicodeEncodeError:  # lone surrogates (JSON "\ud800" escapes): replaced, as tiktoken does
+        text = text.encode("utf-16", "surrogatepass").decode("utf-16", "replace")
+        return _encoding.encode_to_numpy(text, disallowed_special=())
+
+
+def tokenize_chunk(index: int, chunk: Chunk, spec: PackSpec, chunk_dir: str) -> dict:
+    """Tokenizes one chunk into <chunk_dir>/<index>.<split>.u16 files; returns (and saves) its counts."""
+    detokenize = DETOKENIZERS[spec.detokenizer] if spec.detokenizer else None
+    pieces: list[list[np.ndarray]] = [[] for _ in spec.splits]  # [ids, EOS, ids, EOS, ...]
+    counts = [dict.fromkeys(COUNTS, 0) for _ in spec.splits]
+    for text, replaced in chunk.documents():
+        split = spec.split_of(text)
+        ids = _encode(detokenize(text) if detokenize else text)
+        pieces[split] += (ids, _EOS)
+        count = counts[split]
+        count["documents"] += 1
+        count["tokens"] += len(ids) + 1
+        count["replaced_bytes"] += replaced
+        count["replaced_documents"] += int(replaced > 0)
+    meta = {"index": index}
+    for split, name in enumerate(spec.splits):
+        tokens = _join(pieces[split], spec, counts[split])
+        _write_atomic(Path(chunk_dir) / f"{index:08d}.{name}.u16", tokens.tobytes())
+        meta[name] = counts[split]
+    _write_atomic(Path(chunk_dir) / f"{index:08d}.json", json.dumps(meta).encode())
+    return meta
+
+
+def _join(pieces: list[np.ndarray], spec: PackSpec, counts: dict) -> np.ndarray:
+    """The chunk's token stream of one split; with reference packing each group is cut to whole samples."""
+    if spec.group_size:
+        step = 2 * spec.group_size  # two pieces per document
+        groups = [np.concatenate(pieces[i:i + step]) for i in range(0, len(pieces), step)]
+        counts["group_dropped_tokens"] = sum(len(group) % spec.seq_len for group in groups)
+        pieces = [group[:len(group) - len(group) % spec.seq_len] for group in groups]
+    if not pieces:
+        return np.empty(0, dtype=np.uint16)
+    return np.concatenate(pieces).astype(np.uint16)
+
+
+def _write_atomic(path: Path, data: bytes) -> None:
+    partial = path.with_name(path.name + ".tmp")
+    partial.write_bytes(data)
+    os.replace(partial, path)
+
+
+# ---- pass 2: write one shard (runs in a worker) --------------------------------------------------
+
+@dataclass(frozen=True)
+class PartTask:
+    path: str  # the part's folder, holding index.json and one shard
+    samples: int
+    reads: tuple[tuple[str, int, int], ...]  # (chunk file, first token, token count) in stream order
+    seq_len: int
+    compression: str | None
+
+
+def write_part(task: PartTask) -> int:
+    from aogpt.data_prep.streaming_compat import streaming
+
+    tokens = np.concatenate([np.fromfile(path, dtype=np.uint16, count=count, offset=2 * first)
+                             for path, first, count in task.reads])
+    samples = tokens.reshape(task.samples, task.seq_len)  # (samples, seq_len)
+    partial = Path(task.path + ".tmp")
+    if partial.exists():  # left by a killed run
+        shutil.rmtree(partial)
+    with streaming.MDSWriter(out=str(partial), columns=mds_columns(task.seq_len), hashes=HASHES,
+                             compression=task.compression, size_limit=None) as writer:
+        for sample in samples:
+            writer.write({COLUMN: sample})
+    os.replace(partial, task.path)
+    return task.samples
+
+
+def plan_parts(chunk_files: list[str], chunk_tokens: list[int], spec: PackSpec,
+               split_dir: Path) -> list[PartTask]:
+    """Cuts a split's token stream (the chunk files in order) into shards of samples_per_shard samples."""
+    starts = np.cumsum([0, *chunk_tokens])  # where each chunk begins in the split's token stream
+    total_samples = int(starts[-1]) // spec.seq_len
+    tasks = []
+    for part, first_sample in enumerate(range(0, total_samples, spec.samples_per_shard)):
+        samples = min(spec.samples_per_shard, total_samples - first_sample)
+        position, end = first_sample * spec.seq_len, (first_sample + samples) * spec.seq_len
+        chunk = int(np.searchsorted(starts, position, side="right")) - 1
+        reads = []
+        while position < end:
+            take = min(end, int(starts[chunk + 1])) - position
+            if take > 0:
+                reads.append((chunk_files[chunk], position - int(starts[chunk]), take))
+            position += take
+            chunk += 1
+        tasks.append(PartTask(str(split_dir / f"part_{part:05d}"), samples, tuple(reads),
+                              spec.seq_len, spec.compression))
+    return tasks
+
+
+# ---- the two passes, driven from the main process ------------------------------------------------
+
+def build(chunks: Iterable[Chunk], spec: PackSpec, work_dir: Path, split_dirs: dict[str, Path],
+          encoding: tiktoken.Encoding, workers: int, total_documents: int | None = None) -> BuildResult:
+    """Tokenizes `chunks` and writes each split's MDS into split_dirs[split]; resumes finished work."""
+    check_fits_uint16(encoding)
+    chunk_dir = work_dir / "chunks"
+    chunk_dir.mkdir(parents=True, exist_ok=True)
+    start = time.perf_counter()
+    with _worker_pool(workers, encoding) as pool:
+        metas, tokenized = _tokenize_all(pool, chunks, spec, chunk_dir, workers, total_documents)
+        seconds = time.perf_counter() - start
+        if spec.group_size:
+            assert all(meta[name]["documents"] % spec.group_size == 0
+                       for meta in metas[:-1] for name in spec.splits), "chunks must hold whole groups"
+        splits = {name: _write_split(pool, name, metas, spec, chunk_dir, split_dirs[name])
+                  for name in spec.splits}
+    return BuildResult(splits, tokenized, seconds)
+
+
+def _tokenize_all(pool, chunks: Iterable[Chunk], spec: PackSpec, chunk_dir: Path, workers: int,
+                  total_documents: int | None) -> tuple[list[dict], int]:
+    metas: dict[int, dict] = {}
+    tokenized, start = 0, time.perf_counter()
+    bar = tqdm(total=total_documents, unit="doc", desc="tokenize", mininterval=0.5)
+
+    def record(meta: dict, fresh: bool) -> None:
+        nonlocal tokenized
+        metas[meta["index"]] = meta
+        bar.update(sum(meta[name]["documents"] for name in spec.splits))
+        if fresh:
+            tokenized += sum(meta[name]["tokens"] for name in spec.splits)
+            bar.set_postfix_str(f"{tokenized / (time.perf_counter() - start) / 1e6:.2f}M tok/s")
+
+    in_flight: set[Future] = set()
+    for index, chunk in enumerate(chunks):
+        done = chunk_dir / f"{index:08d}.json"
+        if done.is_file():  # finished by an interrupted run
+            record(json.loads(done.read_text()), fresh=False)
+            continue
+        in_flight.add(pool.submit(tokenize_chunk, index, chunk, spec, str(chunk_dir)))
+        if len(in_flight) >= 2 * workers:  # bounded: the reader never runs far ahead of the workers
+            finished, in_flight = wait(in_flight, return_when=FIRST_COMPLETED)
+            for future in finished:
+                record(future.result(), fresh=True)
+    for future in as_completed(in_flight):
+        record(future.result(), fresh=True)
+    bar.close()
+    return [metas[index] for index in range(len(metas))], tokenized
+
+
+def _write_split(pool, name: str, metas: list[dict], spec: PackSpec, chunk_dir: Path,
+                 split_dir: Path) -> dict:
+    counts = {key: sum(meta[name][key] for meta in metas) for key in COUNTS}
+    files = [str(chunk_dir / f"{meta['index']:08d}.{name}.u16") for meta in metas]
+    lengths = [meta[name]["tokens"] - meta[name]["group_dropped_tokens"] for meta in metas]
+    tasks = plan_parts(files, lengths, spec, split_dir)
+    split_dir.mkdir(parents=True, exist_ok=True)
+    todo = [task for task in tasks if not Path(task.path).is_dir()]
+    samples = sum(task.samples for task in tasks)
+    with tqdm(total=samples, initial=samples - sum(task.samples for task in todo), unit="sample",
+              desc=f"write {name}", mininterval=0.5) as bar:
+        for future in as_completed([pool.submit(write_part, task) for task in todo]):
+            bar.update(future.result())
+    _merge_index([task.path for task in tasks], split_dir)
+    return {
+        **counts,
+        "samples": samples,
+        "dropped_tail_tokens": sum(lengths) - samples * spec.seq_len,
+        "shards": len(tasks),
+        "index_sha256": hashlib.sha256((split_dir / "index.json").read_bytes()).hexdigest(),
+    }
+
+
+def _merge_index(part_dirs: list[str], split_dir: Path) -> None:
+    """split_dir/index.json listing every part's shard in order (an empty index for no samples)."""
+    if not part_dirs:  # merge_index writes nothing for an empty list
+        (split_dir / "index.json").write_text(json.dumps({"version": 2, "shards": []}))
+        return
+    from aogpt.data_prep.streaming_compat import streaming
+
+    logging.disable(logging.WARNING)  # merge_index logs a warning about its temporary folder
+    try:
+        streaming.base.util.merge_index([str(Path(p) / "index.json") for p in part_dirs], str(split_dir))
+    finally:
+        logging.disable(logging.NOTSET)
+
+
+# ---- workers -----------------------------------------------------------------------------------
+
+class _InProcess:
+    """workers=1: the tasks run right here (no process start-up, plain tracebacks)."""
+
+    def submit(self, fn, *args) -> Future:
+        future: Future = Future()
+        try:
+            future.set_result(fn(*args))
+        except Exception as err:  # handed to the caller through the future, as a pool would
+            future.set_exception(err)
+        return future
+
+
+def _init_worker(encoding: tiktoken.Encoding, parent_pid: int) -> None:
+    global _encoding
+    _encoding = encoding
+    threading.Thread(target=_exit_with_parent, args=(parent_pid,), daemon=True).start()
+    _preload_streaming()
+
+
+def _preload_streaming() -> None:
+    """Imports streaming (seconds: it imports torch) in the background, ready for pass 2."""
+    threading.Thread(target=importlib.import_module, daemon=True,
+                     args=("aogpt.data_prep.streaming_compat",)).start()
+
+
+def _exit_with_parent(parent_pid: int) -> None:
+    # A worker whose main process was killed (SIGKILL, OOM) would otherwise wait on its queue forever.
+    while os.getppid() == parent_pid:
+        time.sleep(1)
+    os._exit(1)
+
+
+@contextlib.contextmanager
+def _worker_pool(workers: int, encoding: tiktoken.Encoding) -> Iterator:
+    global _encoding
+    if workers == 1:
+        _encoding = encoding
+        yield _InProcess()
+        return
+    # spawn, not fork: the main process may run threads (tqdm, the hub's streaming reader)
+    pool = ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn"),
+                               initializer=_init_worker, initargs=(encoding, os.getpid()))
+    try:
+        yield pool
+    finally:
+        pool.shutdown(wait=True, cancel_futures=True)
