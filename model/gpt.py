@@ -32,7 +32,7 @@ from torch.utils.checkpoint import checkpoint
 from aogpt import UsageError
 from aogpt.model.attention import KVCache, attend, check_backend, resolve_backend
 from aogpt.model.config import ModelConfig
-from aogpt.model.loss import token_nll
+from aogpt.model.loss import linear_cross_entropy
 from aogpt.model.orders import shuffle
 
 
@@ -142,6 +142,17 @@ class FinalLayer(nn.Module):
         return modulate(x, shift, scale)
 
 
+class LMHead(nn.Linear):
+    """The output head. Given targets it returns the per-token NLL instead of logits, made in
+    chunks (model/loss.py); inside this module's forward so that ZeRO-3 gathers its weights."""
+
+    def forward(self, hidden: torch.Tensor, targets: torch.Tensor | None = None,
+                chunk_size: int = 0) -> torch.Tensor:
+        if targets is None:
+            return super().forward(hidden)
+        return linear_cross_entropy(hidden, self.weight, self.bias, targets, chunk_size)
+
+
 class AOGPT(nn.Module):
     def __init__(self, config: ModelConfig):
         super().__init__()
@@ -162,7 +173,7 @@ class AOGPT(nn.Module):
         layers["h"] = nn.ModuleList(Block(config, i) for i in range(config.n_layer))
         layers["final_layer"] = FinalLayer(config)
         self.transformer = nn.ModuleDict(layers)
-        self.lm_head = nn.Linear(d, config.vocab_size, bias=config.lm_head_bias)
+        self.lm_head = LMHead(d, config.vocab_size, bias=config.lm_head_bias)
         if config.tie_embeddings:
             self.lm_head.weight = self.transformer.wte.weight
         self._init_weights()
@@ -294,7 +305,7 @@ class AOGPT(nn.Module):
         """
         tokens, positions, target_positions, targets = self._slots(idx, orders)
         hidden = self.forward_stream(tokens, positions, target_positions)
-        return token_nll(hidden, self.lm_head, targets, self.config.loss_chunk_size)
+        return self.lm_head(hidden, targets, self.config.loss_chunk_size)
 
     def token_nll(self, idx: torch.Tensor, orders: torch.Tensor | None = None) -> torch.Tensor:
         """Same as calling the model (the name of the user-facing API)."""

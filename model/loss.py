@@ -1,39 +1,113 @@
-"""Per-token cross-entropy without the full logits tensor.
+"""Per-token cross-entropy of the output head without the full logits tensor.
 
-A batch of 16 x 1024 tokens over the 50304-word vocabulary has 824M logits: 3.3 GB in fp32,
-several times that once log-softmax and gradients join. Here the logits are made chunk by chunk
-from the final hidden states, scored in fp32, and each chunk runs under activation
-checkpointing, so no chunk's logits outlive its own forward or backward. The price is one extra
-lm_head matmul in the backward pass (measured in benchmarks/model_throughput.py).
+A batch of 16 x 1024 tokens over the 50304-word vocabulary has 824M logits: 3.3 GB in fp32, and
+the straightforward loss keeps several tensors of that size alive until backward (the logits,
+their fp32 copy, the log-softmax, then its gradient). Here the head's matmul and the
+cross-entropy are one autograd function that goes through the tokens in chunks, so only one
+chunk's logits ever exist. It computes the gradients during the forward pass, while each chunk's
+softmax is at hand (as Liger-Kernel's fused linear cross-entropy does):
+
+    d nll_i / d logits_i = softmax_i - onehot(target_i) =: E_i
+    grad_h_i = g_i (E_i W)            kept unscaled, (n, d): exact for any incoming gradient g
+    grad_W   = sum_i g_i E_i^T h_i    kept for uniform g, which is what `nll.mean()` gives
+
+If the incoming gradient is not uniform over tokens (a weighted loss), the backward pass makes
+the chunks' logits again for grad_W and grad_b; correct either way, one head matmul slower.
 """
 
 from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
-from torch import nn
-from torch.utils.checkpoint import checkpoint
 
 
-def _chunk_nll(lm_head: nn.Module, hidden: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-    return F.cross_entropy(lm_head(hidden).float(), targets, reduction="none")
+def _in_compute_dtype(hidden: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None):
+    """The operands in the dtype autocast would run the matmul in (the activations' without it)."""
+    device = hidden.device.type
+    dtype = torch.get_autocast_dtype(device) if torch.is_autocast_enabled(device) else hidden.dtype
+    return hidden.to(dtype), weight.to(dtype), None if bias is None else bias.to(dtype)
 
 
-def token_nll(hidden: torch.Tensor, lm_head: nn.Module, targets: torch.Tensor,
-              chunk_size: int) -> torch.Tensor:
-    """-log p(targets) per token, fp32, shaped like targets; hidden is (*targets.shape, d).
+def _chunked_pass(h: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None, targets: torch.Tensor,
+                  chunk_size: int, want: tuple[bool, bool, bool],
+                  token_weights: torch.Tensor | None = None):
+    """nll (n,) fp32 and, as `want` says, the gradients of sum_i token_weights_i * nll_i with
+    respect to h, w, b (token_weights None: all ones). h (n, d) and w, b in one compute dtype."""
+    want_h, want_w, want_b = want
+    nll = torch.empty(len(h), dtype=torch.float32, device=h.device)
+    grad_h = torch.empty_like(h) if want_h else None
+    grad_w = torch.zeros(w.shape, dtype=torch.float32, device=w.device) if want_w else None
+    grad_b = torch.zeros(w.shape[0], dtype=torch.float32, device=w.device) if want_b else None
+    rows = torch.arange(min(chunk_size, len(h)), device=h.device)
+    with torch.autocast(h.device.type, enabled=False):
+        for start in range(0, len(h), chunk_size):
+            chunk = slice(start, start + chunk_size)
+            logits = F.linear(h[chunk], w, b).float()  # (n_chunk, vocab): softmax in fp32
+            lse = logits.logsumexp(dim=-1)
+            nll[chunk] = lse - logits.gather(1, targets[chunk, None]).squeeze(1)
+            if not any(want):
+                continue
+            grad_logits = logits.sub_(lse[:, None]).exp_()  # softmax, in place
+            grad_logits[rows[: len(grad_logits)], targets[chunk]] -= 1.0
+            if token_weights is not None:
+                grad_logits.mul_(token_weights[chunk, None])
+            if want_b:
+                grad_b += grad_logits.sum(dim=0)
+            grad_logits = grad_logits.to(h.dtype)
+            if want_h:
+                torch.mm(grad_logits, w, out=grad_h[chunk])
+            if want_w and grad_w.dtype == grad_logits.dtype:
+                grad_w.addmm_(grad_logits.t(), h[chunk])  # fp32: accumulate without a temporary
+            elif want_w:  # bf16/fp16 matmul, summed over chunks in fp32
+                grad_w += (grad_logits.t() @ h[chunk]).float()
+    return nll, grad_h, grad_w, grad_b
 
-    chunk_size = 0 computes all logits at once (the straightforward path, kept as the baseline).
+
+class _ChunkedLinearCrossEntropy(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, hidden, weight, bias, targets, chunk_size):  # hidden (n, d), targets (n,)
+        h, w, b = _in_compute_dtype(hidden, weight, bias)
+        want = tuple(ctx.needs_input_grad[:3])
+        nll, grad_h, grad_w, grad_b = _chunked_pass(h, w, b, targets, chunk_size, want)
+        ctx.save_for_backward(hidden, weight, bias, targets, grad_h, grad_w, grad_b)
+        ctx.chunk_size, ctx.want, ctx.dtype = chunk_size, want, h.dtype
+        return nll
+
+    @staticmethod
+    def backward(ctx, grad_nll):
+        hidden, weight, bias, targets, grad_h, grad_w, grad_b = ctx.saved_tensors
+        g = grad_nll.float()
+        if grad_h is not None:
+            grad_h = (grad_h.float() * g[:, None]).to(hidden.dtype)
+        if grad_w is not None or grad_b is not None:
+            if bool((g == g[0]).all()):  # the usual mean or sum: scale what forward summed
+                grad_w = None if grad_w is None else grad_w * g[0]
+                grad_b = None if grad_b is None else grad_b * g[0]
+            else:
+                h, w, b = (None if t is None else t.to(ctx.dtype) for t in (hidden, weight, bias))
+                want = (False, *ctx.want[1:])
+                _, _, grad_w, grad_b = _chunked_pass(h, w, b, targets, ctx.chunk_size, want, g)
+        return (grad_h,
+                None if grad_w is None else grad_w.to(weight.dtype),
+                None if grad_b is None else grad_b.to(bias.dtype), None, None)
+
+
+def linear_cross_entropy(hidden: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
+                         targets: torch.Tensor, chunk_size: int) -> torch.Tensor:
+    """-log softmax(hidden @ weight.T + bias)[targets] per token: fp32, shaped like targets.
+
+    hidden is (*targets.shape, d). chunk_size tokens at a time; 0 makes all logits at once (the
+    straightforward path, kept as the baseline).
     """
     flat_hidden = hidden.reshape(-1, hidden.size(-1))  # (b*t, d)
     flat_targets = targets.reshape(-1)
     if chunk_size == 0:
-        return _chunk_nll(lm_head, flat_hidden, flat_targets).view_as(targets)
-    recompute = torch.is_grad_enabled() and (
-        hidden.requires_grad or any(p.requires_grad for p in lm_head.parameters()))
-    pieces = [
-        checkpoint(_chunk_nll, lm_head, h, t, use_reentrant=False) if recompute
-        else _chunk_nll(lm_head, h, t)
-        for h, t in zip(flat_hidden.split(chunk_size), flat_targets.split(chunk_size), strict=True)
-    ]
-    return torch.cat(pieces).view_as(targets)
+        logits = F.linear(flat_hidden, weight, bias).float()
+        nll = F.cross_entropy(logits, flat_targets, reduction="none")
+    elif torch.is_grad_enabled() and any(t is not None and t.requires_grad
+                                         for t in (hidden, weight, bias)):
+        nll = _ChunkedLinearCrossEntropy.apply(flat_hidden, weight, bias, flat_targets, chunk_size)
+    else:
+        nll = _chunked_pass(*_in_compute_dtype(flat_hidden, weight, bias), flat_targets,
+                            chunk_size, want=(False, False, False))[0]
+    return nll.view_as(targets)
