@@ -37,7 +37,8 @@ from aogpt.model.orders import shuffle
 
 
 class Norm(nn.Module):
-    """RMSNorm (AO-GPT) or LayerNorm (sigma-GPT, nanoGPT), computed in fp32 for any activation dtype."""
+    """RMSNorm (AO-GPT) or LayerNorm (sigma-GPT, nanoGPT), computed in fp32 (or fp64) for
+    bf16/fp16 activations too: their statistics lose too much in half precision."""
 
     def __init__(self, dim: int, kind: str, bias: bool):
         super().__init__()
@@ -47,12 +48,13 @@ class Norm(nn.Module):
         self.bias = nn.Parameter(torch.zeros(dim)) if kind == "layer" and bias else None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        shape, xf = self.weight.shape, x.float()
-        bias = None if self.bias is None else self.bias.float()
+        dtype = torch.promote_types(x.dtype, torch.float32)
+        weight = self.weight.to(dtype)
         if self.kind == "rms":
-            y = F.rms_norm(xf, shape, self.weight.float(), eps=1e-5)
+            y = F.rms_norm(x.to(dtype), weight.shape, weight, eps=1e-5)
         else:
-            y = F.layer_norm(xf, shape, self.weight.float(), bias, eps=1e-5)
+            bias = None if self.bias is None else self.bias.to(dtype)
+            y = F.layer_norm(x.to(dtype), weight.shape, weight, bias, eps=1e-5)
         return y.type_as(x)
 
 
@@ -298,7 +300,8 @@ class AOGPT(nn.Module):
         return tokens, positions, orders, targets
 
     def forward(self, idx: torch.Tensor, orders: torch.Tensor | None = None) -> torch.Tensor:
-        """-log p of the k-th token of each order given the ones before it: (b, t) fp32.
+        """-log p of the k-th token of each order given the ones before it: (b, t) fp32 (fp64
+        for a float64 model).
 
         idx (b, t) token ids; orders (b, t) permutations of 0..t-1 (None = left to right). The
         training loss is the mean. Logits are made in chunks (config.loss_chunk_size), never all at once.
@@ -312,6 +315,8 @@ class AOGPT(nn.Module):
         return self(idx, orders)
 
     def logits(self, idx: torch.Tensor, orders: torch.Tensor | None = None) -> torch.Tensor:
-        """Full fp32 logits (b, t, vocab) in order positions: logits[:, k] predicts idx[:, orders[:, k]]."""
+        """Full logits (b, t, vocab), fp32 or fp64, in order positions: logits[:, k] predicts
+        idx[:, orders[:, k]]."""
         tokens, positions, target_positions, _ = self._slots(idx, orders)
-        return self.lm_head(self.forward_stream(tokens, positions, target_positions)).float()
+        logits = self.lm_head(self.forward_stream(tokens, positions, target_positions))
+        return logits.to(torch.promote_types(logits.dtype, torch.float32))

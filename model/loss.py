@@ -28,21 +28,27 @@ def _in_compute_dtype(hidden: torch.Tensor, weight: torch.Tensor, bias: torch.Te
     return hidden.to(dtype), weight.to(dtype), None if bias is None else bias.to(dtype)
 
 
+def _upcast(x: torch.Tensor) -> torch.Tensor:
+    """bf16/fp16 to fp32 for the softmax; fp32 and fp64 stay as they are."""
+    return x.to(torch.promote_types(x.dtype, torch.float32))
+
+
 def _chunked_pass(h: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None, targets: torch.Tensor,
                   chunk_size: int, want: tuple[bool, bool, bool],
                   token_weights: torch.Tensor | None = None):
     """nll (n,) fp32 and, as `want` says, the gradients of sum_i token_weights_i * nll_i with
     respect to h, w, b (token_weights None: all ones). h (n, d) and w, b in one compute dtype."""
     want_h, want_w, want_b = want
-    nll = torch.empty(len(h), dtype=torch.float32, device=h.device)
+    acc = torch.promote_types(h.dtype, torch.float32)  # softmax and sums over chunks
+    nll = torch.empty(len(h), dtype=acc, device=h.device)
     grad_h = torch.empty_like(h) if want_h else None
-    grad_w = torch.zeros(w.shape, dtype=torch.float32, device=w.device) if want_w else None
-    grad_b = torch.zeros(w.shape[0], dtype=torch.float32, device=w.device) if want_b else None
+    grad_w = torch.zeros(w.shape, dtype=acc, device=w.device) if want_w else None
+    grad_b = torch.zeros(w.shape[0], dtype=acc, device=w.device) if want_b else None
     rows = torch.arange(min(chunk_size, len(h)), device=h.device)
     with torch.autocast(h.device.type, enabled=False):
         for start in range(0, len(h), chunk_size):
             chunk = slice(start, start + chunk_size)
-            logits = F.linear(h[chunk], w, b).float()  # (n_chunk, vocab): softmax in fp32
+            logits = _upcast(F.linear(h[chunk], w, b))  # (n_chunk, vocab): softmax in >= fp32
             lse = logits.logsumexp(dim=-1)
             nll[chunk] = lse - logits.gather(1, targets[chunk, None]).squeeze(1)
             if not any(want):
@@ -59,7 +65,7 @@ def _chunked_pass(h: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None, targ
             if want_w and grad_w.dtype == grad_logits.dtype:
                 grad_w.addmm_(grad_logits.t(), h[chunk])  # fp32: accumulate without a temporary
             elif want_w:  # bf16/fp16 matmul, summed over chunks in fp32
-                grad_w += (grad_logits.t() @ h[chunk]).float()
+                grad_w += _upcast(grad_logits.t() @ h[chunk])
     return nll, grad_h, grad_w, grad_b
 
 
@@ -76,9 +82,9 @@ class _ChunkedLinearCrossEntropy(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad_nll):
         hidden, weight, bias, targets, grad_h, grad_w, grad_b = ctx.saved_tensors
-        g = grad_nll.float()
+        g = _upcast(grad_nll)
         if grad_h is not None:
-            grad_h = (grad_h.float() * g[:, None]).to(hidden.dtype)
+            grad_h = (_upcast(grad_h) * g[:, None]).to(hidden.dtype)
         if grad_w is not None or grad_b is not None:
             if bool((g == g[0]).all()):  # the usual mean or sum: scale what forward summed
                 grad_w = None if grad_w is None else grad_w * g[0]
@@ -94,7 +100,8 @@ class _ChunkedLinearCrossEntropy(torch.autograd.Function):
 
 def linear_cross_entropy(hidden: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
                          targets: torch.Tensor, chunk_size: int) -> torch.Tensor:
-    """-log softmax(hidden @ weight.T + bias)[targets] per token: fp32, shaped like targets.
+    """-log softmax(hidden @ weight.T + bias)[targets] per token, shaped like targets: fp32
+    (fp64 for a float64 model).
 
     hidden is (*targets.shape, d). chunk_size tokens at a time; 0 makes all logits at once (the
     straightforward path, kept as the baseline).
@@ -102,7 +109,7 @@ def linear_cross_entropy(hidden: torch.Tensor, weight: torch.Tensor, bias: torch
     flat_hidden = hidden.reshape(-1, hidden.size(-1))  # (b*t, d)
     flat_targets = targets.reshape(-1)
     if chunk_size == 0:
-        logits = F.linear(flat_hidden, weight, bias).float()
+        logits = _upcast(F.linear(flat_hidden, weight, bias))
         nll = F.cross_entropy(logits, flat_targets, reduction="none")
     elif torch.is_grad_enabled() and any(t is not None and t.requires_grad
                                          for t in (hidden, weight, bias)):

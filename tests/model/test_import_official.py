@@ -1,0 +1,108 @@
+"""Checkpoints in the paper code's format import into models that compute the same logits."""
+
+import pytest
+import torch
+from conftest import run_cli
+
+from aogpt import UsageError
+from aogpt.model import AOGPT, load_checkpoint
+from aogpt.model.config import ModelConfig
+from aogpt.model.official import convert_official, official_parameter_names
+
+ARGS = dict(n_layer=2, n_head=2, n_embd=16, block_size=8, bias=True, vocab_size=50304, dropout=0.0)
+IDX = torch.randint(0, 50257, (2, 8), generator=torch.Generator().manual_seed(0))
+ORDERS = torch.rand(2, 8, generator=torch.Generator().manual_seed(1)).argsort(1)
+
+
+def models() -> tuple[AOGPT, AOGPT]:
+    """The raw model and its EMA, as the paper's trainer would hold them."""
+    config = ModelConfig(**ARGS, cond_dim=128)
+    torch.manual_seed(0)
+    raw = AOGPT(config).eval()
+    torch.manual_seed(1)
+    return raw, AOGPT(config).eval()
+
+
+def official_checkpoint(raw: AOGPT, ema: AOGPT) -> dict:
+    """What the paper's train_AOGPT_CL.py saves: DDP around a compiled model, EMA as a list."""
+    return {
+        "model": {f"module._orig_mod.{k}": v.clone() for k, v in raw.state_dict().items()},
+        "model_args": dict(ARGS),
+        "ema_model": {"decay": 0.9999, "num_updates": 250,
+                      "shadow_params": [p.detach().clone() for p in ema.parameters()]},
+        "ema_rate": 0.9999,
+        "optimizer": {"state": {}, "param_groups": []},
+        "iter_num": 250,
+        "config": {"learning_rate": 6e-4, "train_mode": "Random_CL"},
+    }
+
+
+def test_our_parameter_order_is_the_papers_listing():
+    for bias in (True, False):
+        with torch.device("meta"):
+            model = AOGPT(ModelConfig(**{**ARGS, "bias": bias}))
+        assert [n for n, _ in model.named_parameters()] == official_parameter_names(2, bias)
+
+
+def test_imported_checkpoint_reproduces_the_raw_and_ema_logits(tmp_path):
+    raw, ema = models()
+    torch.save(official_checkpoint(raw, ema), tmp_path / "ckpt_250.pt")
+    result = run_cli("tools/import_official.py", "--ckpt", str(tmp_path / "ckpt_250.pt"),
+                     "--out", str(tmp_path / "imported"))
+    assert result.returncode == 0, result.stderr
+    assert "raw + EMA" in result.stdout and "step 250" in result.stdout
+    for weights, reference in (("ema", ema), ("raw", raw)):
+        imported = load_checkpoint(tmp_path / "imported", weights=weights)
+        torch.testing.assert_close(imported.logits(IDX, ORDERS), reference.logits(IDX, ORDERS),
+                                   rtol=0, atol=0)
+    meta = torch.load(tmp_path / "imported" / "model.pt", weights_only=True)["meta"]
+    assert meta["step"] == 250 and meta["ema_decay"] == 0.9999 and "ckpt_250.pt" in meta["source"]
+
+
+def test_a_checkpoint_without_ema_imports_raw_weights_only():
+    raw, ema = models()
+    ckpt = official_checkpoint(raw, ema)
+    del ckpt["ema_model"]
+    config, state, ema_state, _ = convert_official(ckpt)
+    assert ema_state is None and config.cond_dim == 128 and set(state) == set(raw.state_dict())
+
+
+def broken(change: str) -> dict:
+    ckpt = official_checkpoint(*models())
+    model = ckpt["model"]
+    if change == "missing":
+        del model["module._orig_mod.transformer.h.1.attn.q_norm.weight"]
+    elif change == "unexpected":
+        model["module._orig_mod.transformer.h.0.attn.bias"] = torch.ones(1, 1, 8, 8)
+    elif change == "shape":
+        model["module._orig_mod.lm_head.bias"] = torch.zeros(50257)
+    elif change == "shadow":
+        ckpt["ema_model"]["shadow_params"].pop()
+    elif change == "shadow_shape":
+        ckpt["ema_model"]["shadow_params"][1] = torch.zeros(3, 16)
+    elif change == "args":
+        del ckpt["model_args"]["n_head"]
+    return ckpt
+
+
+@pytest.mark.parametrize("change, message", [
+    ("missing", "missing keys: transformer.h.1.attn.q_norm.weight"),
+    ("unexpected", "unexpected keys: transformer.h.0.attn.bias"),
+    ("shape", r"lm_head.bias \(50257,\) \(expected \(50304,\)\)"),
+    ("shadow", "shadow_params has 36 tensors, the model has 37"),
+    ("shadow_shape", r"transformer.wpe.weight \(3, 16\)"),
+    ("args", r"model_args lacks \['n_head'\]"),
+])
+def test_a_checkpoint_that_does_not_fit_names_what_is_wrong(change, message):
+    with pytest.raises(UsageError, match=message):
+        convert_official(broken(change))
+
+
+def test_the_cli_reports_a_bad_checkpoint_in_one_line(tmp_path):
+    torch.save(broken("shadow"), tmp_path / "bad.pt")
+    result = run_cli("tools/import_official.py", "--ckpt", str(tmp_path / "bad.pt"),
+                     "--out", str(tmp_path / "out"))
+    assert result.returncode == 2 and result.stderr.startswith("error: ")
+    assert len(result.stderr.strip().splitlines()) == 1 and not (tmp_path / "out" / "model.pt").exists()
+    result = run_cli("tools/import_official.py", "--ckpt", str(tmp_path / "absent.pt"), "--out", "x")
+    assert result.returncode == 2 and "does not exist" in result.stderr

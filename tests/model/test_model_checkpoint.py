@@ -1,0 +1,98 @@
+"""Consolidated checkpoints round-trip from every path form, with EMA or raw weights."""
+
+import pytest
+import torch
+
+from aogpt import UsageError
+from aogpt.model import AOGPT, load_checkpoint, save_consolidated
+from aogpt.model.config import ModelConfig, sigma_gpt
+
+
+def tiny_config() -> ModelConfig:
+    return ModelConfig(n_layer=1, n_head=2, n_embd=16, block_size=8, cond_dim=4)
+
+
+def two_weight_sets(config: ModelConfig):
+    torch.manual_seed(0)
+    raw = AOGPT(config)
+    torch.manual_seed(1)
+    ema = AOGPT(config)
+    return raw, ema
+
+
+IDX = torch.randint(0, 50257, (2, 8), generator=torch.Generator().manual_seed(0))
+
+
+@pytest.mark.parametrize("form", ["file", "folder", "out_dir"])
+def test_load_checkpoint_reads_every_path_form(tmp_path, form):
+    config = tiny_config()
+    raw, ema = two_weight_sets(config)
+    save_consolidated(tmp_path / "final" / "model.pt", config, raw.state_dict(), ema.state_dict(),
+                      step=5, tokens_seen=40, source="test")
+    path = {"file": tmp_path / "final" / "model.pt", "folder": tmp_path / "final",
+            "out_dir": tmp_path}[form]
+    loaded = load_checkpoint(path)
+    assert not loaded.training and loaded.config == config
+    torch.testing.assert_close(loaded(IDX), ema.eval()(IDX))
+    torch.testing.assert_close(load_checkpoint(path, weights="raw")(IDX), raw.eval()(IDX))
+
+
+def test_checkpoint_file_holds_the_contract_layout(tmp_path):
+    config = tiny_config()
+    raw, _ = two_weight_sets(config)
+    save_consolidated(tmp_path / "model.pt", config, raw.state_dict(), None, step=3, git_sha="abc")
+    ckpt = torch.load(tmp_path / "model.pt", weights_only=True)
+    assert (ckpt["format"], ckpt["version"]) == ("aogpt-consolidated", 1)
+    assert ckpt["model_config"]["n_embd"] == 16 and ckpt["weights"]["ema"] is None
+    assert ckpt["meta"] == {"step": 3, "git_sha": "abc"}
+    assert list(tmp_path.iterdir()) == [tmp_path / "model.pt"]  # no temp file left behind
+
+
+def test_asking_for_ema_weights_that_are_absent_says_to_use_raw(tmp_path):
+    config = tiny_config()
+    raw, _ = two_weight_sets(config)
+    save_consolidated(tmp_path / "model.pt", config, raw.state_dict(), None)
+    with pytest.raises(UsageError, match='weights="raw"'):
+        load_checkpoint(tmp_path)
+    assert load_checkpoint(tmp_path, weights="raw") is not None
+
+
+def test_wrapper_prefixes_in_saved_weights_are_stripped(tmp_path):
+    config = tiny_config()
+    raw, _ = two_weight_sets(config)
+    prefixed = {f"module._orig_mod.{k}": v for k, v in raw.state_dict().items()}
+    save_consolidated(tmp_path / "model.pt", config, prefixed, None)
+    torch.testing.assert_close(load_checkpoint(tmp_path, weights="raw")(IDX), raw.eval()(IDX))
+
+
+def test_a_tied_head_stays_tied_after_loading(tmp_path):
+    config = sigma_gpt(tiny_config())
+    raw, ema = two_weight_sets(config)
+    save_consolidated(tmp_path / "model.pt", config, raw.state_dict(), ema.state_dict())
+    loaded = load_checkpoint(tmp_path)
+    assert loaded.lm_head.weight is loaded.transformer.wte.weight
+    assert loaded.num_params() == ema.num_params()
+    torch.testing.assert_close(loaded(IDX), ema.eval()(IDX))
+
+
+def test_missing_or_foreign_files_are_usage_errors(tmp_path):
+    with pytest.raises(UsageError, match="no checkpoint"):
+        load_checkpoint(tmp_path / "nowhere")
+    torch.save({"model": {}}, tmp_path / "model.pt")
+    with pytest.raises(UsageError, match="import_official"):
+        load_checkpoint(tmp_path)
+    (tmp_path / "model.pt").write_text("not torch")
+    with pytest.raises(UsageError, match="not a readable"):
+        load_checkpoint(tmp_path)
+    with pytest.raises(UsageError, match="'ema' or 'raw'"):
+        load_checkpoint(tmp_path, weights="best")
+
+
+def test_weights_that_do_not_fit_the_config_are_a_usage_error(tmp_path):
+    config = tiny_config()
+    raw, _ = two_weight_sets(config)
+    state = raw.state_dict()
+    del state["lm_head.bias"]
+    save_consolidated(tmp_path / "model.pt", config, state, None)
+    with pytest.raises(UsageError, match="lm_head.bias"):
+        load_checkpoint(tmp_path, weights="raw")
