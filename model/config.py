@@ -7,7 +7,7 @@ qk-norm, per-token AdaLN on the target position, untied head with bias, truncate
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from typing import Literal
+from typing import Literal, get_args, get_type_hints
 
 from aogpt import UsageError
 
@@ -67,6 +67,11 @@ class ModelConfig:
             raise UsageError(f"model.loss_chunk_size must be >= 0, got {self.loss_chunk_size}")
         if self.init_std <= 0:
             raise UsageError(f"model.init_std must be positive, got {self.init_std}")
+        hints = get_type_hints(ModelConfig)
+        for name in ("target_injection", "norm", "init", "attn_impl"):
+            if getattr(self, name) not in get_args(hints[name]):
+                raise UsageError(f"model.{name}={getattr(self, name)!r} is unknown: use one of "
+                                 f"{', '.join(get_args(hints[name]))}")
 
 
 def small() -> ModelConfig:

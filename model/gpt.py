@@ -199,12 +199,10 @@ class AOGPT(nn.Module):
                 nn.init.normal_(module.weight, std=std)
             if getattr(module, "bias", None) is not None:
                 nn.init.zeros_(module.bias)
-        if config.adaln_zero_init:
-            for module in self.modules():
-                if isinstance(module, (Block, FinalLayer)):
-                    adaln = module.adaLN if isinstance(module, Block) else module.adaLN_final
-                    nn.init.zeros_(adaln[1].weight)
-                    nn.init.zeros_(adaln[1].bias)
+        if config.adaln_zero_init:  # DiT/SEDD's adaLN-Zero: every block starts as the identity
+            for name, p in self.named_parameters():
+                if "adaLN" in name:
+                    nn.init.zeros_(p)
 
     # ---- facts about the network -----------------------------------------------------------------
 
@@ -281,8 +279,14 @@ class AOGPT(nn.Module):
                 x = block(x, cond, mask, cache)
         return self.transformer.final_layer(x, cond)
 
-    def _slots(self, idx: torch.Tensor, orders: torch.Tensor | None):
-        """The training stream for sequences idx read in `orders`: its inputs and its targets."""
+    def training_stream(self, idx: torch.Tensor, orders: torch.Tensor | None = None):
+        """The slots (see `embed`) for sequences idx (b, t) read in `orders`, and their targets.
+
+        Returns tokens, positions, target_positions (the inputs of forward_stream) and targets,
+        each (b, t): slot 0 is [None], slot k holds the (k-1)-th token of the order, and every
+        slot k is asked for the k-th, whose token id is targets[:, k].
+        """
+        idx = idx.long()  # e.g. uint16 straight from the MDS shards
         b, t = idx.shape
         if t > self.config.block_size:
             raise UsageError(f"sequence length {t} exceeds model.block_size {self.config.block_size}")
@@ -290,7 +294,7 @@ class AOGPT(nn.Module):
             orders = torch.arange(t, device=idx.device).expand(b, t)
         elif orders.shape != idx.shape:
             raise UsageError(f"orders {tuple(orders.shape)} must have the shape of idx {(b, t)}")
-        elif self.config.target_injection == "none" and not torch.equal(
+        elif self.config.target_injection == "none" and not torch.equal(  # (a device sync)
                 orders, torch.arange(t, device=orders.device).expand(b, t)):
             raise UsageError("model.target_injection=none only reads left to right: pass identity orders")
         targets = shuffle(idx, orders)  # (b, t): slot k predicts the k-th token of the order
@@ -304,9 +308,9 @@ class AOGPT(nn.Module):
         for a float64 model).
 
         idx (b, t) token ids; orders (b, t) permutations of 0..t-1 (None = left to right). The
-        training loss is the mean. Logits are made in chunks (config.loss_chunk_size), never all at once.
+        training loss is the mean. The logits are made config.loss_chunk_size tokens at a time.
         """
-        tokens, positions, target_positions, targets = self._slots(idx, orders)
+        tokens, positions, target_positions, targets = self.training_stream(idx, orders)
         hidden = self.forward_stream(tokens, positions, target_positions)
         return self.lm_head(hidden, targets, self.config.loss_chunk_size)
 
@@ -317,6 +321,6 @@ class AOGPT(nn.Module):
     def logits(self, idx: torch.Tensor, orders: torch.Tensor | None = None) -> torch.Tensor:
         """Full logits (b, t, vocab), fp32 or fp64, in order positions: logits[:, k] predicts
         idx[:, orders[:, k]]."""
-        tokens, positions, target_positions, _ = self._slots(idx, orders)
+        tokens, positions, target_positions, _ = self.training_stream(idx, orders)
         logits = self.lm_head(self.forward_stream(tokens, positions, target_positions))
         return logits.to(torch.promote_types(logits.dtype, torch.float32))

@@ -86,7 +86,8 @@ class _ChunkedLinearCrossEntropy(torch.autograd.Function):
         if grad_h is not None:
             grad_h = (_upcast(grad_h) * g[:, None]).to(hidden.dtype)
         if grad_w is not None or grad_b is not None:
-            if bool((g == g[0]).all()):  # the usual mean or sum: scale what forward summed
+            # the usual mean or sum: scale what forward summed (costs one device sync)
+            if bool((g == g[0]).all()):
                 grad_w = None if grad_w is None else grad_w * g[0]
                 grad_b = None if grad_b is None else grad_b * g[0]
             else:

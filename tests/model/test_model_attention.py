@@ -87,7 +87,7 @@ def test_slot_by_slot_decoding_with_a_kv_cache_reproduces_the_full_forward():
     model = AOGPT(tiny_config()).double().eval()
     idx = torch.randint(0, 50257, (2, 10))
     orders = torch.rand(2, 10).argsort(1)
-    tokens, positions, targets, _ = model._slots(idx, orders)
+    tokens, positions, targets, _ = model.training_stream(idx, orders)
     full = model.forward_stream(tokens, positions, targets)
     cache = ConcatCache()
     for k in range(10):

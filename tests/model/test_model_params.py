@@ -5,6 +5,7 @@ import math
 import pytest
 import torch
 
+from aogpt import UsageError
 from aogpt.model import AOGPT
 from aogpt.model.config import ModelConfig, medium, sigma_gpt, small
 
@@ -102,3 +103,14 @@ def test_flops_per_token_counts_matmul_parameters_and_attention():
     assert model.flops_per_token(1024) == 6 * n + 12 * 12 * 768 * 1024
     tied = on_meta(sigma_gpt(small()))  # the tied wte is the head's matmul: it counts
     assert tied.flops_per_token(1024) == 6 * (125_161_728 - 787_200 - 786_432 - 768) + 12 * 12 * 768 * 1024
+
+
+@pytest.mark.parametrize("change, message", [
+    (dict(norm="batch"), "model.norm='batch' is unknown"),
+    (dict(target_injection="concat"), "model.target_injection='concat' is unknown"),
+    (dict(attn_impl="xformers"), "model.attn_impl='xformers' is unknown"),
+    (dict(n_embd=30), "divisible"),
+])
+def test_unknown_variants_and_bad_shapes_are_usage_errors(change, message):
+    with pytest.raises(UsageError, match=message):
+        AOGPT(ModelConfig(**{**dict(n_layer=1, n_head=4, n_embd=32, block_size=8), **change}))
