@@ -81,7 +81,8 @@ def read_consolidated(path: str | os.PathLike, map_location: str | torch.device 
     """Loads and checks a consolidated checkpoint file (any form load_checkpoint accepts)."""
     file = resolve_checkpoint_file(path)
     try:
-        ckpt = torch.load(file, map_location=map_location, weights_only=True)
+        # mmap: only the tensors used are read (the weight set asked for, not the other one)
+        ckpt = torch.load(file, map_location=map_location, weights_only=True, mmap=True)
     except (pickle.UnpicklingError, RuntimeError, EOFError) as err:
         raise UsageError(f"{file} is not a readable aogpt checkpoint: {str(err).splitlines()[0]}") from err
     if not isinstance(ckpt, dict) or ckpt.get("format") != FORMAT:

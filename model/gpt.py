@@ -37,8 +37,11 @@ from aogpt.model.orders import shuffle
 
 
 class Norm(nn.Module):
-    """RMSNorm (AO-GPT) or LayerNorm (sigma-GPT, nanoGPT), computed in fp32 (or fp64) for
-    bf16/fp16 activations too: their statistics lose too much in half precision."""
+    """RMSNorm (AO-GPT) or LayerNorm (sigma-GPT, nanoGPT).
+
+    The weight is cast to the activations' dtype so that bf16 activations take the fused kernel,
+    which accumulates the statistics in fp32 anyway.
+    """
 
     def __init__(self, dim: int, kind: str, bias: bool):
         super().__init__()
@@ -48,14 +51,13 @@ class Norm(nn.Module):
         self.bias = nn.Parameter(torch.zeros(dim)) if kind == "layer" and bias else None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        dtype = torch.promote_types(x.dtype, torch.float32)
-        weight = self.weight.to(dtype)
+        weight = self.weight.to(x.dtype)
         if self.kind == "rms":
-            y = F.rms_norm(x.to(dtype), weight.shape, weight, eps=1e-5)
+            y = F.rms_norm(x, weight.shape, weight, eps=1e-5)
         else:
-            bias = None if self.bias is None else self.bias.to(dtype)
-            y = F.layer_norm(x.to(dtype), weight.shape, weight, bias, eps=1e-5)
-        return y.type_as(x)
+            bias = None if self.bias is None else self.bias.to(x.dtype)
+            y = F.layer_norm(x, weight.shape, weight, bias, eps=1e-5)
+        return y.type_as(x)  # autocast may run it in fp32; attention wants q, k like v
 
 
 def modulate(x: torch.Tensor, shift: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:

@@ -52,7 +52,8 @@ def load_official(path: str | os.PathLike, trust_pickle: bool = False) -> dict:
     if not path.is_file():
         raise UsageError(f"{path} does not exist: give the paper's ckpt_<iter>.pt file")
     try:
-        return torch.load(path, map_location="cpu", weights_only=not trust_pickle)
+        # mmap: the optimizer state, often most of the file, is never read
+        return torch.load(path, map_location="cpu", weights_only=not trust_pickle, mmap=True)
     except pickle.UnpicklingError as err:
         raise UsageError(
             f"{path} holds Python objects beyond tensors and plain values: if you trust the file, "
