@@ -68,21 +68,14 @@ def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, attn_impl: str,
            mask: torch.Tensor | None = None) -> torch.Tensor:
     """Scaled dot-product attention with the chosen kernel; causal when mask is None."""
     backend = resolve_backend(attn_impl, q.device)
-    half = q.dtype in (torch.bfloat16, torch.float16)
-    if backend == "flash_attn" and (mask is not None or not half):
-        if attn_impl == "flash_attn":
-            raise UsageError(
-                "model.attn_impl=flash_attn runs only causal bf16/fp16 attention: use bf16 "
-                f"autocast (got {q.dtype}{', an explicit mask' if mask is not None else ''}) "
-                "or model.attn_impl=auto"
-            )
-        backend = "sdpa"  # auto: flash-attn has no fp32 or masked kernel
     if backend == "flash_attn":
-        if not flash_attn_supported(q.device):
-            raise UsageError(
-                f"model.attn_impl=flash_attn needs a CUDA GPU of compute capability 8.0+, got "
-                f"{q.device}: set model.attn_impl=auto"
-            )
+        why_not = _flash_attn_obstacle(q, mask)
+        if why_not and attn_impl == "flash_attn":
+            raise UsageError(f"model.attn_impl=flash_attn cannot run: {why_not}; "
+                             "or set model.attn_impl=auto")
+        if why_not:  # auto: flash-attn has no fp32 or masked kernel, SDPA has
+            backend = "sdpa"
+    if backend == "flash_attn":
         # flash-attn wants (b, s, h, hd); these transposes are views of the projection output
         y = flash_attn_func(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), causal=True)
         return y.transpose(1, 2)
@@ -91,6 +84,17 @@ def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, attn_impl: str,
             return F.scaled_dot_product_attention(q, k, v, is_causal=True)
         return F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
     return math_attention(q, k, v, mask)
+
+
+def _flash_attn_obstacle(q: torch.Tensor, mask: torch.Tensor | None) -> str:
+    """Why flash-attn's kernel cannot compute this attention ("" when it can)."""
+    if not flash_attn_supported(q.device):
+        return f"the device {q.device} is not a CUDA GPU of compute capability 8.0+"
+    if q.dtype not in (torch.bfloat16, torch.float16):
+        return f"activations are {q.dtype}, it needs bf16/fp16: use bf16 autocast"
+    if mask is not None:
+        return "it computes only causal attention, not an explicit mask"
+    return ""
 
 
 def math_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
