@@ -43,7 +43,10 @@ class OutputDir:
         self._created_root = False
 
     def start(self, settings: dict, overwrite: bool) -> bool:
-        """Makes .partial ready for a build with `settings`; False when DIR is complete already."""
+        """Makes .partial ready for a build with `settings`; False when DIR holds that build already.
+
+        `settings` is everything the output depends on (inputs, options, tool version).
+        """
         settings = json.loads(json.dumps(settings))  # the form it has when read back
         entries = self._entries()
         if FILENAME in entries and PARTIAL in entries:  # a crash in publishing's very last step
@@ -59,6 +62,9 @@ class OutputDir:
             print(f"resuming the interrupted build in {self.partial}")
             return True
         if has_manifest and not has_partial and not overwrite:
+            if json.loads((self.root / FILENAME).read_text()).get("settings") != settings:
+                raise UsageError(f"{self.root} holds a finished dataset built with other settings "
+                                 f"or inputs: pass --overwrite to rebuild it, or choose another folder")
             return False
         if has_partial:
             print(f"starting over: {self.partial} was made by a run with other settings"
@@ -76,8 +82,12 @@ class OutputDir:
         return True
 
     def publish(self, manifest: dict) -> None:
-        """Moves the finished datasets into DIR and writes DIR/manifest.json last."""
-        write_manifest(self.partial / FILENAME, manifest)
+        """Moves the finished datasets into DIR and writes DIR/manifest.json last.
+
+        The manifest keeps the build's settings, so that a later run can tell "already done"
+        from "asked for something else".
+        """
+        write_manifest(self.partial / FILENAME, {**manifest, "settings": self._saved_settings()})
         self._publish()
 
     def discard(self) -> None:

@@ -30,7 +30,6 @@ The protocol is the paper's (AO-GPT, which took it from SEDD; spec section 3):
 import argparse
 import hashlib
 import io
-import shutil
 import sys
 import time
 from collections.abc import Iterator
@@ -41,7 +40,7 @@ import numpy as np
 
 import aogpt
 from aogpt import UsageError, cli_entry
-from aogpt.data_prep import packing, sources
+from aogpt.data_prep import mds, packing, sources
 from aogpt.data_prep.build_dir import OutputDir
 from aogpt.data_prep.detokenizers import DETOKENIZERS
 from aogpt.data_prep.manifest import new_manifest
@@ -186,30 +185,29 @@ def pack_concat(examples: list[sources.Document], args: argparse.Namespace, out:
 def pack_per_example(examples: list[sources.Document], args: argparse.Namespace, out: OutputDir,
                      encoding) -> dict:
     """One passage per sample, padded with EOS, with its length and the start of its last word."""
-    from aogpt.data_prep.streaming_compat import streaming
-
     detokenize = DETOKENIZERS[EVAL_SETS[args.dataset].detokenizer]
     columns = {**packing.mds_columns(args.seq_len), **PER_EXAMPLE_COLUMNS}
-    stats = dict.fromkeys(packing.COUNTS, 0)
-    shutil.rmtree(out.out)  # not resumable (it takes seconds): an interrupted run starts over
-    with streaming.MDSWriter(out=str(out.out), columns=columns, hashes=packing.HASHES) as writer:
-        for number, (text, replaced) in enumerate(examples, start=1):
-            context, _, last_word = detokenize(text).rpartition(" ")
-            if not last_word.strip():
-                raise UsageError(f"example {number} has no last word to score: {text[:60]!r}")
-            context_ids = encoding.encode_ordinary(context)
-            ids = context_ids + encoding.encode_ordinary(" " + last_word) + [EOS]
-            if len(ids) > args.seq_len:
-                raise UsageError(f"example {number} has {len(ids)} tokens, more than --seq-len "
-                                 f"{args.seq_len}: raise --seq-len")
-            tokens = np.full(args.seq_len, EOS, dtype=np.uint16)
-            tokens[:len(ids)] = ids
-            writer.write({"tokens": tokens, "length": len(ids), "last_word_start": len(context_ids)})
-            stats["documents"] += 1
-            stats["tokens"] += len(ids)
-            stats["replaced_bytes"] += replaced
-            stats["replaced_documents"] += int(replaced > 0)
-    return {**stats, "samples": stats["documents"], "dropped_tail_tokens": 0}
+    rows = np.zeros(len(examples), dtype=mds.row_dtype(columns))
+    rows["tokens"] = EOS  # the padding
+    for row, (number, (text, _)) in zip(rows, enumerate(examples, start=1), strict=True):
+        context, _, last_word = detokenize(text).rpartition(" ")
+        if not last_word.strip():
+            raise UsageError(f"example {number} has no last word to score: {text[:60]!r}")
+        context_ids = encoding.encode_ordinary(context)
+        ids = context_ids + encoding.encode_ordinary(" " + last_word) + [EOS]
+        if len(ids) > args.seq_len:
+            raise UsageError(f"example {number} has {len(ids)} tokens, more than --seq-len "
+                             f"{args.seq_len}: raise --seq-len")
+        row["tokens"][:len(ids)] = ids
+        row["length"], row["last_word_start"] = len(ids), len(context_ids)
+    per_shard = packing.default_samples_per_shard(args.seq_len)
+    entries = [mds.write_shard(out.out, number, columns, rows[first:first + per_shard].tobytes())
+               for number, first in enumerate(range(0, len(rows), per_shard))]
+    mds.write_index(out.out, entries)
+    replaced = [count for _, count in examples]
+    return {"documents": len(rows), "tokens": int(rows["length"].sum()), "group_dropped_tokens": 0,
+            "replaced_bytes": sum(replaced), "replaced_documents": sum(map(bool, replaced)),
+            "samples": len(rows), "dropped_tail_tokens": 0, "shards": len(entries)}
 
 
 @cli_entry
@@ -267,8 +265,8 @@ def _digest(examples: list[sources.Document]) -> str:
 
 
 def _owned(name: str) -> bool:
-    """What this tool writes into DIR: index.json and the shards (in part_* folders or directly)."""
-    return name == "index.json" or name.startswith(("part_", "shard."))
+    """What this tool writes into DIR: index.json and the shards."""
+    return name == "index.json" or name.startswith("shard.")
 
 
 if __name__ == "__main__":

@@ -7,8 +7,8 @@ Two passes, each spread over the worker processes:
    counts; the json is the commit mark, so a re-run after a crash skips the chunks that have one.
 2. write: prefix sums of the chunks' token counts give every sample its place in its split's
    token stream, so shard p (samples [p*P, (p+1)*P)) can be written by any worker from the few
-   chunk files it overlaps. A shard is written to <split>/part_<p>.tmp and renamed when complete;
-   streaming's merge_index then joins the parts' indexes, in order, into <split>/index.json.
+   chunk files it overlaps (mds.py; its index entry, saved in work/shards/, is the commit mark).
+   The split's index.json then lists the shards in order.
 
 The concatenation of a split's samples is therefore its document stream token for token; only the
 final tail shorter than seq_len is dropped (and counted). Memory stays bounded: at most two chunks
@@ -19,12 +19,9 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
-import importlib
 import json
-import logging
 import multiprocessing
 import os
-import shutil
 import threading
 import time
 from collections.abc import Iterable, Iterator
@@ -37,13 +34,13 @@ import tiktoken
 from tqdm import tqdm
 
 from aogpt import UsageError
+from aogpt.data_prep import mds
 from aogpt.data_prep.detokenizers import DETOKENIZERS
 from aogpt.data_prep.manifest import COLUMN
 from aogpt.data_prep.sources import Chunk
 from aogpt.data_prep.tokenizer import EOS
 
 SHARD_BYTES = 1 << 26  # 64 MiB of tokens per shard: streaming's default shard size
-HASHES = ["xxh3_64"]  # per shard, in index.json: readers may verify them (validate_hash)
 COUNTS = ("documents", "tokens", "group_dropped_tokens", "replaced_bytes", "replaced_documents")
 _EOS = np.array([EOS], dtype=np.uint32)
 
@@ -69,7 +66,7 @@ class PackSpec:
 
     def split_of(self, text: str) -> int:
         """A document's split, fixed by its text alone: it never changes between runs."""
-        if len(self.splits) == 1:
+        if len(self.splits) == 1 or self.val_fraction <= 0:
             return 0
         digest = hashlib.blake2b(text.encode("utf-8", "surrogatepass"), digest_size=8).digest()
         return int(int.from_bytes(digest, "big") / 2**64 < self.val_fraction)
@@ -145,38 +142,33 @@ def _write_atomic(path: Path, data: bytes) -> None:
 # ---- pass 2: write one shard (runs in a worker) --------------------------------------------------
 
 @dataclass(frozen=True)
-class PartTask:
-    path: str  # the part's folder, holding index.json and one shard
+class ShardTask:
+    split_dir: str
+    number: int  # shard.<number>.mds
     samples: int
     reads: tuple[tuple[str, int, int], ...]  # (chunk file, first token, token count) in stream order
+    entry: str  # where its index entry is saved: the commit mark a resumed run looks for
     seq_len: int
     compression: str | None
 
 
-def write_part(task: PartTask) -> int:
-    from aogpt.data_prep.streaming_compat import streaming
-
+def write_shard(task: ShardTask) -> int:
     tokens = np.concatenate([np.fromfile(path, dtype=np.uint16, count=count, offset=2 * first)
                              for path, first, count in task.reads])
-    samples = tokens.reshape(task.samples, task.seq_len)  # (samples, seq_len)
-    partial = Path(task.path + ".tmp")
-    if partial.exists():  # left by a killed run
-        shutil.rmtree(partial)
-    with streaming.MDSWriter(out=str(partial), columns=mds_columns(task.seq_len), hashes=HASHES,
-                             compression=task.compression, size_limit=None) as writer:
-        for sample in samples:
-            writer.write({COLUMN: sample})
-    os.replace(partial, task.path)
+    assert len(tokens) == task.samples * task.seq_len
+    entry = mds.write_shard(Path(task.split_dir), task.number, mds_columns(task.seq_len),
+                            tokens.tobytes(), task.compression)
+    _write_atomic(Path(task.entry), json.dumps(entry).encode())
     return task.samples
 
 
-def plan_parts(chunk_files: list[str], chunk_tokens: list[int], spec: PackSpec,
-               split_dir: Path) -> list[PartTask]:
+def plan_shards(chunk_files: list[str], chunk_tokens: list[int], spec: PackSpec, split_dir: Path,
+                entry_dir: Path) -> list[ShardTask]:
     """Cuts a split's token stream (the chunk files in order) into shards of samples_per_shard samples."""
     starts = np.cumsum([0, *chunk_tokens])  # where each chunk begins in the split's token stream
     total_samples = int(starts[-1]) // spec.seq_len
     tasks = []
-    for part, first_sample in enumerate(range(0, total_samples, spec.samples_per_shard)):
+    for number, first_sample in enumerate(range(0, total_samples, spec.samples_per_shard)):
         samples = min(spec.samples_per_shard, total_samples - first_sample)
         position, end = first_sample * spec.seq_len, (first_sample + samples) * spec.seq_len
         chunk = int(np.searchsorted(starts, position, side="right")) - 1
@@ -187,8 +179,8 @@ def plan_parts(chunk_files: list[str], chunk_tokens: list[int], spec: PackSpec,
                 reads.append((chunk_files[chunk], position - int(starts[chunk]), take))
             position += take
             chunk += 1
-        tasks.append(PartTask(str(split_dir / f"part_{part:05d}"), samples, tuple(reads),
-                              spec.seq_len, spec.compression))
+        tasks.append(ShardTask(str(split_dir), number, samples, tuple(reads),
+                               str(entry_dir / f"{number:05d}.json"), spec.seq_len, spec.compression))
     return tasks
 
 
@@ -207,7 +199,7 @@ def build(chunks: Iterable[Chunk], spec: PackSpec, work_dir: Path, split_dirs: d
         if spec.group_size:
             assert all(meta[name]["documents"] % spec.group_size == 0
                        for meta in metas[:-1] for name in spec.splits), "chunks must hold whole groups"
-        splits = {name: _write_split(pool, name, metas, spec, chunk_dir, split_dirs[name])
+        splits = {name: _write_split(pool, name, metas, spec, work_dir, split_dirs[name])
                   for name in spec.splits}
     return BuildResult(splits, tokenized, seconds)
 
@@ -227,36 +219,38 @@ def _tokenize_all(pool, chunks: Iterable[Chunk], spec: PackSpec, chunk_dir: Path
             bar.set_postfix_str(f"{tokenized / (time.perf_counter() - start) / 1e6:.2f}M tok/s")
 
     in_flight: set[Future] = set()
-    for index, chunk in enumerate(chunks):
-        done = chunk_dir / f"{index:08d}.json"
-        if done.is_file():  # finished by an interrupted run
-            record(json.loads(done.read_text()), fresh=False)
-            continue
-        in_flight.add(pool.submit(tokenize_chunk, index, chunk, spec, str(chunk_dir)))
-        if len(in_flight) >= 2 * workers:  # bounded: the reader never runs far ahead of the workers
-            finished, in_flight = wait(in_flight, return_when=FIRST_COMPLETED)
-            for future in finished:
-                record(future.result(), fresh=True)
-    for future in as_completed(in_flight):
-        record(future.result(), fresh=True)
-    bar.close()
+    with bar:
+        for index, chunk in enumerate(chunks):
+            done = chunk_dir / f"{index:08d}.json"
+            if done.is_file():  # finished by an interrupted run
+                record(json.loads(done.read_text()), fresh=False)
+                continue
+            in_flight.add(pool.submit(tokenize_chunk, index, chunk, spec, str(chunk_dir)))
+            if len(in_flight) >= 2 * workers:  # bounded: the reader never runs far ahead of the workers
+                finished, in_flight = wait(in_flight, return_when=FIRST_COMPLETED)
+                for future in finished:
+                    record(future.result(), fresh=True)
+        for future in as_completed(in_flight):
+            record(future.result(), fresh=True)
     return [metas[index] for index in range(len(metas))], tokenized
 
 
-def _write_split(pool, name: str, metas: list[dict], spec: PackSpec, chunk_dir: Path,
+def _write_split(pool, name: str, metas: list[dict], spec: PackSpec, work_dir: Path,
                  split_dir: Path) -> dict:
     counts = {key: sum(meta[name][key] for meta in metas) for key in COUNTS}
-    files = [str(chunk_dir / f"{meta['index']:08d}.{name}.u16") for meta in metas]
+    files = [str(work_dir / "chunks" / f"{meta['index']:08d}.{name}.u16") for meta in metas]
     lengths = [meta[name]["tokens"] - meta[name]["group_dropped_tokens"] for meta in metas]
-    tasks = plan_parts(files, lengths, spec, split_dir)
+    entry_dir = work_dir / "shards" / name
+    entry_dir.mkdir(parents=True, exist_ok=True)
     split_dir.mkdir(parents=True, exist_ok=True)
-    todo = [task for task in tasks if not Path(task.path).is_dir()]
+    tasks = plan_shards(files, lengths, spec, split_dir, entry_dir)
+    todo = [task for task in tasks if not Path(task.entry).is_file()]
     samples = sum(task.samples for task in tasks)
     with tqdm(total=samples, initial=samples - sum(task.samples for task in todo), unit="sample",
               desc=f"write {name}", mininterval=0.5) as bar:
-        for future in as_completed([pool.submit(write_part, task) for task in todo]):
+        for future in as_completed([pool.submit(write_shard, task) for task in todo]):
             bar.update(future.result())
-    _merge_index([task.path for task in tasks], split_dir)
+    mds.write_index(split_dir, [json.loads(Path(task.entry).read_text()) for task in tasks])
     return {
         **counts,
         "samples": samples,
@@ -264,20 +258,6 @@ def _write_split(pool, name: str, metas: list[dict], spec: PackSpec, chunk_dir: 
         "shards": len(tasks),
         "index_sha256": hashlib.sha256((split_dir / "index.json").read_bytes()).hexdigest(),
     }
-
-
-def _merge_index(part_dirs: list[str], split_dir: Path) -> None:
-    """split_dir/index.json listing every part's shard in order (an empty index for no samples)."""
-    if not part_dirs:  # merge_index writes nothing for an empty list
-        (split_dir / "index.json").write_text(json.dumps({"version": 2, "shards": []}))
-        return
-    from aogpt.data_prep.streaming_compat import streaming
-
-    logging.disable(logging.WARNING)  # merge_index logs a warning about its temporary folder
-    try:
-        streaming.base.util.merge_index([str(Path(p) / "index.json") for p in part_dirs], str(split_dir))
-    finally:
-        logging.disable(logging.NOTSET)
 
 
 # ---- workers -----------------------------------------------------------------------------------
@@ -298,13 +278,6 @@ def _init_worker(encoding: tiktoken.Encoding, parent_pid: int) -> None:
     global _encoding
     _encoding = encoding
     threading.Thread(target=_exit_with_parent, args=(parent_pid,), daemon=True).start()
-    _preload_streaming()
-
-
-def _preload_streaming() -> None:
-    """Imports streaming (seconds: it imports torch) in the background, ready for pass 2."""
-    threading.Thread(target=importlib.import_module, daemon=True,
-                     args=("aogpt.data_prep.streaming_compat",)).start()
 
 
 def _exit_with_parent(parent_pid: int) -> None:

@@ -84,9 +84,8 @@ class JsonLines:
     def documents(self) -> list[Document]:
         docs = []
         for number, line in self.lines:
-            text, replaced = decode_utf8(line)
             try:
-                record = json.loads(text)
+                record, replaced = _parse_json(line)
             except json.JSONDecodeError as err:
                 raise UsageError(f"{self.path} line {number} is not valid JSON ({err.msg}): "
                                  f"fix or delete that line") from None
@@ -95,6 +94,14 @@ class JsonLines:
                                  f"{TEXT_FIELD!r}: each line must be like {{\"text\": \"...\"}}")
             docs.append((record[TEXT_FIELD], replaced))
         return docs
+
+
+def _parse_json(line: bytes) -> tuple[object, int]:
+    try:
+        return json.loads(line), 0  # json decodes UTF-8 bytes itself
+    except UnicodeDecodeError:  # not UTF-8: replace and count the bad bytes
+        text, replaced = decode_utf8(line)
+        return json.loads(text), replaced
 
 
 @dataclass

@@ -94,8 +94,10 @@ def files_of(folder: Path) -> dict[str, bytes]:
 
 
 def manifest_of(folder: Path) -> dict:
+    """The manifest less what may differ between equal builds: time, and the options used."""
     manifest = json.loads((folder / "manifest.json").read_text())
     manifest.pop("created")
+    manifest.pop("settings")
     return manifest
 
 

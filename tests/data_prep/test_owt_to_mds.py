@@ -35,6 +35,7 @@ from aogpt.data_prep.owt_to_mds import main
 from aogpt.data_prep.tokenizer import EOS, RANKS_SHA256, load_gpt2
 
 SEQ_LEN = 64
+SAMPLES_PER_SHARD = "4"  # many small shards: an interrupted run stops with some written, some not
 
 
 @pytest.fixture(autouse=True)
@@ -127,10 +128,12 @@ def test_non_utf8_bytes_are_replaced_and_counted(tmp_path):
     folder.mkdir()
     (folder / "a.txt").write_bytes(b"caf\xe9 au lait, " * 40 + b"\xff\xfe end")
     (folder / "b.txt").write_bytes(b"clean text, " * 40)
+    (folder / "c.jsonl").write_bytes(b'{"text": "na\xefve, " }\n' * 30)
     assert build(tmp_path / "out", folder, extra=["--val-fraction", "0"]) == 0
     train = manifest_lib.read_manifest(tmp_path / "out")["splits"]["train"]
-    assert train["replaced_bytes"] == 42 and train["replaced_documents"] == 1
-    expected = token_stream([("caf\ufffd au lait, " * 40 + "\ufffd\ufffd end"), "clean text, " * 40])
+    assert train["replaced_bytes"] == 42 + 30 and train["replaced_documents"] == 1 + 30
+    expected = token_stream([("caf\ufffd au lait, " * 40 + "\ufffd\ufffd end"), "clean text, " * 40,
+                             *["na\ufffdve, "] * 30])
     np.testing.assert_array_equal(read_samples(tmp_path / "out" / "train").reshape(-1),
                                   expected[:train["samples"] * SEQ_LEN])
 
@@ -145,6 +148,22 @@ def test_complete_output_is_left_alone_unless_overwrite(tmp_path, documents, cap
     assert index.stat().st_mtime_ns == before
     assert build(tmp_path / "out", corpus, extra=["--overwrite"]) == 0
     assert index.stat().st_mtime_ns != before and not (tmp_path / "out" / ".partial").exists()
+
+
+def test_complete_output_built_with_other_settings_is_refused(tmp_path, documents, capsys):
+    corpus = write_jsonl(tmp_path / "docs.jsonl", documents)
+    assert build(tmp_path / "out", corpus) == 0
+    assert build(tmp_path / "out", corpus, extra=["--val-fraction", "0.2"]) == 2
+    assert "built with other settings" in capsys.readouterr().err
+
+
+def test_compressed_shards_hold_the_same_samples(tmp_path, documents):
+    corpus = write_jsonl(tmp_path / "docs.jsonl", documents)
+    assert build(tmp_path / "plain", corpus) == 0
+    assert build(tmp_path / "zstd", corpus, extra=["--compression", "zstd:7"]) == 0
+    assert next((tmp_path / "zstd" / "train").glob("shard.*.mds.zstd"))
+    np.testing.assert_array_equal(read_samples(tmp_path / "zstd" / "train"),
+                                  read_samples(tmp_path / "plain" / "train"))
 
 
 # ---- interrupted runs ----------------------------------------------------------------------------
@@ -172,7 +191,7 @@ def _resume_matches_a_clean_build(tmp_path, corpus, args, out):
     result = run_cli(OWT_TO_MDS, *args)
     assert result.returncode == 0, result.stderr
     assert "resuming" in result.stdout
-    assert build(tmp_path / "clean", corpus, extra=["--samples-per-shard", "16"]) == 0
+    assert build(tmp_path / "clean", corpus, extra=["--samples-per-shard", SAMPLES_PER_SHARD]) == 0
     assert files_of(out) == files_of(tmp_path / "clean")
     assert manifest_of(out) == manifest_of(tmp_path / "clean")
     assert not (out / ".partial").exists()
@@ -182,7 +201,7 @@ def test_killed_while_tokenizing_resumes_to_the_same_result(tmp_path, documents)
     corpus = write_jsonl(tmp_path / "docs.jsonl", documents)
     out = tmp_path / "out"
     args = ["--out", str(out), "--source", str(corpus), "--seq-len", str(SEQ_LEN), "--workers", "1",
-            "--val-fraction", "0.1", "--docs-per-chunk", "1", "--samples-per-shard", "16"]
+            "--val-fraction", "0.1", "--docs-per-chunk", "1", "--samples-per-shard", SAMPLES_PER_SHARD]
     chunks = out / ".partial" / "work" / "chunks"
     returncode, _ = _kill_when(args, lambda: any(chunks.glob("*.json")))
     assert returncode == -signal.SIGKILL
@@ -195,13 +214,15 @@ def test_killed_while_writing_shards_resumes_to_the_same_result(tmp_path, docume
     corpus = write_jsonl(tmp_path / "docs.jsonl", documents)
     out = tmp_path / "out"
     args = ["--out", str(out), "--source", str(corpus), "--seq-len", str(SEQ_LEN), "--workers", "2",
-            "--val-fraction", "0.1", "--docs-per-chunk", "5", "--samples-per-shard", "16"]
-    first_part = out / ".partial" / "out" / "train" / "part_00000"
-    returncode, workers = _kill_when(args, first_part.is_dir)
+            "--val-fraction", "0.1", "--docs-per-chunk", "5", "--samples-per-shard", SAMPLES_PER_SHARD]
+    written = out / ".partial" / "work" / "shards" / "train"
+    returncode, workers = _kill_when(args, lambda: any(written.glob("*.json")))
     assert returncode == -signal.SIGKILL and not (out / "manifest.json").exists()
+    shards_at_kill = len(list(written.glob("*.json")))
     _, alive = psutil.wait_procs(workers, timeout=10)  # orphaned workers notice and exit
     assert not alive
     _resume_matches_a_clean_build(tmp_path, corpus, args, out)
+    assert shards_at_kill < manifest_lib.read_manifest(out)["splits"]["train"]["shards"]
 
 
 # ---- the Hugging Face hub (no network: datasets.load_dataset is replaced) -------------------------

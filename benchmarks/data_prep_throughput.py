@@ -1,0 +1,156 @@
+"""Data-prep throughput: owt_to_mds.py end to end against plain tiktoken on the same text and cores.
+
+    python benchmarks/data_prep_throughput.py [--megabytes 100] [--workers N] [--repeats 2]
+
+Writes a JSONL corpus of real text (../shared/data's WikiText-2 and PTB cut into ~5 KB documents,
+OpenWebText's average, repeated to the requested size; generated sentences where it is absent)
+and measures, in one run and on the same cores:
+  baseline  tiktoken encode_ordinary over the same documents held in memory: N threads
+            (encode_ordinary_batch) and N processes (a warm pool); the faster one counts
+  ours      `python data_prep/owt_to_mds.py --source corpus.jsonl --workers N` wall time: start-up,
+            reading, tokenizing, packing, shard writing and index merging included
+It prints tokens/s, tokens/s per core and the ratio ours / baseline (the goal is >= 0.8:
+tokenizing is the limit, packing and writing shards must be nearly free). Best of --repeats.
+"""
+
+import argparse
+import json
+import os
+import random
+import re
+import resource
+import subprocess
+import sys
+import tempfile
+import time
+from concurrent.futures import ProcessPoolExecutor
+from multiprocessing import get_context
+from pathlib import Path
+
+from aogpt.data_prep.tokenizer import load_gpt2
+
+REPO = Path(__file__).resolve().parent.parent
+SHARED_DATA = REPO.parent / "shared" / "data"
+
+DOCUMENT_CHARS = 5000  # OpenWebText's documents average about 5 KB
+
+
+def real_text() -> tuple[str, str]:
+    files = [SHARED_DATA / "wikitext-2" / "valid.txt", SHARED_DATA / "ptb" / "valid.txt"]
+    if all(path.is_file() for path in files):
+        return "".join(path.read_text() for path in files), f"real text from {SHARED_DATA}"
+    rng = random.Random(0)
+    words = "the of and to in a is that for it as was with be by on not he this are or his".split()
+    sentences = (" ".join(rng.choices(words, k=rng.randint(4, 25))).capitalize() + ".\n"
+                 for _ in range(20_000))
+    return "".join(sentences), "generated sentences (../shared/data is absent)"
+
+
+def documents(text: str, megabytes: float) -> list[str]:
+    """~5 KB documents cut at line ends, repeated until they add up to `megabytes`."""
+    base, current = [], ""
+    for line in re.split(r"(?<=\n)", text):
+        current += line
+        if len(current) >= DOCUMENT_CHARS:
+            base.append(current)
+            current = ""
+    copies = max(1, round(megabytes * 1e6 / sum(map(len, base))))
+    return base * copies
+
+
+class Rate:
+    """Tokens per second of wall time, and per second of CPU time (robust to load from elsewhere)."""
+
+    def __init__(self) -> None:
+        self.wall = self.cpu = 0.0
+
+    def record(self, tokens: int, wall_seconds: float, cpu_seconds: float) -> None:
+        self.wall = max(self.wall, tokens / wall_seconds)
+        self.cpu = max(self.cpu, tokens / cpu_seconds)
+
+
+def _children_cpu() -> float:
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)  # waited-for children and their workers
+    return usage.ru_utime + usage.ru_stime
+
+
+def baseline_threads(docs: list[str], workers: int, rate: Rate) -> None:
+    encoding = load_gpt2()
+    wall, cpu = time.perf_counter(), time.process_time()
+    tokens = sum(map(len, encoding.encode_ordinary_batch(docs, num_threads=workers)))
+    rate.record(tokens, time.perf_counter() - wall, time.process_time() - cpu)
+
+
+_encoding = None
+
+
+def _load() -> None:
+    global _encoding
+    _encoding = load_gpt2()
+
+
+def _count(docs: list[str]) -> tuple[int, float]:
+    cpu = time.process_time()
+    return sum(len(_encoding.encode_ordinary(text)) for text in docs), time.process_time() - cpu
+
+
+def baseline_processes(docs: list[str], workers: int, rate: Rate) -> None:
+    with ProcessPoolExecutor(workers, mp_context=get_context("spawn"), initializer=_load) as pool:
+        list(pool.map(_count, [docs[:1]] * workers))  # start every worker before the clock
+        batches = [docs[i:i + 256] for i in range(0, len(docs), 256)]
+        wall, cpu = time.perf_counter(), time.process_time()
+        results = list(pool.map(_count, batches))
+        wall = time.perf_counter() - wall
+    tokens = sum(count for count, _ in results)
+    rate.record(tokens, wall, time.process_time() - cpu + sum(seconds for _, seconds in results))
+
+
+def ours(corpus: Path, out: Path, workers: int, rate: Rate, tokenize_pass: Rate) -> None:
+    """owt_to_mds.py end to end (a fresh process, as users run it), and its tokenize pass alone."""
+    command = [sys.executable, str(REPO / "data_prep" / "owt_to_mds.py"), "--source", str(corpus),
+               "--out", str(out), "--workers", str(workers), "--overwrite"]
+    wall, cpu = time.perf_counter(), _children_cpu()
+    result = subprocess.run(command, capture_output=True, text=True)
+    wall, cpu = time.perf_counter() - wall, _children_cpu() - cpu
+    if result.returncode:
+        sys.exit(f"owt_to_mds.py failed:\n{result.stderr[-2000:]}")
+    splits = json.loads((out / "manifest.json").read_text())["splits"].values()
+    tokens = sum(split["tokens"] - split["documents"] for split in splits)  # EOS not counted
+    rate.record(tokens, wall, cpu)
+    reported = float(re.search(r"tokenized ([\d.]+)M tokens/s", result.stdout).group(1)) * 1e6
+    tokenize_pass.record(tokens, tokens / reported, float("inf"))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--megabytes", type=float, default=100, help="corpus size (default 100)")
+    parser.add_argument("--workers", type=int, default=len(os.sched_getaffinity(0)))
+    parser.add_argument("--repeats", type=int, default=3, help="best of this many runs (default 3)")
+    args = parser.parse_args()
+
+    text, origin = real_text()
+    docs = documents(text, args.megabytes)
+    threads, processes, end_to_end, tokenize_pass = Rate(), Rate(), Rate(), Rate()
+    with tempfile.TemporaryDirectory(prefix="aogpt-bench-") as tmp:
+        corpus = Path(tmp) / "corpus.jsonl"
+        corpus.write_text("".join(json.dumps({"text": doc}) + "\n" for doc in docs))
+        print(f"corpus: {corpus.stat().st_size / 1e6:.0f} MB JSONL, {len(docs):,} documents, "
+              f"{origin}; {args.workers} workers/threads on {os.cpu_count()} cores, best of {args.repeats}")
+        for _ in range(args.repeats):  # interleaved, so that load from elsewhere hits all alike
+            baseline_threads(docs, args.workers, threads)
+            baseline_processes(docs, args.workers, processes)
+            ours(corpus, Path(tmp) / "out", args.workers, end_to_end, tokenize_pass)
+    n = args.workers
+    for name, rate in ((f"baseline tiktoken encode_ordinary_batch, {n} threads", threads),
+                       (f"baseline tiktoken encode_ordinary, {n} processes", processes),
+                       (f"owt_to_mds.py end to end, {n} workers", end_to_end)):
+        print(f"{name:50s} {rate.wall / 1e6:6.2f}M tokens/s = {rate.wall / n / 1e6:.2f}M/s per core; "
+              f"{rate.cpu / 1e6:.2f}M tokens per CPU-second")
+    best = max(threads, processes, key=lambda rate: rate.wall)
+    print(f"{'  of which its tokenize pass':50s} {tokenize_pass.wall / 1e6:6.2f}M tokens/s")
+    print(f"ratio owt_to_mds / best baseline: {end_to_end.wall / best.wall:.2f} in wall time (goal >= 0.8), "
+          f"{end_to_end.cpu / max(threads.cpu, processes.cpu):.2f} in tokens per CPU-second")
+
+
+if __name__ == "__main__":
+    main()
