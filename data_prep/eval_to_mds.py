@@ -106,6 +106,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         raise UsageError("--packing per_example is for lambada (last-word scoring); use concat")
     if args.packing == "per_example" and args.reference_packing:
         raise UsageError("--reference-packing applies to --packing concat only")
+    for spec in args.source or []:
+        if not Path(spec).expanduser().exists():
+            raise UsageError(f"source {spec} does not exist: check the path")
     args.split = _split_name(args)
     return args
 
@@ -134,8 +137,6 @@ def read_examples(args: argparse.Namespace) -> tuple[list[sources.Document], str
     examples, described = [], []
     for spec in args.source:
         path = Path(spec).expanduser()
-        if not path.exists():
-            raise UsageError(f"source {spec} does not exist: check the path")
         files = sorted(p for p in path.rglob("*") if p.is_file()) if path.is_dir() else [path]
         for file in files:
             examples += _read_file(file, eval_set)

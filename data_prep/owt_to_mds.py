@@ -63,7 +63,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                              "Compressed local shards are decompressed next to themselves when read, "
                              "which races on shared filesystems")
     parser.add_argument("--name", default=None,
-                        help="dataset name in the manifest (default: openwebtext without --source, else custom)")
+                        help="dataset name in the manifest (default: openwebtext for the hub's, else custom)")
     parser.add_argument("--docs-per-chunk", type=int, default=1000,
                         help="documents per unit of work (default 1000); does not change the output")
     parser.add_argument("--samples-per-shard", type=int, default=None,
@@ -128,17 +128,18 @@ def main(argv: list[str] | None = None) -> int:
         return 0
 
     description = "; ".join(source.describe() for source in inputs)
+    is_owt = all(isinstance(source, sources.HubDataset) and source.repo_id == sources.OPENWEBTEXT
+                 for source in inputs)
     try:
         chunks = itertools.chain.from_iterable(source.chunks(args.docs_per_chunk) for source in inputs)
         result = packing.build(chunks, spec, out.work, {name: out.out / name for name in SPLITS},
-                               encoding, args.workers,
-                               OPENWEBTEXT_DOCUMENTS if not args.source else None)
+                               encoding, args.workers, OPENWEBTEXT_DOCUMENTS if is_owt else None)
         _check_result(result, args, description)
     except UsageError:
         out.discard()
         raise
     manifest = new_manifest(
-        "pretrain", args.name or ("custom" if args.source else "openwebtext"), description,
+        "pretrain", args.name or ("openwebtext" if is_owt else "custom"), description,
         args.seq_len, describe(encoding),
         {name: {"path": name, **result.splits[name]} for name in SPLITS},
         val_fraction=args.val_fraction,

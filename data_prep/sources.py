@@ -168,28 +168,40 @@ class LocalFiles:
         return [[str(file.resolve()), file.stat().st_size, file.stat().st_mtime_ns] for file in self.files]
 
     def chunks(self, docs_per_chunk: int) -> Iterator[Chunk]:
-        pending: list[bytes] = []  # consecutive .txt files share chunks
+        return _batch_text_files(self._items(docs_per_chunk), docs_per_chunk)
+
+    def _items(self, docs_per_chunk: int) -> Iterator[bytes | Chunk]:
+        """Chunks, and the bytes of single .txt documents (batched by _batch_text_files)."""
         for file in self.files:
             kind = file_kind(file)
             if kind == "txt":
-                pending.append(file.read_bytes())
-                if len(pending) == docs_per_chunk:
-                    yield TextFiles(pending)
-                    pending = []
-                continue
-            if pending:
-                yield TextFiles(pending)
-                pending = []
-            if kind == "jsonl":
+                yield file.read_bytes()
+            elif kind == "jsonl":
                 yield from jsonl_chunks(file, docs_per_chunk)
             elif kind == "parquet":
                 yield from parquet_chunks(file, docs_per_chunk)
             elif kind == "xz":
                 yield XzSubset(str(file), file.read_bytes())
             else:
-                yield from _archive_chunks(file, docs_per_chunk)
-        if pending:
-            yield TextFiles(pending)
+                yield from _archive_items(file)
+
+
+def _batch_text_files(items: Iterator[bytes | Chunk], docs_per_chunk: int) -> Iterator[Chunk]:
+    """Consecutive .txt documents share TextFiles chunks; other chunks pass through in order."""
+    pending: list[bytes] = []
+    for item in items:
+        if isinstance(item, bytes):
+            pending.append(item)
+            if len(pending) == docs_per_chunk:
+                yield TextFiles(pending)
+                pending = []
+        else:
+            if pending:
+                yield TextFiles(pending)
+                pending = []
+            yield item
+    if pending:
+        yield TextFiles(pending)
 
 
 def jsonl_chunks(path: Path, docs_per_chunk: int) -> Iterator[JsonLines]:
@@ -229,8 +241,8 @@ def _as_document(value: str | bytes | None, where: str) -> Document:
     raise UsageError(f"{where} has no text (it is {value!r})")
 
 
-def _archive_chunks(path: Path, docs_per_chunk: int) -> Iterator[Chunk]:
-    pending: list[bytes] = []
+def _archive_items(path: Path) -> Iterator[bytes | XzSubset]:
+    """The .txt documents (bytes) and .xz subsets of a tar archive, in archive order."""
     try:
         with tarfile.open(path, mode="r|*") as archive:  # streamed: the archive may be huge
             for member in archive:
@@ -242,20 +254,9 @@ def _archive_chunks(path: Path, docs_per_chunk: int) -> Iterator[Chunk]:
                     raise UsageError(f"{path} holds {member.name}, neither an .xz subset nor a "
                                      f".txt document: extract the archive and pass its files")
                 data = archive.extractfile(member).read()
-                if kind == "xz":
-                    if pending:
-                        yield TextFiles(pending)
-                        pending = []
-                    yield XzSubset(f"{path}:{member.name}", data)
-                    continue
-                pending.append(data)
-                if len(pending) == docs_per_chunk:
-                    yield TextFiles(pending)
-                    pending = []
+                yield XzSubset(f"{path}:{member.name}", data) if kind == "xz" else data
     except (tarfile.TarError, lzma.LZMAError, EOFError, gzip.BadGzipFile) as err:
         raise UsageError(f"{path} is not a readable tar archive: {err}") from None
-    if pending:
-        yield TextFiles(pending)
 
 
 # ---- the Hugging Face hub ----------------------------------------------------------------------

@@ -98,12 +98,16 @@ def test_every_local_format_gives_the_same_samples(tmp_path, documents):
     with tarfile.open(tmp_path / "urlsf_subset00.tar", "w") as archive:
         for i, data in enumerate(subsets):
             _add(archive, f"openwebtext/urlsf_subset00-{i}_data.xz", data)
+    with tarfile.open(tmp_path / "documents.tar.gz", "w:gz") as archive:
+        for i, text in enumerate(documents):
+            _add(archive, f"docs/{i:04d}.txt", text.encode())
 
     assert build(tmp_path / "reference", tmp_path / "reference.jsonl") == 0
     expected = files_of(tmp_path / "reference" / "train")
     for name, inputs in {"txt": [folder], "gz": [tmp_path / "docs.jsonl.gz"],
                          "parquet": [tmp_path / "docs.parquet"],
                          "tar": [tmp_path / "urlsf_subset00.tar"],
+                         "tar_of_txt": [tmp_path / "documents.tar.gz"],
                          "xz_then_txt": [tmp_path / "subset.xz", *sorted(folder.iterdir())[half:]]}.items():
         assert build(tmp_path / f"from_{name}", *inputs) == 0, name
         assert files_of(tmp_path / f"from_{name}" / "train") == expected, name
