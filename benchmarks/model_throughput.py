@@ -13,7 +13,6 @@ import argparse
 import contextlib
 import json
 import os
-import statistics
 import sys
 import time
 from pathlib import Path
@@ -136,11 +135,11 @@ def run_preset(preset: str, args: argparse.Namespace, device: torch.device) -> d
     peak = peak_flops(device)
     print(f"\n{preset}: {model.num_params() / 1e6:.2f}M params, attention {model.attention_backend}, "
           f"batch {bench.batch} x {bench.seq_len} tokens, {device.type} "
-          f"{'bf16 autocast' if on_gpu else 'fp32'}, median of {args.steps} steps")
+          f"{'bf16 autocast' if on_gpu else 'fp32'}, best of {args.steps} steps")
     print(f"  {'path':<18}{'tokens/s':>12}{'step ms':>10}{'peak MiB':>10}{'MFU':>8}")
     rows = {}
     for name, size in paths.items():
-        seconds = statistics.median(times[name])
+        seconds = min(times[name])  # the least disturbed run: other work only ever adds time
         row = {"loss_chunk_size": size, "step_s": seconds, "tokens_per_s": tokens / seconds,
                "peak_bytes": bench.peak_memory(size),
                "mfu": flops_per_step / seconds / peak if peak else None}
