@@ -8,7 +8,7 @@ numpy buffer instead of a Python call per sample. The format (streaming's format
                (offsets are absolute byte positions; a sample of fixed-size columns is just their
                bytes, the columns in sorted name order)
     index.json {"version": 2, "shards": [shard config + samples, raw_data, zip_data, ...]}
-tests/data_prep/test_mds.py checks shards and index against MDSWriter's. Compression (off by
+tests/data_prep/test_mds_shards.py checks shards and index against MDSWriter's. Compression (off by
 default) goes through streaming's own codecs, and only then is streaming imported.
 """
 
