@@ -188,5 +188,6 @@ def validation_loader(cfg: RunConfig, manifests: dict[str, dict], dist_env: Dist
 
 
 def clean_stale_shared_memory() -> None:
-    """Unlinks shared memory leaked by a killed run (local rank 0, then a barrier)."""
+    """Unlinks shared memory leaked by a killed run. Collective: every rank calls it, local rank 0
+    cleans while the others wait at a barrier inside."""
     streaming.base.util.clean_stale_shared_memory()

@@ -46,6 +46,7 @@ def setup_distributed_env(environ: os._Environ | dict | None = None) -> DistEnv:
         _map_slurm(env)
     if "RANK" not in env:
         env.update(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", LOCAL_WORLD_SIZE="1")
+    if env.get("WORLD_SIZE") == "1":  # nobody to meet: any free local port will do
         env.setdefault("MASTER_ADDR", "127.0.0.1")
         env.setdefault("MASTER_PORT", str(free_port()))
     if "LOCAL_WORLD_SIZE" not in env:

@@ -77,9 +77,7 @@ class Trainer:
             torch.cuda.set_device(self.device)
             torch.backends.cuda.matmul.allow_tf32 = True
             torch.backends.cudnn.allow_tf32 = True
-        if dist_env.local_rank == 0:
-            clean_stale_shared_memory()  # a killed run's leftovers break the next loader
-        dist.barrier()
+        clean_stale_shared_memory()  # a killed run's leftovers would break the loader
         self.accum = cfg.gradient_accumulation_steps(dist_env.world_size)
         self.out_dir = Path(cfg.out_dir)
         self.checkpoints = CheckpointDir(self.out_dir)

@@ -1,0 +1,143 @@
+"""The training stream over real MDS data made by owt_to_mds.py: exact resumption, epochs,
+mixing, validation, and the pre-flight checks of a data folder. One process, streaming for real."""
+
+import gc
+import json
+import shutil
+
+import pytest
+import torch
+from trainer_testing import SEQ_LEN, build_data, real_documents
+
+from aogpt import UsageError
+from aogpt.trainer.config import StreamConfig, load_config
+from aogpt.trainer.data import TrainBatches, check_data, validation_loader
+from aogpt.trainer.dist_env import setup_distributed_env
+
+CPU = torch.device("cpu")
+
+
+@pytest.fixture(autouse=True)
+def one_process(monkeypatch):
+    for name, value in {"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1", "LOCAL_WORLD_SIZE": "1",
+                        "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29400"}.items():
+        monkeypatch.setenv(name, value)
+    yield
+    gc.collect()  # streaming frees its shared memory when the dataset object goes
+
+
+@pytest.fixture(scope="module")
+def text_data(tmp_path_factory):
+    return build_data(tmp_path_factory.mktemp("data") / "text", real_documents())
+
+
+@pytest.fixture(scope="module")
+def small_data(tmp_path_factory):
+    """~20 micro-batches per epoch, so a test runs through several epochs quickly."""
+    documents = real_documents()
+    small = [d[:4000] for d in documents[:10]]
+    return build_data(tmp_path_factory.mktemp("data") / "small", small, val_fraction=0.0)
+
+
+def config(repo, data, *overrides):
+    return load_config(repo / "configs" / "tiny.yaml",
+                       [f"data.path={data}", f"model.block_size={SEQ_LEN}", "train.micro_batch_size=8",
+                        "train.tokens_per_step=512", "data.num_workers=1", *overrides])
+
+
+def batches_for(cfg):
+    env = setup_distributed_env()
+    return TrainBatches(cfg, check_data(cfg, env), env, CPU)
+
+
+def rows(batch) -> list[tuple]:
+    return [tuple(row.tolist()) for row in batch]
+
+
+def test_resumed_stream_continues_with_the_next_batch_even_across_epochs(repo, small_data):
+    cfg = config(repo, small_data)
+    stream = batches_for(cfg)
+    seen, states = [], []
+    for _ in range(45):
+        seen.append(next(stream))
+        states.append(stream.state_dict())
+    del stream
+    epochs = [s["epoch"] for s in states]
+    assert epochs[-1] >= 1, "the test must cross an epoch boundary"
+    end_of_epoch = epochs.index(1) - 1
+    for k in (3, end_of_epoch, end_of_epoch + 2):
+        resumed = batches_for(cfg)
+        resumed.load_state_dict(states[k])
+        for expected in seen[k + 1:k + 4]:
+            assert torch.equal(next(resumed), expected)
+        del resumed
+        gc.collect()
+
+
+def test_every_epoch_reshuffles_the_same_samples(repo, small_data):
+    stream = batches_for(config(repo, small_data))
+    by_epoch = {}
+    while len(by_epoch) < 3:
+        batch = next(stream)
+        by_epoch.setdefault(stream.state_dict()["epoch"], []).extend(rows(batch))
+    first, second = by_epoch[0], by_epoch[1]
+    assert first != second
+    assert len(set(first)) == len(first)  # no sample twice within an epoch
+    # drop_last skips an epoch's few leftovers (fewer than a micro-batch), never more
+    assert len(set(first) ^ set(second)) < 2 * 8 and len(first) == len(second)
+
+
+def test_order_follows_train_seed(repo, small_data):
+    first = rows(next(batches_for(config(repo, small_data, "train.seed=1"))))
+    gc.collect()
+    again = rows(next(batches_for(config(repo, small_data, "train.seed=1"))))
+    gc.collect()
+    other = rows(next(batches_for(config(repo, small_data, "train.seed=2"))))
+    assert first == again and first != other
+
+
+def test_streams_are_mixed_by_proportion(repo, small_data, text_data):
+    cfg = config(repo, text_data, f"data.streams=[{{path: {text_data}, proportion: 0.75}}, "
+                                  f"{{path: {small_data}}}]")
+    assert cfg.data.streams[1] == StreamConfig(str(small_data), None)
+    small_samples = set()
+    for batch in batches_for(config(repo, small_data, "data.num_workers=0")).loader:
+        small_samples.update(rows(batch))
+    gc.collect()
+    stream = batches_for(cfg)
+    drawn = []
+    while not drawn or stream.state_dict()["epoch"] == 0:  # one whole epoch
+        drawn.extend(rows(next(stream)))
+    share_small = sum(row in small_samples for row in drawn) / len(drawn)
+    assert share_small == pytest.approx(0.25, abs=0.01)
+
+
+def test_validation_batches_are_the_same_at_every_evaluation(repo, text_data):
+    cfg = config(repo, text_data)
+    env = setup_distributed_env()
+    loader = validation_loader(cfg, check_data(cfg, env), env, CPU)
+    first = [rows(b) for _, b in zip(range(3), loader, strict=False)]
+    second = [rows(b) for _, b in zip(range(3), loader, strict=False)]
+    assert first == second and len(first) == 3
+
+
+def test_missing_data_folder_is_a_usage_error(repo, tmp_path):
+    cfg = config(repo, tmp_path / "absent")
+    with pytest.raises(UsageError, match="does not exist .* build it with"):
+        check_data(cfg, setup_distributed_env())
+
+
+def test_data_of_another_sequence_length_is_a_usage_error(repo, text_data):
+    cfg = config(repo, text_data, "model.block_size=128", "train.tokens_per_step=1024")
+    with pytest.raises(UsageError, match="samples of 64 tokens, the model's sequence length is 128"):
+        check_data(cfg, setup_distributed_env())
+
+
+def test_data_of_another_tokenizer_is_a_usage_error(repo, text_data, tmp_path):
+    other = tmp_path / "other_tokenizer"
+    shutil.copytree(text_data, other)
+    manifest = json.loads((other / "manifest.json").read_text())
+    manifest["tokenizer"].update(name="llama", ranks_sha256="0" * 64)
+    (other / "manifest.json").write_text(json.dumps(manifest))
+    with pytest.raises(UsageError, match="tokenized with 'llama'"):
+        check_data(config(repo, other), setup_distributed_env())

@@ -1,0 +1,217 @@
+"""The trainer's pure parts: DeepSpeed JSON vs YAML, LR schedule, launch environment, checkpoint
+bookkeeping, MFU peaks. No process group, no data."""
+
+import dataclasses
+import json
+import math
+import re
+
+import pytest
+import torch
+
+from aogpt import UsageError
+from aogpt.trainer.checkpoint import (
+    RUN_STATE,
+    CheckpointDir,
+    check_resumable,
+    restore_rng_states,
+    rng_states,
+    tag_for,
+)
+from aogpt.trainer.config import OptimConfig, StreamConfig, load_config
+from aogpt.trainer.data import training_locations
+from aogpt.trainer.dist_env import setup_distributed_env
+from aogpt.trainer.ds_config import load_ds_config, resolve_ds_config, zero_stage
+from aogpt.trainer.lr_schedule import learning_rate
+from aogpt.trainer.metrics import peak_flops, read_metrics, truncate_metrics
+
+
+@pytest.fixture
+def tiny(repo):
+    return load_config(repo / "configs" / "tiny.yaml")
+
+
+# ---- DeepSpeed JSON and YAML -----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("name, stage", [("zero1", 1), ("zero2", 2), ("zero3", 3), ("cpu", 1)])
+def test_shipped_ds_configs_take_batch_and_clipping_from_the_yaml(repo, tiny, name, stage):
+    ds = resolve_ds_config(load_ds_config(repo / "ds_configs" / f"{name}.json"), tiny, world_size=2)
+    assert ds["train_batch_size"] == tiny.sequences_per_step == 32
+    assert ds["train_micro_batch_size_per_gpu"] == tiny.train.micro_batch_size
+    assert ds["gradient_accumulation_steps"] == tiny.gradient_accumulation_steps(2) == 2
+    assert ds["gradient_clipping"] == tiny.optim.grad_clip
+    assert zero_stage(ds) == stage
+    assert "optimizer" not in ds and "scheduler" not in ds
+    if ds["bf16"]["enabled"]:
+        assert ds["data_types"]["grad_accum_dtype"] == "fp32"
+
+
+def test_concrete_json_values_that_agree_with_the_yaml_are_accepted(tiny):
+    ds = {"train_micro_batch_size_per_gpu": 8, "gradient_clipping": 1, "zero_optimization": {"stage": 2}}
+    assert resolve_ds_config(ds, tiny, world_size=1)["gradient_accumulation_steps"] == 4
+
+
+def test_bf16_gets_fp32_gradient_accumulation_when_unset(tiny):
+    ds = resolve_ds_config({"bf16": {"enabled": True}, "zero_optimization": {"stage": 1}}, tiny, 1)
+    assert ds["data_types"]["grad_accum_dtype"] == "fp32"
+
+
+@pytest.mark.parametrize("ds, message", [
+    ({"train_micro_batch_size_per_gpu": 4},
+     "sets train_micro_batch_size_per_gpu=4 but the YAML gives 8 (from train.micro_batch_size)"),
+    ({"gradient_clipping": 0.5}, "sets gradient_clipping=0.5 but the YAML gives 1.0"),
+    ({"train_batch_size": 64}, "sets train_batch_size=64 but the YAML gives 32"),
+    ({"optimizer": {"type": "AdamW"}}, "has a \"optimizer\" block"),
+    ({"scheduler": {"type": "WarmupCosineLR"}}, "has a \"scheduler\" block"),
+    ({"bf16": {"enabled": True}, "data_types": {"grad_accum_dtype": "bf16"}}, "grad_accum_dtype is 'bf16'"),
+    ({"fp16": {"enabled": True}}, "fp16 is not supported"),
+    ({"zero_optimization": {"stage": 0}}, "zero_optimization.stage is 0"),
+    ({"zero_optimization": {"stage": 1, "reduce_bucket_size": "auto"}}, "\"auto\" for zero_optimization.reduce_bucket_size"),
+])
+def test_json_contradicting_the_yaml_is_a_usage_error(tiny, ds, message):
+    ds.setdefault("zero_optimization", {"stage": 1})
+    with pytest.raises(UsageError, match=re.escape(message)):
+        resolve_ds_config(ds, tiny, world_size=1)
+
+
+def test_missing_or_broken_ds_config_is_a_usage_error(tmp_path):
+    with pytest.raises(UsageError, match="does not exist"):
+        load_ds_config(tmp_path / "nope.json")
+    (tmp_path / "bad.json").write_text("{stage: 1")
+    with pytest.raises(UsageError, match="not valid JSON"):
+        load_ds_config(tmp_path / "bad.json")
+
+
+# ---- learning rate ---------------------------------------------------------------------------------
+
+
+def test_lr_warms_up_linearly_from_zero_then_cosine_to_min_lr():
+    optim = OptimConfig(lr=6e-4, min_lr=6e-5, warmup_steps=2000, decay_steps=500_000)
+    assert learning_rate(0, optim) == 0.0
+    assert learning_rate(1000, optim) == pytest.approx(3e-4)
+    assert learning_rate(2000, optim) == pytest.approx(6e-4)
+    middle = (2000 + 500_000) // 2
+    assert learning_rate(middle, optim) == pytest.approx((6e-4 + 6e-5) / 2)
+    assert learning_rate(500_000, optim) == pytest.approx(6e-5)
+    assert learning_rate(10**7, optim) == 6e-5
+    # nanoGPT's formula, written out, at an arbitrary step
+    step = 123_456
+    ratio = (step - 2000) / (500_000 - 2000)
+    assert learning_rate(step, optim) == pytest.approx(6e-5 + 0.5 * (1 + math.cos(math.pi * ratio)) * 5.4e-4)
+
+
+# ---- launch environment ----------------------------------------------------------------------------
+
+
+def test_srun_variables_become_torch_ones():
+    env = {"SLURM_PROCID": "5", "SLURM_LOCALID": "1", "SLURM_NTASKS": "8",
+           "SLURM_TASKS_PER_NODE": "4(x2)", "MASTER_ADDR": "node1", "MASTER_PORT": "29500"}
+    dist_env = setup_distributed_env(env)
+    assert (dist_env.rank, dist_env.local_rank, dist_env.world_size, dist_env.local_world_size) == (5, 1, 8, 4)
+    assert env["RANK"] == "5" and env["LOCAL_WORLD_SIZE"] == "4"
+
+
+def test_srun_without_master_address_says_what_to_export():
+    with pytest.raises(UsageError, match="MASTER_ADDR and MASTER_PORT not set"):
+        setup_distributed_env({"SLURM_PROCID": "0", "SLURM_NTASKS": "2", "SLURM_NTASKS_PER_NODE": "2"})
+
+
+def test_deepspeed_launchers_local_size_becomes_local_world_size():
+    env = {"RANK": "1", "LOCAL_RANK": "1", "WORLD_SIZE": "2", "LOCAL_SIZE": "2",
+           "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29500"}
+    assert setup_distributed_env(env).local_world_size == 2 and env["LOCAL_WORLD_SIZE"] == "2"
+
+
+def test_torchrun_variables_win_over_slurm_ones():
+    env = {"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "2", "LOCAL_WORLD_SIZE": "2",
+           "MASTER_ADDR": "h", "MASTER_PORT": "1", "SLURM_PROCID": "7", "SLURM_NTASKS": "16"}
+    assert setup_distributed_env(env).world_size == 2
+
+
+def test_plain_python_is_a_world_of_one_on_a_free_port():
+    env = {}
+    dist_env = setup_distributed_env(env)
+    assert (dist_env.rank, dist_env.world_size) == (0, 1)
+    assert env["MASTER_ADDR"] == "127.0.0.1" and int(env["MASTER_PORT"]) > 0
+
+
+# ---- checkpoints -----------------------------------------------------------------------------------
+
+
+def _fake_tag(root, step):
+    (root / tag_for(step)).mkdir(parents=True)
+
+
+def test_retention_keeps_the_last_k_committed_tags(tmp_path):
+    checkpoints = CheckpointDir(tmp_path)
+    for step in (4, 8, 12, 16, 20):
+        _fake_tag(checkpoints.root, step)
+    (checkpoints.root / "latest").write_text(tag_for(16))  # step 20: an interrupted save
+    checkpoints.prune(keep_last=2)
+    assert checkpoints.tags() == [tag_for(12), tag_for(16)]
+
+
+def test_latest_naming_a_missing_tag_is_a_usage_error(tmp_path):
+    checkpoints = CheckpointDir(tmp_path)
+    checkpoints.root.mkdir()
+    (checkpoints.root / "latest").write_text("step_00000099")
+    with pytest.raises(UsageError, match="names 'step_00000099'"):
+        checkpoints.latest_tag()
+
+
+def test_resuming_another_model_shape_names_the_fields(tiny, tmp_path):
+    saved = {"model_config": dataclasses.asdict(tiny.model), "world_size": 2, "zero_stage": 1}
+    changed = dataclasses.replace(tiny.model, n_layer=3, n_embd=96, attn_impl="math")
+    with pytest.raises(UsageError, match=r"model.n_layer 2 -> 3, model.n_embd 64 -> 96:") as err:
+        check_resumable(saved, changed, 2, 1, tmp_path)
+    assert "attn_impl" not in str(err.value)  # a kernel choice may change on resume
+    check_resumable(saved, dataclasses.replace(tiny.model, attn_impl="math"), 2, 1, tmp_path)
+
+
+def test_resuming_on_another_world_size_is_a_usage_error(tiny, tmp_path):
+    saved = {"model_config": dataclasses.asdict(tiny.model), "world_size": 2, "zero_stage": 1}
+    with pytest.raises(UsageError, match="written by 2 processes under ZeRO-1, this run has 4"):
+        check_resumable(saved, tiny.model, 4, 1, tmp_path)
+
+
+def test_unreadable_run_state_is_a_usage_error(tmp_path):
+    checkpoints = CheckpointDir(tmp_path)
+    _fake_tag(checkpoints.root, 4)
+    (checkpoints.root / tag_for(4) / RUN_STATE).write_text("{")
+    with pytest.raises(UsageError, match="is unreadable"):
+        checkpoints.run_state(tag_for(4))
+
+
+def test_rng_states_round_trip():
+    states = rng_states()
+    expected = torch.rand(3)
+    torch.rand(5)
+    restore_rng_states(states)
+    assert torch.equal(torch.rand(3), expected)
+
+
+def test_resumed_run_drops_metrics_logged_after_its_checkpoint(tmp_path):
+    path = tmp_path / "metrics.jsonl"
+    path.write_text("".join(json.dumps({"step": s, "loss": 1.0 / s}) + "\n" for s in range(1, 8)))
+    truncate_metrics(path, last_step=4)
+    assert [r["step"] for r in read_metrics(path)] == [1, 2, 3, 4]
+
+
+# ---- data mixing, MFU ------------------------------------------------------------------------------
+
+
+def test_stream_proportions_left_unset_share_what_is_left(tiny):
+    tiny.data.streams = [StreamConfig("a", 0.5), StreamConfig("b"), StreamConfig("c")]
+    assert training_locations(tiny) == [("a", 0.5), ("b", 0.25), ("c", 0.25)]
+    tiny.data.streams = [StreamConfig("a", 0.7), StreamConfig("b", 0.7)]
+    with pytest.raises(UsageError, match="must be positive and sum to at most 1"):
+        training_locations(tiny)
+
+
+@pytest.mark.parametrize("device, peak", [
+    ("NVIDIA H100 80GB HBM3", 989e12), ("NVIDIA H100 PCIe", 756e12), ("NVIDIA H100 NVL", 835e12),
+    ("NVIDIA H200", 989e12), ("NVIDIA A100-SXM4-80GB", 312e12), ("Tesla T4", None),
+])
+def test_mfu_peak_follows_the_device(device, peak):
+    assert peak_flops(device) == peak

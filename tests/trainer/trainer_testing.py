@@ -1,0 +1,110 @@
+"""Helpers for the trainer tests: real-text MDS data built by owt_to_mds.py, launches on 2 processes.
+
+Every multi-process launch uses a fresh free port; DeepSpeed's CPU backend leaves one
+/dev/shm/deepspeed_*_<port>_<rank> buffer per rank behind, removed here for the ports we used.
+"""
+
+from __future__ import annotations
+
+import inspect
+import json
+import os
+import pydoc_data.topics
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from aogpt.trainer.metrics import read_metrics
+
+REPO = Path(__file__).resolve().parents[2]
+MAIN = str(REPO / "trainer" / "main.py")
+OWT_TO_MDS = str(REPO / "data_prep" / "owt_to_mds.py")
+WIKITEXT = REPO.parent / "shared" / "data" / "wikitext-2" / "valid.txt"
+BIN = Path(sys.executable).parent
+SEQ_LEN = 64
+
+# A tiny AO-GPT on sequences of 64: 32 sequences (2,048 tokens) per step, 8 per micro-batch, so
+# 2 accumulation steps on 2 processes. Fast enough for 2 CPU cores, big enough to learn.
+TINY_RUN = [
+    f"model.block_size={SEQ_LEN}", "train.tokens_per_step=2048", "train.micro_batch_size=8",
+    "data.num_workers=1", "optim.lr=2e-3", "optim.warmup_steps=5", "optim.decay_steps=200",
+    "train.log_every=1", "eval.every=6", "eval.batches=2", "eval.num_orders=2",
+    "checkpoint.every=4", "checkpoint.keep_last=2", "ema.decay=0.99",
+]
+
+
+def real_documents() -> list[str]:
+    """WikiText-2 validation articles from ../shared/data, else Python's own documentation."""
+    if WIKITEXT.is_file():
+        articles = WIKITEXT.read_text(encoding="utf-8").split("\n = ")
+        return [a.strip() for a in articles if len(a.strip()) > 200]
+    # The interpreter ships its reference manual's topics as English prose: real text, offline.
+    return [text for text in pydoc_data.topics.topics.values() if len(text) > 200] + [
+        inspect.getdoc(module) for module in (json, os, socket, subprocess, signal)]
+
+
+def build_data(out: Path, documents: list[str], val_fraction: float = 0.05) -> Path:
+    """A data folder made by the real data_prep/owt_to_mds.py from these documents."""
+    source = out.parent / f"{out.name}.jsonl"
+    source.write_text("".join(json.dumps({"text": d}) + "\n" for d in documents))
+    result = subprocess.run(
+        [sys.executable, OWT_TO_MDS, "--out", str(out), "--source", str(source),
+         "--seq-len", str(SEQ_LEN), "--val-fraction", str(val_fraction), "--workers", "1"],
+        capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr
+    return out
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+class Launcher:
+    """Starts trainer/main.py on 2 processes the way users do; remembers ports for cleanup."""
+
+    def __init__(self):
+        self.ports: list[int] = []
+
+    def command(self, launcher: str, args: list[str]) -> list[str]:
+        port = free_port()
+        self.ports.append(port)
+        if launcher == "deepspeed":
+            return [str(BIN / "deepspeed"), "--num_gpus", "2", "--master_port", str(port), MAIN, *args]
+        return [str(BIN / "torchrun"), "--nproc_per_node", "2", "--master_port", str(port), MAIN, *args]
+
+    def run(self, launcher: str, args: list[str], timeout: float = 300) -> subprocess.CompletedProcess:
+        return subprocess.run(self.command(launcher, args), capture_output=True, text=True,
+                              cwd=REPO, timeout=timeout)
+
+    def run_and_signal(self, launcher: str, args: list[str], out_dir: Path, after_step: int,
+                       sig: int = signal.SIGTERM, timeout: float = 300) -> tuple[int, str]:
+        """Runs, and once `after_step` is logged sends `sig` to the launcher's whole process group
+        (as scancel or Ctrl-C would); returns the launcher's exit status and its output."""
+        log = out_dir.parent / f"{out_dir.name}.log"
+        with log.open("w") as sink:
+            proc = subprocess.Popen(self.command(launcher, args), stdout=sink, stderr=subprocess.STDOUT,
+                                    cwd=REPO, start_new_session=True)
+            deadline = time.monotonic() + timeout
+            metrics = out_dir / "metrics.jsonl"
+            while not (metrics.is_file() and any(r["step"] >= after_step for r in read_metrics(metrics))):
+                assert proc.poll() is None, log.read_text()
+                assert time.monotonic() < deadline, "the run never reached the step to signal at"
+                time.sleep(0.2)
+            os.killpg(proc.pid, sig)
+            returncode = proc.wait(timeout=timeout)
+        return returncode, log.read_text()
+
+    def clean(self) -> None:
+        for port in self.ports:
+            for leftover in Path("/dev/shm").glob(f"deepspeed_*_{port}_*"):
+                leftover.unlink(missing_ok=True)
+
+
+def losses(out_dir: Path, key: str = "loss") -> dict[int, float | None]:
+    return {r["step"]: r.get(key) for r in read_metrics(out_dir / "metrics.jsonl") if key in r}
+
