@@ -61,7 +61,7 @@ def documents(text: str, megabytes: float) -> list[str]:
 
 
 class Rate:
-    """Tokens per second of wall time, and per second of CPU time (robust to load from elsewhere)."""
+    """Tokens per second of wall time, and per CPU-second (robust to load from elsewhere)."""
 
     def __init__(self) -> None:
         self.wall = self.cpu = 0.0
@@ -137,7 +137,8 @@ def main() -> None:
         corpus = Path(tmp) / "corpus.jsonl"
         corpus.write_text("".join(json.dumps({"text": doc}) + "\n" for doc in docs))
         print(f"corpus: {corpus.stat().st_size / 1e6:.0f} MB JSONL, {len(docs):,} documents, "
-              f"{origin}; {args.workers} workers/threads on {os.cpu_count()} cores, best of {args.repeats}")
+              f"{origin}; {args.workers} workers/threads on {os.cpu_count()} cores, "
+              f"best of {args.repeats}")
         for _ in range(args.repeats):  # interleaved, so that load from elsewhere hits all alike
             baseline_threads(docs, args.workers, threads)
             baseline_processes(docs, args.workers, processes)
@@ -146,12 +147,13 @@ def main() -> None:
     for name, rate in ((f"baseline tiktoken encode_ordinary_batch, {n} threads", threads),
                        (f"baseline tiktoken encode_ordinary, {n} processes", processes),
                        (f"owt_to_mds.py end to end, {n} workers", end_to_end)):
-        print(f"{name:50s} {rate.wall / 1e6:6.2f}M tokens/s = {rate.wall / n / 1e6:.2f}M/s per core; "
-              f"{rate.cpu / 1e6:.2f}M tokens per CPU-second")
+        print(f"{name:50s} {rate.wall / 1e6:6.2f}M tokens/s = {rate.wall / n / 1e6:.2f}M/s "
+              f"per core; {rate.cpu / 1e6:.2f}M tokens per CPU-second")
     best = max(threads, processes, key=lambda rate: rate.wall)
     print(f"{'  of which its tokenize pass':50s} {tokenize_pass.wall / 1e6:6.2f}M tokens/s")
-    print(f"ratio owt_to_mds / best baseline: {end_to_end.wall / best.wall:.2f} in wall time (goal >= 0.8), "
-          f"{end_to_end.cpu / max(threads.cpu, processes.cpu):.2f} in tokens per CPU-second")
+    print(f"ratio owt_to_mds / best baseline: {end_to_end.wall / best.wall:.2f} in wall time "
+          f"(goal >= 0.8), {end_to_end.cpu / max(threads.cpu, processes.cpu):.2f} in tokens per "
+          f"CPU-second")
 
 
 if __name__ == "__main__":

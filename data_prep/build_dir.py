@@ -43,7 +43,7 @@ class OutputDir:
         self._created_root = False
 
     def start(self, settings: dict, overwrite: bool) -> bool:
-        """Makes .partial ready for a build with `settings`; False when DIR holds that build already.
+        """Makes .partial ready for a build with `settings`; False when DIR holds that build.
 
         `settings` is everything the output depends on (inputs, options, tool version).
         """
@@ -63,8 +63,9 @@ class OutputDir:
             return True
         if has_manifest and not has_partial and not overwrite:
             if json.loads((self.root / FILENAME).read_text()).get("settings") != settings:
-                raise UsageError(f"{self.root} holds a finished dataset built with other settings "
-                                 f"or inputs: pass --overwrite to rebuild it, or choose another folder")
+                raise UsageError(f"{self.root} holds a finished dataset built with other "
+                                 f"settings or inputs: pass --overwrite to rebuild it, or choose "
+                                 f"another folder")
             return False
         if has_partial:
             print(f"starting over: {self.partial} was made by a run with other settings"
@@ -114,7 +115,8 @@ class OutputDir:
             self.root.mkdir(parents=True)
             self._created_root = True
         entries = sorted(os.listdir(self.root))
-        foreign = [name for name in entries if name not in (FILENAME, PARTIAL) and not self._owns(name)]
+        foreign = [name for name in entries
+                   if name not in (FILENAME, PARTIAL) and not self._owns(name)]
         if foreign:
             raise UsageError(f"output folder {self.root} holds {foreign[0]!r}, which this tool did "
                              f"not write: choose an empty or new folder")

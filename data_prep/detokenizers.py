@@ -111,8 +111,9 @@ def lm1b(text: str) -> str:
 
 
 def lambada(text: str) -> str:
-    """LAMBADA is plain text; the protocol straightens curly quotes and starts each passage on a new line."""
-    text = text.replace("\N{LEFT DOUBLE QUOTATION MARK}", '"').replace("\N{RIGHT DOUBLE QUOTATION MARK}", '"')
+    """LAMBADA is plain text: the protocol straightens curly quotes, adds a leading newline."""
+    for curly in ("\N{LEFT DOUBLE QUOTATION MARK}", "\N{RIGHT DOUBLE QUOTATION MARK}"):
+        text = text.replace(curly, '"')
     return "\n" + text.strip()
 
 

@@ -32,7 +32,7 @@ import hashlib
 import io
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -49,8 +49,8 @@ from aogpt.data_prep.tokenizer import EOS, describe, load_gpt2
 
 REFERENCE_GROUP = 1000  # examples per datasets.map batch in the paper's pipeline
 LINE_FILES = (".txt", ".raw", ".tokens")
-SPLIT_NAMES = {"train": "train", "valid": "validation", "validation": "validation", "val": "validation",
-               "dev": "validation", "test": "test"}
+SPLIT_NAMES = {"train": "train", "valid": "validation", "validation": "validation",
+               "val": "validation", "dev": "validation", "test": "test"}
 PER_EXAMPLE_COLUMNS = {"length": "int32", "last_word_start": "int32"}
 
 
@@ -61,15 +61,17 @@ class EvalSet:
     field: str  # the text's field in the hub dataset
     split: str  # the paper's split
     detokenizer: str
-    raw_lines: bool  # WikiText: rows are raw lines ("\n" kept, blank -> ""); others are stripped
+    example: str  # "line": a raw line ("\n" kept, blank -> ""); "sentence"/"passage": stripped
 
 
 EVAL_SETS = {
-    "wikitext2": EvalSet("Salesforce/wikitext", "wikitext-2-raw-v1", "text", "train", "wikitext", True),
-    "wikitext103": EvalSet("Salesforce/wikitext", "wikitext-103-raw-v1", "text", "test", "wikitext", True),
-    "ptb": EvalSet("ptb-text-only/ptb_text_only", None, "sentence", "test", "ptb", False),
-    "lambada": EvalSet("EleutherAI/lambada_openai", None, "text", "test", "lambada", False),
-    "lm1b": EvalSet("dvruette/lm1b", None, "text", "test", "lm1b", False),
+    "wikitext2": EvalSet("Salesforce/wikitext", "wikitext-2-raw-v1", "text", "train", "wikitext",
+                         "line"),
+    "wikitext103": EvalSet("Salesforce/wikitext", "wikitext-103-raw-v1", "text", "test", "wikitext",
+                           "line"),
+    "ptb": EvalSet("ptb-text-only/ptb_text_only", None, "sentence", "test", "ptb", "sentence"),
+    "lambada": EvalSet("EleutherAI/lambada_openai", None, "text", "test", "lambada", "passage"),
+    "lm1b": EvalSet("dvruette/lm1b", None, "text", "test", "lm1b", "sentence"),
 }
 
 
@@ -87,7 +89,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--split", default=None,
                         help="split to build (hub default: the paper's, i.e. train for wikitext2, "
                              "test for the others; local: from the file name)")
-    parser.add_argument("--seq-len", type=int, default=1024, help="tokens per sample (default 1024)")
+    parser.add_argument("--seq-len", type=int, default=1024,
+                        help="tokens per sample (default 1024)")
     parser.add_argument("--packing", choices=("concat", "per_example"), default="concat",
                         help="concat: one token stream cut into samples (default); per_example: "
                              "one LAMBADA passage per sample, with its length and last word")
@@ -96,7 +99,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                              f"paper's pipeline (default: carry it over)")
     parser.add_argument("--workers", type=int, default=available_cores(), help="worker processes")
     parser.add_argument("--tokenizer-file", default=None, help="GPT-2 ranks file (gpt2.tiktoken)")
-    parser.add_argument("--overwrite", action="store_true", help="rebuild OUT even when it is complete")
+    parser.add_argument("--overwrite", action="store_true",
+                        help="rebuild OUT even when it is complete")
     args = parser.parse_args(argv)
     if args.seq_len < 1:
         raise UsageError(f"--seq-len must be at least 1, got {args.seq_len}")
@@ -132,8 +136,9 @@ def read_examples(args: argparse.Namespace) -> tuple[list[sources.Document], str
     """All examples of the split in order (eval sets fit in memory), and where they came from."""
     eval_set = EVAL_SETS[args.dataset]
     if not args.source:
-        hub = sources.HubDataset(eval_set.repo_id, eval_set.config, args.split, text_field=eval_set.field)
-        return [doc for chunk in hub.chunks(REFERENCE_GROUP) for doc in chunk.documents()], hub.describe()
+        hub = sources.HubDataset(eval_set.repo_id, eval_set.config, args.split,
+                                 text_field=eval_set.field)
+        return _flatten(hub.chunks(REFERENCE_GROUP)), hub.describe()
     examples, described = [], []
     for spec in args.source:
         path = Path(spec).expanduser()
@@ -147,22 +152,25 @@ def read_examples(args: argparse.Namespace) -> tuple[list[sources.Document], str
 def _read_file(path: Path, eval_set: EvalSet) -> list[sources.Document]:
     name = path.name.lower()
     if name.endswith(LINE_FILES):
-        return list(_lines(path.read_bytes(), eval_set.raw_lines))
+        return list(_lines(path.read_bytes(), raw=eval_set.example == "line"))
     if name.endswith((".jsonl", ".jsonl.gz")):
-        return [doc for chunk in sources.jsonl_chunks(path, REFERENCE_GROUP) for doc in chunk.documents()]
+        return _flatten(sources.jsonl_chunks(path, REFERENCE_GROUP))
     if name.endswith(".parquet"):
-        return [doc for chunk in sources.parquet_chunks(path, REFERENCE_GROUP, eval_set.field)
-                for doc in chunk.documents()]
+        return _flatten(sources.parquet_chunks(path, REFERENCE_GROUP, eval_set.field))
     raise UsageError(f"{path}: unsupported file type for an eval set (supported: "
                      f"{', '.join(LINE_FILES)}, .jsonl, .jsonl.gz, .parquet)")
 
 
-def _lines(data: bytes, raw_lines: bool) -> Iterator[sources.Document]:
+def _flatten(chunks: Iterable[sources.Chunk]) -> list[sources.Document]:
+    return [doc for chunk in chunks for doc in chunk.documents()]
+
+
+def _lines(data: bytes, raw: bool) -> Iterator[sources.Document]:
     """One example per line, as the hub's rows are cut (see the module docstring)."""
     for line in io.BytesIO(data):
         text, replaced = sources.decode_utf8(line)
         text = text.replace("\r\n", "\n")
-        if raw_lines:
+        if raw:
             yield (text if text.strip() else ""), replaced
         else:
             yield text.strip(), replaced
@@ -238,19 +246,22 @@ def main(argv: list[str] | None = None) -> int:
     except UsageError:
         out.discard()
         raise
-    extra = {"columns": {**packing.mds_columns(args.seq_len), **PER_EXAMPLE_COLUMNS}, "pad_id": EOS} \
-        if args.packing == "per_example" else {}
+    extra = {}
+    if args.packing == "per_example":
+        extra = {"columns": {**packing.mds_columns(args.seq_len), **PER_EXAMPLE_COLUMNS},
+                 "pad_id": EOS}
     manifest = new_manifest(
         "eval", args.dataset, description, args.seq_len, describe(encoding),
         {args.split: {"path": ".", **stats}},
         split=args.split, detokenizer=eval_set.detokenizer, packing=args.packing,
         reference_packing=args.reference_packing,
-        example_unit="line" if eval_set.raw_lines else ("passage" if args.dataset == "lambada" else "sentence"),
+        example=eval_set.example,
         **extra,
     )
     out.publish(manifest)
-    print(f"done: {args.dataset} {args.split}: {stats['documents']:,} examples, {stats['tokens']:,} "
-          f"tokens, {stats['samples']:,} samples of {args.seq_len} ({args.packing}"
+    print(f"done: {args.dataset} {args.split}: {stats['documents']:,} examples, "
+          f"{stats['tokens']:,} tokens, {stats['samples']:,} samples of {args.seq_len} "
+          f"({args.packing}"
           f"{', reference packing' if args.reference_packing else ''}; "
           f"{stats['dropped_tail_tokens'] + stats['group_dropped_tokens']:,} tokens dropped) "
           f"in {time.perf_counter() - wall_start:.1f} s -> {args.out}")

@@ -70,23 +70,27 @@ def read_manifest(data_dir: str | Path) -> dict:
     try:
         manifest = json.loads(path.read_text())
     except (json.JSONDecodeError, UnicodeDecodeError) as err:
-        raise UsageError(f"{path} is not valid JSON ({err}): delete the folder and {HOW_TO_BUILD}") from None
+        raise UsageError(f"{path} is not valid JSON ({err}): delete the folder and "
+                         f"{HOW_TO_BUILD}") from None
     if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
-        raise UsageError(f"{path} is not an aogpt data manifest (format is not {FORMAT!r}): {HOW_TO_BUILD}")
+        raise UsageError(f"{path} is not an aogpt data manifest (format is not {FORMAT!r}): "
+                         f"{HOW_TO_BUILD}")
     if manifest.get("version") != VERSION:
-        raise UsageError(f"{path} has manifest version {manifest.get('version')!r}, this aogpt reads "
-                         f"version {VERSION}: rebuild the folder with this version's data_prep")
+        raise UsageError(f"{path} has manifest version {manifest.get('version')!r}, this aogpt "
+                         f"reads version {VERSION}: rebuild it with this version's data_prep")
     missing = [key for key in REQUIRED_KEYS if key not in manifest]
     if missing:
-        raise UsageError(f"{path} lacks {', '.join(missing)}: the folder is damaged; {HOW_TO_BUILD}")
+        raise UsageError(f"{path} lacks {', '.join(missing)}: the folder is damaged; "
+                         f"{HOW_TO_BUILD}")
     return manifest
 
 
 def split_path(data_dir: str | Path, split: str) -> Path:
-    """The folder holding `split`'s index.json (DIR/train, DIR/val, or DIR itself for an eval set)."""
+    """The folder holding `split`'s index.json (DIR/train, DIR/val, or DIR for an eval set)."""
     splits = read_manifest(data_dir)["splits"]
     if split not in splits:
-        raise UsageError(f"data folder {data_dir} has no split {split!r} (it has: {', '.join(splits)})")
+        raise UsageError(f"data folder {data_dir} has no split {split!r} "
+                         f"(it has: {', '.join(splits)})")
     path = Path(data_dir) / splits[split]["path"]
     if not (path / "index.json").is_file():
         raise UsageError(f"{path / 'index.json'} is missing: the data folder is damaged; "

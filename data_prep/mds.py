@@ -1,4 +1,4 @@
-"""MDS shards of fixed-size columns, written directly: byte for byte what streaming's MDSWriter writes.
+"""MDS shards of fixed-size columns, written directly: byte for byte what MDSWriter writes.
 
 Why not MDSWriter itself: importing streaming imports torch and transformers, about 4 s of CPU in
 every process, which was most of the data-prep time of small and medium corpora (and data prep
@@ -24,7 +24,8 @@ _HASH_FUNCTIONS = {"xxh3_64": xxhash.xxh3_64}
 
 
 def column_dtype(encoding: str) -> tuple[np.dtype, tuple[int, ...]]:
-    """An MDS column encoding as numpy: "ndarray:uint16:1024" -> (uint16, (1024,)), "int32" -> (int32, ())."""
+    """An MDS column encoding in numpy terms: "ndarray:uint16:1024" -> (uint16, (1024,)),
+    "int32" -> (int32, ())."""
     if encoding.startswith("ndarray:"):
         _, dtype, shape = encoding.split(":")
         return np.dtype(dtype), tuple(int(size) for size in shape.split(","))
@@ -51,7 +52,7 @@ def shard_config(columns: dict[str, str], compression: str | None) -> dict:
 
 def write_shard(folder: Path, number: int, columns: dict[str, str], samples: bytes,
                 compression: str | None = None) -> dict:
-    """Writes shard.<number>.mds (atomically) from the samples' packed bytes; returns its index entry."""
+    """Writes shard.<number>.mds (atomically) from the samples' packed bytes; returns its entry."""
     config = shard_config(columns, compression)
     header = json.dumps(config, sort_keys=True).encode()
     row_size = sum(config["column_sizes"])
@@ -60,7 +61,8 @@ def write_shard(folder: Path, number: int, columns: dict[str, str], samples: byt
     start = 4 + 4 * (count + 1) + len(header)
     offsets = start + row_size * np.arange(count + 1, dtype=np.int64)
     if offsets[-1] >= 2**32:
-        raise ValueError(f"a shard must stay below 4 GiB (MDS offsets are uint32): {offsets[-1]} bytes")
+        raise ValueError(f"a shard must stay below 4 GiB (MDS offsets are uint32), "
+                         f"not {offsets[-1]} bytes")
     raw = np.uint32(count).tobytes() + offsets.astype(np.uint32).tobytes() + header + samples
     raw_name = f"shard.{number:05d}.mds"
     entry = {**config, "samples": count, "raw_data": _file_info(raw_name, raw), "zip_data": None}
@@ -79,7 +81,7 @@ def write_shard(folder: Path, number: int, columns: dict[str, str], samples: byt
 
 
 def write_index(folder: Path, entries: list[dict]) -> None:
-    """folder/index.json listing the shards in order (written atomically, like every output here)."""
+    """folder/index.json listing the shards in order (written atomically)."""
     partial = folder / "index.json.tmp"
     with open(partial, "w") as out:
         json.dump({"version": 2, "shards": entries}, out, sort_keys=True)

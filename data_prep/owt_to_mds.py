@@ -47,34 +47,36 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         description="Tokenize OpenWebText (or local text) with GPT-2 BPE and pack it into "
                     "fixed-length MDS samples in OUT/train and OUT/val, with OUT/manifest.json.",
     )
-    parser.add_argument("--out", type=Path, required=True, help="output folder")
-    parser.add_argument("--source", nargs="+", action="extend", metavar="SRC",
-                        help=f"Hugging Face dataset id (default: {sources.OPENWEBTEXT}) or local "
-                             f"files/folders ({sources.SUPPORTED}); repeatable")
-    parser.add_argument("--seq-len", type=int, default=1024, help="tokens per sample (default 1024)")
-    parser.add_argument("--val-fraction", type=float, default=0.0005,
-                        help="share of documents in val/, chosen by a hash of the text (default 0.0005)")
-    parser.add_argument("--workers", type=int, default=available_cores(),
-                        help="worker processes (default: all available cores); the output does not depend on it")
-    parser.add_argument("--tokenizer-file", default=None, help="GPT-2 ranks file (gpt2.tiktoken) for offline use")
-    parser.add_argument("--overwrite", action="store_true", help="rebuild OUT even when it is complete")
-    parser.add_argument("--compression", default="none",
-                        help="shard compression: none (default), or zstd[:level], gz, br, bz2, snappy. "
-                             "Compressed local shards are decompressed next to themselves when read, "
-                             "which races on shared filesystems")
-    parser.add_argument("--name", default=None,
-                        help="dataset name in the manifest (default: openwebtext for the hub's, else custom)")
-    parser.add_argument("--docs-per-chunk", type=int, default=1000,
-                        help="documents per unit of work (default 1000); does not change the output")
-    parser.add_argument("--samples-per-shard", type=int, default=None,
-                        help="samples per MDS shard (default: 64 MiB of tokens)")
-    parser.add_argument("--hf-split", default="train", help="split of a hub dataset (default train)")
-    parser.add_argument("--hf-config", default=None, help="config (subset) name of a hub dataset")
-    parser.add_argument("--hf-revision", default=None,
-                        help=f"revision of a hub dataset (default: {sources.PARQUET_REVISION} for "
-                             f"OpenWebText, else the main branch)")
+    add = parser.add_argument
+    add("--out", type=Path, required=True, help="output folder")
+    add("--source", nargs="+", action="extend", metavar="SRC",
+        help=f"Hugging Face dataset id (default: {sources.OPENWEBTEXT}) or local files/folders "
+             f"({sources.SUPPORTED}); repeatable")
+    add("--seq-len", type=int, default=1024, help="tokens per sample (default 1024)")
+    add("--val-fraction", type=float, default=0.0005,
+        help="share of documents in val/, chosen by a hash of the text (default 0.0005)")
+    add("--workers", type=int, default=available_cores(),
+        help="worker processes (default: all available cores); the output does not depend on it")
+    add("--tokenizer-file", default=None, help="GPT-2 ranks file (gpt2.tiktoken) for offline use")
+    add("--overwrite", action="store_true", help="rebuild OUT even when it is complete")
+    add("--compression", default="none",
+        help="shard compression: none (default), or zstd[:level], gz, br, bz2, snappy. Compressed "
+             "local shards are decompressed next to themselves when read, which races on shared "
+             "filesystems")
+    add("--name", default=None,
+        help="dataset name in the manifest (default: openwebtext for the hub's, else custom)")
+    add("--docs-per-chunk", type=int, default=1000,
+        help="documents per unit of work (default 1000); does not change the output")
+    add("--samples-per-shard", type=int, default=None,
+        help="samples per MDS shard (default: 64 MiB of tokens)")
+    add("--hf-split", default="train", help="split of a hub dataset (default train)")
+    add("--hf-config", default=None, help="config (subset) name of a hub dataset")
+    add("--hf-revision", default=None,
+        help=f"revision of a hub dataset (default: {sources.PARQUET_REVISION} for OpenWebText, "
+             f"else the main branch)")
     args = parser.parse_args(argv)
-    args.samples_per_shard = args.samples_per_shard or packing.default_samples_per_shard(args.seq_len)
+    if args.samples_per_shard is None:
+        args.samples_per_shard = packing.default_samples_per_shard(args.seq_len)
     _validate(args)
     return args
 
@@ -95,13 +97,14 @@ def _validate(args: argparse.Namespace) -> None:
 def check_shard_size(samples_per_shard: int, seq_len: int) -> None:
     # MDS stores sample offsets as uint32, so one shard must stay below 4 GiB.
     if samples_per_shard < 1 or samples_per_shard * (2 * seq_len + 4) >= 2**32:
-        raise UsageError(f"--samples-per-shard must be between 1 and {(2**32 - 1) // (2 * seq_len + 4)} "
-                         f"for --seq-len {seq_len}, got {samples_per_shard}")
+        most = (2**32 - 1) // (2 * seq_len + 4)
+        raise UsageError(f"--samples-per-shard must be between 1 and {most} for --seq-len "
+                         f"{seq_len}, got {samples_per_shard}")
 
 
 def parse_compression(name: str) -> str | None:
     algorithm, _, level = name.partition(":")
-    if algorithm not in COMPRESSIONS or (level and not level.isdigit()) or (level and algorithm == "none"):
+    if algorithm not in COMPRESSIONS or (level and (not level.isdigit() or algorithm == "none")):
         raise UsageError(f"--compression {name!r} is not one of {', '.join(COMPRESSIONS)} "
                          f"(with an optional :level, e.g. zstd:7)")
     return None if algorithm == "none" else name
@@ -131,7 +134,8 @@ def main(argv: list[str] | None = None) -> int:
     is_owt = all(isinstance(source, sources.HubDataset) and source.repo_id == sources.OPENWEBTEXT
                  for source in inputs)
     try:
-        chunks = itertools.chain.from_iterable(source.chunks(args.docs_per_chunk) for source in inputs)
+        chunks = itertools.chain.from_iterable(
+            source.chunks(args.docs_per_chunk) for source in inputs)
         result = packing.build(chunks, spec, out.work, {name: out.out / name for name in SPLITS},
                                encoding, args.workers, OPENWEBTEXT_DOCUMENTS if is_owt else None)
         _check_result(result, args, description)
@@ -162,18 +166,21 @@ def _check_result(result: packing.BuildResult, args: argparse.Namespace, descrip
 
 
 def _summary_of(manifest: dict) -> str:
-    return ", ".join(f"{name} {split['samples']:,} samples" for name, split in manifest["splits"].items())
+    splits = manifest["splits"]
+    return ", ".join(f"{name} {split['samples']:,} samples" for name, split in splits.items())
 
 
-def _report(manifest: dict, result: packing.BuildResult, args: argparse.Namespace, wall: float) -> None:
+def _report(manifest: dict, result: packing.BuildResult, args: argparse.Namespace,
+            wall: float) -> None:
     splits = manifest["splits"]
     if args.val_fraction > 0 and splits["val"]["samples"] == 0:
-        print(f"warning: val/ has no samples ({splits['val']['tokens']} tokens): raise --val-fraction "
-              f"or add text if you need a validation split")
+        print(f"warning: val/ has no samples ({splits['val']['tokens']} tokens): raise "
+              f"--val-fraction or add text if you need a validation split")
     replaced = sum(split["replaced_bytes"] for split in splits.values())
     if replaced:
         documents = sum(split["replaced_documents"] for split in splits.values())
-        print(f"note: {replaced:,} bytes in {documents:,} documents were not UTF-8 and became U+FFFD")
+        print(f"note: {replaced:,} bytes in {documents:,} documents were not UTF-8 and became "
+              f"U+FFFD")
     rate = result.tokenized / max(result.seconds, 1e-9)
     print(f"done: {sum(s['documents'] for s in splits.values()):,} documents, "
           f"{sum(s['tokens'] for s in splits.values()):,} tokens, "

@@ -1,4 +1,4 @@
-"""Documents -> GPT-2 tokens -> fixed-length MDS samples: parallel, and identical for any worker count.
+"""Documents -> GPT-2 tokens -> fixed-length MDS samples, in parallel, alike for any worker count.
 
 Two passes, each spread over the worker processes:
 1. tokenize: each chunk of documents (cut by the sources, never by the number of workers) is
@@ -81,8 +81,9 @@ class BuildResult:
 
 def check_fits_uint16(encoding: tiktoken.Encoding) -> None:
     if encoding.max_token_value >= 2**16:
-        raise UsageError(f"tokenizer {encoding.name} has token ids up to {encoding.max_token_value}, "
-                         f"which do not fit the uint16 shards: use a vocabulary of at most 65536")
+        raise UsageError(f"tokenizer {encoding.name} has token ids up to "
+                         f"{encoding.max_token_value}, which do not fit the uint16 shards: use a "
+                         f"vocabulary of at most 65536")
 
 
 # ---- pass 1: tokenize a chunk (runs in a worker) -------------------------------------------------
@@ -93,13 +94,13 @@ _encoding: tiktoken.Encoding | None = None
 def _encode(text: str) -> np.ndarray:
     try:
         return _encoding.encode_to_numpy(text, disallowed_special=())  # = encode_ordinary, no list
-    except UnicodeEncodeError:  # lone surrogates (JSON "\ud800" escapes): replaced, as tiktoken does
+    except UnicodeEncodeError:  # lone surrogates (JSON "\ud800" escapes): replaced, like tiktoken
         text = text.encode("utf-16", "surrogatepass").decode("utf-16", "replace")
         return _encoding.encode_to_numpy(text, disallowed_special=())
 
 
 def tokenize_chunk(index: int, chunk: Chunk, spec: PackSpec, chunk_dir: str) -> dict:
-    """Tokenizes one chunk into <chunk_dir>/<index>.<split>.u16 files; returns (and saves) its counts."""
+    """Tokenizes a chunk into <chunk_dir>/<index>.<split>.u16; returns (and saves) its counts."""
     detokenize = DETOKENIZERS[spec.detokenizer] if spec.detokenizer else None
     pieces: list[list[np.ndarray]] = [[] for _ in spec.splits]  # [ids, EOS, ids, EOS, ...]
     counts = [dict.fromkeys(COUNTS, 0) for _ in spec.splits]
@@ -122,7 +123,7 @@ def tokenize_chunk(index: int, chunk: Chunk, spec: PackSpec, chunk_dir: str) -> 
 
 
 def _join(pieces: list[np.ndarray], spec: PackSpec, counts: dict) -> np.ndarray:
-    """The chunk's token stream of one split; with reference packing each group is cut to whole samples."""
+    """The chunk's token stream of one split; reference packing cuts each group to whole samples."""
     if spec.group_size:
         step = 2 * spec.group_size  # two pieces per document
         groups = [np.concatenate(pieces[i:i + step]) for i in range(0, len(pieces), step)]
@@ -146,7 +147,7 @@ class ShardTask:
     split_dir: str
     number: int  # shard.<number>.mds
     samples: int
-    reads: tuple[tuple[str, int, int], ...]  # (chunk file, first token, token count) in stream order
+    reads: tuple[tuple[str, int, int], ...]  # (chunk file, first token, token count), in order
     entry: str  # where its index entry is saved: the commit mark a resumed run looks for
     seq_len: int
     compression: str | None
@@ -164,7 +165,7 @@ def write_shard(task: ShardTask) -> int:
 
 def plan_shards(chunk_files: list[str], chunk_tokens: list[int], spec: PackSpec, split_dir: Path,
                 entry_dir: Path) -> list[ShardTask]:
-    """Cuts a split's token stream (the chunk files in order) into shards of samples_per_shard samples."""
+    """Cuts a split's token stream (the chunk files in order) into shards of samples_per_shard."""
     starts = np.cumsum([0, *chunk_tokens])  # where each chunk begins in the split's token stream
     total_samples = int(starts[-1]) // spec.seq_len
     tasks = []
@@ -179,16 +180,18 @@ def plan_shards(chunk_files: list[str], chunk_tokens: list[int], spec: PackSpec,
                 reads.append((chunk_files[chunk], position - int(starts[chunk]), take))
             position += take
             chunk += 1
-        tasks.append(ShardTask(str(split_dir), number, samples, tuple(reads),
-                               str(entry_dir / f"{number:05d}.json"), spec.seq_len, spec.compression))
+        entry = str(entry_dir / f"{number:05d}.json")
+        tasks.append(ShardTask(str(split_dir), number, samples, tuple(reads), entry, spec.seq_len,
+                               spec.compression))
     return tasks
 
 
 # ---- the two passes, driven from the main process ------------------------------------------------
 
 def build(chunks: Iterable[Chunk], spec: PackSpec, work_dir: Path, split_dirs: dict[str, Path],
-          encoding: tiktoken.Encoding, workers: int, total_documents: int | None = None) -> BuildResult:
-    """Tokenizes `chunks` and writes each split's MDS into split_dirs[split]; resumes finished work."""
+          encoding: tiktoken.Encoding, workers: int,
+          total_documents: int | None = None) -> BuildResult:
+    """Tokenizes `chunks`, writes each split's MDS into split_dirs[split]; resumes finished work."""
     check_fits_uint16(encoding)
     chunk_dir = work_dir / "chunks"
     chunk_dir.mkdir(parents=True, exist_ok=True)
@@ -198,7 +201,7 @@ def build(chunks: Iterable[Chunk], spec: PackSpec, work_dir: Path, split_dirs: d
         seconds = time.perf_counter() - start
         if spec.group_size:
             assert all(meta[name]["documents"] % spec.group_size == 0
-                       for meta in metas[:-1] for name in spec.splits), "chunks must hold whole groups"
+                       for meta in metas[:-1] for name in spec.splits), "chunks of whole groups"
         splits = {name: _write_split(pool, name, metas, spec, work_dir, split_dirs[name])
                   for name in spec.splits}
     return BuildResult(splits, tokenized, seconds)
@@ -226,7 +229,7 @@ def _tokenize_all(pool, chunks: Iterable[Chunk], spec: PackSpec, chunk_dir: Path
                 record(json.loads(done.read_text()), fresh=False)
                 continue
             in_flight.add(pool.submit(tokenize_chunk, index, chunk, spec, str(chunk_dir)))
-            if len(in_flight) >= 2 * workers:  # bounded: the reader never runs far ahead of the workers
+            if len(in_flight) >= 2 * workers:  # bounded: the reader never runs far ahead
                 finished, in_flight = wait(in_flight, return_when=FIRST_COMPLETED)
                 for future in finished:
                     record(future.result(), fresh=True)
@@ -281,7 +284,7 @@ def _init_worker(encoding: tiktoken.Encoding, parent_pid: int) -> None:
 
 
 def _exit_with_parent(parent_pid: int) -> None:
-    # A worker whose main process was killed (SIGKILL, OOM) would otherwise wait on its queue forever.
+    # A worker whose main process was killed (SIGKILL, OOM) would wait on its queue forever.
     while os.getppid() == parent_pid:
         time.sleep(1)
     os._exit(1)

@@ -164,8 +164,9 @@ class LocalFiles:
         return f"{self.name} ({len(self.files)} files, {size / 1e6:.1f} MB)"
 
     def fingerprint(self) -> list:
-        """Changes when any input file does, so an interrupted build is never resumed on new data."""
-        return [[str(file.resolve()), file.stat().st_size, file.stat().st_mtime_ns] for file in self.files]
+        """Changes when any input file does: an interrupted build is never resumed on new data."""
+        return [[str(file.resolve()), file.stat().st_size, file.stat().st_mtime_ns]
+                for file in self.files]
 
     def chunks(self, docs_per_chunk: int) -> Iterator[Chunk]:
         return _batch_text_files(self._items(docs_per_chunk), docs_per_chunk)
@@ -229,7 +230,8 @@ def parquet_chunks(path: Path, docs_per_chunk: int, column: str = TEXT_FIELD) ->
     first_row = 0
     for batch in parquet.iter_batches(batch_size=docs_per_chunk, columns=[column]):
         texts = batch.column(0).to_pylist()
-        yield Decoded([_as_document(text, f"{path} row {first_row + i}") for i, text in enumerate(texts)])
+        yield Decoded([_as_document(text, f"{path} row {first_row + i}")
+                       for i, text in enumerate(texts)])
         first_row += len(texts)
 
 
@@ -289,7 +291,7 @@ class HubDataset:
 
 
 def load_hub_dataset(repo_id: str, config: str | None, split: str, revision: str | None):
-    """datasets.load_dataset in streaming mode; a script-based dataset falls back to its parquet export."""
+    """datasets.load_dataset, streaming; a script-based dataset falls back to its parquet export."""
     import datasets  # slow to import: only hub sources pay for it
 
     def load(rev: str | None):
@@ -314,7 +316,7 @@ Source = LocalFiles | HubDataset
 
 def resolve(spec: str, hub_split: str = "train", hub_config: str | None = None,
             hub_revision: str | None = None) -> Source:
-    """A --source argument: an existing path, else a hub dataset id such as Skylion007/openwebtext."""
+    """A --source argument: an existing path, else a hub dataset id (Skylion007/openwebtext)."""
     path = Path(spec).expanduser()
     if path.exists():
         return LocalFiles.find(path)

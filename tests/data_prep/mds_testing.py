@@ -1,4 +1,4 @@
-"""Helpers for the data_prep tests: real text, the independent reference stream, reading MDS back."""
+"""Helpers for the data_prep tests: real text, an independent reference stream, MDS read back."""
 
 import hashlib
 import json
@@ -17,9 +17,11 @@ REPO = Path(__file__).resolve().parents[2]
 OWT_TO_MDS = str(REPO / "data_prep" / "owt_to_mds.py")
 EVAL_TO_MDS = str(REPO / "data_prep" / "eval_to_mds.py")
 
-_WORDS = ("the of and to in a is that for it as was with be by on not he this are or his from at "
-          "which but have an they you were her she there been one all we their has would when if "
-          "lobster café naïve Zürich 1,024 3.5 (brackets) \"quoted\" it's don't").split()
+_WORDS = (
+    "the of and to in a is that for it as was with be by on not he this are or his from at "
+    "which but have an they you were her she there been one all we their has would when if "
+    "lobster café naïve Zürich 1,024 3.5 (brackets) \"quoted\" it's don't"
+).split()
 
 
 def clean_streaming_shared_memory() -> None:
@@ -32,8 +34,10 @@ def generated_documents(count: int = 40, seed: int = 0) -> list[str]:
     rng = random.Random(seed)
     documents = []
     for _ in range(count):
-        sentences = [" ".join(rng.choices(_WORDS, k=rng.randint(3, 25))).capitalize() + "."
-                     for _ in range(rng.randint(1, 40))]
+        sentences = [
+            " ".join(rng.choices(_WORDS, k=rng.randint(3, 25))).capitalize() + "."
+            for _ in range(rng.randint(1, 40))
+        ]
         documents.append(" ".join(sentences))
     documents[3] += " A literal <|endoftext|> in the text is ordinary text."
     return documents
@@ -72,16 +76,18 @@ def token_stream(documents: list[str]) -> np.ndarray:
 
 def read_samples(split_dir: Path) -> np.ndarray:
     """All samples of an MDS split, in order, read back by streaming: (samples, seq_len)."""
-    dataset = streaming.StreamingDataset(local=str(split_dir), remote=None, shuffle=False,
-                                         num_canonical_nodes=1, batch_size=1)
+    dataset = streaming.StreamingDataset(
+        local=str(split_dir), remote=None, shuffle=False, num_canonical_nodes=1, batch_size=1
+    )
     samples = np.stack([dataset[i]["tokens"] for i in range(dataset.size)])
     del dataset
     return samples
 
 
 def read_column(split_dir: Path, column: str) -> list:
-    dataset = streaming.StreamingDataset(local=str(split_dir), remote=None, shuffle=False,
-                                         num_canonical_nodes=1, batch_size=1)
+    dataset = streaming.StreamingDataset(
+        local=str(split_dir), remote=None, shuffle=False, num_canonical_nodes=1, batch_size=1
+    )
     values = [dataset[i][column] for i in range(dataset.size)]
     del dataset
     return values
@@ -89,8 +95,11 @@ def read_column(split_dir: Path, column: str) -> list:
 
 def files_of(folder: Path) -> dict[str, bytes]:
     """Every file under `folder` (except the manifest, which holds a timestamp) by relative path."""
-    return {str(path.relative_to(folder)): path.read_bytes()
-            for path in sorted(folder.rglob("*")) if path.is_file() and path.name != "manifest.json"}
+    return {
+        str(path.relative_to(folder)): path.read_bytes()
+        for path in sorted(folder.rglob("*"))
+        if path.is_file() and path.name != "manifest.json"
+    }
 
 
 def manifest_of(folder: Path) -> dict:
@@ -112,5 +121,7 @@ class FakeHub:
 
         self.calls.append({"path": path, "name": name, **kwargs})
         if self.script_based and kwargs.get("revision") != PARQUET_REVISION:
-            raise RuntimeError(f"Dataset scripts are no longer supported, but found {path.split('/')[1]}.py")
+            raise RuntimeError(
+                f"Dataset scripts are no longer supported, but found {path.split('/')[1]}.py"
+            )
         return datasets.Dataset.from_list(self.rows).to_iterable_dataset()

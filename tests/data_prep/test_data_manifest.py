@@ -1,4 +1,4 @@
-"""aogpt.data_prep.manifest: the contract readers rely on, with one-line errors that say how to fix."""
+"""aogpt.data_prep.manifest: the readers' contract, with one-line errors that say how to fix."""
 
 import json
 
@@ -10,8 +10,13 @@ from aogpt.data_prep import manifest, tokenizer
 
 def _write(folder, **changes) -> dict:
     content = manifest.new_manifest(
-        "pretrain", "openwebtext", "test", 1024, tokenizer.describe(tokenizer.load_gpt2()),
-        {"train": {"path": "train", "samples": 1}, "val": {"path": "val", "samples": 0}})
+        "pretrain",
+        "openwebtext",
+        "test",
+        1024,
+        tokenizer.describe(tokenizer.load_gpt2()),
+        {"train": {"path": "train", "samples": 1}, "val": {"path": "val", "samples": 0}},
+    )
     content.update(changes)
     folder.mkdir(parents=True, exist_ok=True)
     manifest.write_manifest(folder / manifest.FILENAME, content)

@@ -31,14 +31,23 @@ def test_shards_and_index_equal_mdswriters(tmp_path, compression):
     rows = _rows(37)
     ours, theirs = tmp_path / "ours", tmp_path / "theirs"
     ours.mkdir()
-    entries = [mds.write_shard(ours, number, COLUMNS, rows[first:first + 16].tobytes(), compression)
-               for number, first in enumerate(range(0, len(rows), 16))]
+    entries = [
+        mds.write_shard(ours, number, COLUMNS, rows[first : first + 16].tobytes(), compression)
+        for number, first in enumerate(range(0, len(rows), 16))
+    ]
     mds.write_index(ours, entries)
-    for first in range(0, len(rows), 16):  # one MDSWriter per shard: ours cuts shards by sample count
+    for first in range(
+        0, len(rows), 16
+    ):  # one MDSWriter per shard: ours cuts shards by sample count
         folder = theirs / f"{first // 16}"
-        with streaming.MDSWriter(out=str(folder), columns=COLUMNS, compression=compression,
-                                 hashes=mds.HASHES, size_limit=None) as writer:
-            for row in rows[first:first + 16]:
+        with streaming.MDSWriter(
+            out=str(folder),
+            columns=COLUMNS,
+            compression=compression,
+            hashes=mds.HASHES,
+            size_limit=None,
+        ) as writer:
+            for row in rows[first : first + 16]:
                 writer.write({name: row[name] for name in COLUMNS})
     for number in range(len(entries)):
         name = entries[number]["zip_data" if compression else "raw_data"]["basename"]
@@ -47,7 +56,9 @@ def test_shards_and_index_equal_mdswriters(tmp_path, compression):
         their_entry = json.loads((theirs / str(number) / "index.json").read_text())["shards"][0]
         for info in ("raw_data", "zip_data"):
             if their_entry[info]:
-                their_entry[info]["basename"] = their_entry[info]["basename"].replace("00000", f"{number:05d}")
+                their_entry[info]["basename"] = their_entry[info]["basename"].replace(
+                    "00000", f"{number:05d}"
+                )
         assert entries[number] == their_entry
 
 

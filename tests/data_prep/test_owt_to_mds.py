@@ -1,4 +1,4 @@
-"""owt_to_mds.py: exact token streams, identical output for any worker count, resumable, strict input."""
+"""owt_to_mds.py: exact token streams, the same output for any worker count, resumable, strict."""
 
 import gzip
 import io
@@ -49,8 +49,21 @@ def documents(request) -> list[str]:
 
 
 def build(out, *sources_, workers=1, extra=()) -> int:
-    return main(["--out", str(out), "--source", *map(str, sources_), "--seq-len", str(SEQ_LEN),
-                 "--workers", str(workers), "--val-fraction", "0.1", *extra])
+    return main(
+        [
+            "--out",
+            str(out),
+            "--source",
+            *map(str, sources_),
+            "--seq-len",
+            str(SEQ_LEN),
+            "--workers",
+            str(workers),
+            "--val-fraction",
+            "0.1",
+            *extra,
+        ]
+    )
 
 
 def test_samples_concatenate_to_the_tokenized_document_stream(tmp_path, documents):
@@ -61,7 +74,7 @@ def test_samples_concatenate_to_the_tokenized_document_stream(tmp_path, document
         counts = manifest["splits"][split]
         samples = read_samples(manifest_lib.split_path(tmp_path / "out", split))
         assert samples.shape == (len(stream) // SEQ_LEN, SEQ_LEN)
-        np.testing.assert_array_equal(samples.reshape(-1), stream[:samples.size])
+        np.testing.assert_array_equal(samples.reshape(-1), stream[: samples.size])
         assert counts["tokens"] == len(stream) and counts["samples"] == len(samples)
         assert counts["dropped_tail_tokens"] == len(stream) % SEQ_LEN
         assert counts["documents"] == sum(in_val(text, 0.1) == wanted for text in documents)
@@ -104,11 +117,14 @@ def test_every_local_format_gives_the_same_samples(tmp_path, documents):
 
     assert build(tmp_path / "reference", tmp_path / "reference.jsonl") == 0
     expected = files_of(tmp_path / "reference" / "train")
-    for name, inputs in {"txt": [folder], "gz": [tmp_path / "docs.jsonl.gz"],
-                         "parquet": [tmp_path / "docs.parquet"],
-                         "tar": [tmp_path / "urlsf_subset00.tar"],
-                         "tar_of_txt": [tmp_path / "documents.tar.gz"],
-                         "xz_then_txt": [tmp_path / "subset.xz", *sorted(folder.iterdir())[half:]]}.items():
+    for name, inputs in {
+        "txt": [folder],
+        "gz": [tmp_path / "docs.jsonl.gz"],
+        "parquet": [tmp_path / "docs.parquet"],
+        "tar": [tmp_path / "urlsf_subset00.tar"],
+        "tar_of_txt": [tmp_path / "documents.tar.gz"],
+        "xz_then_txt": [tmp_path / "subset.xz", *sorted(folder.iterdir())[half:]],
+    }.items():
         assert build(tmp_path / f"from_{name}", *inputs) == 0, name
         assert files_of(tmp_path / f"from_{name}" / "train") == expected, name
 
@@ -136,10 +152,16 @@ def test_non_utf8_bytes_are_replaced_and_counted(tmp_path):
     assert build(tmp_path / "out", folder, extra=["--val-fraction", "0"]) == 0
     train = manifest_lib.read_manifest(tmp_path / "out")["splits"]["train"]
     assert train["replaced_bytes"] == 42 + 30 and train["replaced_documents"] == 1 + 30
-    expected = token_stream([("caf\ufffd au lait, " * 40 + "\ufffd\ufffd end"), "clean text, " * 40,
-                             *["na\ufffdve, "] * 30])
-    np.testing.assert_array_equal(read_samples(tmp_path / "out" / "train").reshape(-1),
-                                  expected[:train["samples"] * SEQ_LEN])
+    expected = token_stream(
+        [
+            ("caf\ufffd au lait, " * 40 + "\ufffd\ufffd end"),
+            "clean text, " * 40,
+            *["na\ufffdve, "] * 30,
+        ]
+    )
+    np.testing.assert_array_equal(
+        read_samples(tmp_path / "out" / "train").reshape(-1), expected[: train["samples"] * SEQ_LEN]
+    )
 
 
 def test_complete_output_is_left_alone_unless_overwrite(tmp_path, documents, capsys):
@@ -166,16 +188,22 @@ def test_compressed_shards_hold_the_same_samples(tmp_path, documents):
     assert build(tmp_path / "plain", corpus) == 0
     assert build(tmp_path / "zstd", corpus, extra=["--compression", "zstd:7"]) == 0
     assert next((tmp_path / "zstd" / "train").glob("shard.*.mds.zstd"))
-    np.testing.assert_array_equal(read_samples(tmp_path / "zstd" / "train"),
-                                  read_samples(tmp_path / "plain" / "train"))
+    np.testing.assert_array_equal(
+        read_samples(tmp_path / "zstd" / "train"), read_samples(tmp_path / "plain" / "train")
+    )
 
 
 # ---- interrupted runs ----------------------------------------------------------------------------
 
+
 def _kill_when(args: list[str], ready) -> tuple[int, list[psutil.Process]]:
-    """Starts owt_to_mds.py, SIGKILLs its main process as soon as ready() holds; returns its workers."""
-    process = subprocess.Popen([sys.executable, OWT_TO_MDS, *args], stdout=subprocess.DEVNULL,
-                               stderr=subprocess.DEVNULL, start_new_session=True)
+    """Starts owt_to_mds.py, SIGKILLs its main process once ready() holds; returns its workers."""
+    process = subprocess.Popen(
+        [sys.executable, OWT_TO_MDS, *args],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
     deadline = time.monotonic() + 120
     try:
         while not ready():
@@ -204,8 +232,22 @@ def _resume_matches_a_clean_build(tmp_path, corpus, args, out):
 def test_killed_while_tokenizing_resumes_to_the_same_result(tmp_path, documents):
     corpus = write_jsonl(tmp_path / "docs.jsonl", documents)
     out = tmp_path / "out"
-    args = ["--out", str(out), "--source", str(corpus), "--seq-len", str(SEQ_LEN), "--workers", "1",
-            "--val-fraction", "0.1", "--docs-per-chunk", "1", "--samples-per-shard", SAMPLES_PER_SHARD]
+    args = [
+        "--out",
+        str(out),
+        "--source",
+        str(corpus),
+        "--seq-len",
+        str(SEQ_LEN),
+        "--workers",
+        "1",
+        "--val-fraction",
+        "0.1",
+        "--docs-per-chunk",
+        "1",
+        "--samples-per-shard",
+        SAMPLES_PER_SHARD,
+    ]
     chunks = out / ".partial" / "work" / "chunks"
     returncode, _ = _kill_when(args, lambda: any(chunks.glob("*.json")))
     assert returncode == -signal.SIGKILL
@@ -217,8 +259,22 @@ def test_killed_while_tokenizing_resumes_to_the_same_result(tmp_path, documents)
 def test_killed_while_writing_shards_resumes_to_the_same_result(tmp_path, documents):
     corpus = write_jsonl(tmp_path / "docs.jsonl", documents)
     out = tmp_path / "out"
-    args = ["--out", str(out), "--source", str(corpus), "--seq-len", str(SEQ_LEN), "--workers", "2",
-            "--val-fraction", "0.1", "--docs-per-chunk", "5", "--samples-per-shard", SAMPLES_PER_SHARD]
+    args = [
+        "--out",
+        str(out),
+        "--source",
+        str(corpus),
+        "--seq-len",
+        str(SEQ_LEN),
+        "--workers",
+        "2",
+        "--val-fraction",
+        "0.1",
+        "--docs-per-chunk",
+        "5",
+        "--samples-per-shard",
+        SAMPLES_PER_SHARD,
+    ]
     written = out / ".partial" / "work" / "shards" / "train"
     returncode, workers = _kill_when(args, lambda: any(written.glob("*.json")))
     assert returncode == -signal.SIGKILL and not (out / "manifest.json").exists()
@@ -229,24 +285,49 @@ def test_killed_while_writing_shards_resumes_to_the_same_result(tmp_path, docume
     assert shards_at_kill < manifest_lib.read_manifest(out)["splits"]["train"]["shards"]
 
 
-# ---- the Hugging Face hub (no network: datasets.load_dataset is replaced) -------------------------
+# ---- the Hugging Face hub (no network: datasets.load_dataset is replaced) -----------------------
+
 
 def test_openwebtext_streams_from_the_hubs_parquet_export(tmp_path, documents, monkeypatch):
     datasets = pytest.importorskip("datasets")
     hub = FakeHub([{"text": text} for text in documents])
     monkeypatch.setattr(datasets, "load_dataset", hub)
-    assert main(["--out", str(tmp_path / "out"), "--seq-len", str(SEQ_LEN), "--val-fraction", "0",
-                 "--workers", "1"]) == 0
-    assert hub.calls == [{"path": "Skylion007/openwebtext", "name": None, "split": "train",
-                          "revision": "refs/convert/parquet", "streaming": True}]
+    assert (
+        main(
+            [
+                "--out",
+                str(tmp_path / "out"),
+                "--seq-len",
+                str(SEQ_LEN),
+                "--val-fraction",
+                "0",
+                "--workers",
+                "1",
+            ]
+        )
+        == 0
+    )
+    assert hub.calls == [
+        {
+            "path": "Skylion007/openwebtext",
+            "name": None,
+            "split": "train",
+            "revision": "refs/convert/parquet",
+            "streaming": True,
+        }
+    ]
     manifest = manifest_lib.read_manifest(tmp_path / "out")
     assert manifest["dataset"] == "openwebtext" and "Skylion007/openwebtext" in manifest["source"]
     stream = token_stream(documents)
-    np.testing.assert_array_equal(read_samples(tmp_path / "out" / "train").reshape(-1),
-                                  stream[:len(stream) // SEQ_LEN * SEQ_LEN])
+    np.testing.assert_array_equal(
+        read_samples(tmp_path / "out" / "train").reshape(-1),
+        stream[: len(stream) // SEQ_LEN * SEQ_LEN],
+    )
 
 
-def test_script_based_hub_dataset_falls_back_to_its_parquet_export(tmp_path, documents, monkeypatch):
+def test_script_based_hub_dataset_falls_back_to_its_parquet_export(
+    tmp_path, documents, monkeypatch
+):
     datasets = pytest.importorskip("datasets")
     hub = FakeHub([{"text": text} for text in documents], script_based=True)
     monkeypatch.setattr(datasets, "load_dataset", hub)
@@ -255,6 +336,7 @@ def test_script_based_hub_dataset_falls_back_to_its_parquet_export(tmp_path, doc
 
 
 # ---- bad input: one line, exit 2, nothing left behind --------------------------------------------
+
 
 def _fails(capsys, tmp_path, *sources_, extra=(), match: str) -> None:
     out = tmp_path / "out"
@@ -284,22 +366,36 @@ def test_jsonl_line_without_text_names_file_and_line(tmp_path, capsys, documents
     corpus = write_jsonl(tmp_path / "docs.jsonl", documents)
     with corpus.open("a") as stream:
         stream.write('{"title": "no text here"}\n')
-    _fails(capsys, tmp_path, corpus, match=f"{corpus} line {len(documents) + 1} has no string field 'text'")
+    _fails(
+        capsys,
+        tmp_path,
+        corpus,
+        match=f"{corpus} line {len(documents) + 1} has no string field 'text'",
+    )
     assert not (tmp_path / "out").exists()
 
 
 def test_output_folder_holding_other_files_is_refused(tmp_path, capsys, documents):
     (tmp_path / "out").mkdir()
     (tmp_path / "out" / "thesis.tex").write_text("precious")
-    _fails(capsys, tmp_path, write_jsonl(tmp_path / "docs.jsonl", documents), extra=["--overwrite"],
-           match="which this tool did not write")
+    _fails(
+        capsys,
+        tmp_path,
+        write_jsonl(tmp_path / "docs.jsonl", documents),
+        extra=["--overwrite"],
+        match="which this tool did not write",
+    )
     assert (tmp_path / "out" / "thesis.tex").read_text() == "precious"
 
 
 def test_tokenizer_whose_ids_do_not_fit_uint16_is_refused(tmp_path):
     gpt2 = load_gpt2()
-    big = tiktoken.Encoding(name="big", pat_str=gpt2._pat_str, mergeable_ranks=gpt2._mergeable_ranks,
-                            special_tokens={"<|endoftext|>": EOS, "<|big|>": 70_000})
+    big = tiktoken.Encoding(
+        name="big",
+        pat_str=gpt2._pat_str,
+        mergeable_ranks=gpt2._mergeable_ranks,
+        special_tokens={"<|endoftext|>": EOS, "<|big|>": 70_000},
+    )
     spec = packing.PackSpec(seq_len=SEQ_LEN)
     with pytest.raises(UsageError, match="do not fit the uint16"):
         packing.build(iter([]), spec, tmp_path / "work", {}, big, workers=1)
@@ -308,6 +404,8 @@ def test_tokenizer_whose_ids_do_not_fit_uint16_is_refused(tmp_path):
 
 def test_cli_prints_help_and_exits_2_on_bad_input(tmp_path):
     assert "--val-fraction" in run_cli(OWT_TO_MDS, "--help").stdout
-    result = run_cli(OWT_TO_MDS, "--out", str(tmp_path / "out"), "--source", str(tmp_path / "missing.txt"))
+    result = run_cli(
+        OWT_TO_MDS, "--out", str(tmp_path / "out"), "--source", str(tmp_path / "missing.txt")
+    )
     assert result.returncode == 2
     assert result.stderr.strip().count("\n") == 0 and "does not exist" in result.stderr
