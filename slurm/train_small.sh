@@ -10,7 +10,7 @@
 # below). Submit from the repository root: sbatch runs a copy of this file from its spool
 # folder, so the checkout is found through SLURM_SUBMIT_DIR (or AOGPT_REPO). The job requeues
 # itself after a time-limit warning and the requeued job resumes from the last checkpoint;
-# re-submitting the same command resumes too. Logs: logs/<job name>-<job id>.out (mkdir logs).
+# re-submitting the same command resumes too. Logs: logs/<job name>-<job id>.out.
 #
 # Settings (environment variables; sbatch passes the submitting shell's environment on):
 #   AOGPT_CONFIG         YAML preset                         (default configs/ao_gpt_small.yaml)

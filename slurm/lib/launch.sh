@@ -9,18 +9,21 @@
 #   - torchrun exports LOCAL_WORLD_SIZE, which streaming needs to count nodes (the deepspeed
 #     launcher does not: stack-notes 0.1);
 #   - the command is the same on every node (no node rank to compute per task);
-#   - torchrun can forward SIGUSR1 to the trainers and wait for them to checkpoint
+#   - torchrun passes a signal on to the trainers and waits for them to checkpoint
 #     (--signals-to-handle, --shutdown-timeout), which the preemption protocol below needs.
 # deepspeed.initialize runs under torchrun as under its own launcher.
 #
 # Preemption: the template asks SLURM for SIGUSR1 on the batch shell some minutes before the
-# time limit (#SBATCH --signal=B:USR1@300). The shell passes it to srun, srun to every process
-# of the step, torchrun to its trainers; each trainer saves a checkpoint at the next step
-# boundary and exits. The shell waits for that, then requeues the job (scontrol requeue), and
-# the requeued job runs the same command, which resumes from the checkpoint's `latest`.
-# A SIGTERM (scancel, a preemption without warning, the time limit itself) reaches every
-# process from SLURM directly: the shell keeps waiting so that the trainers can save within
-# the cluster's KillWait, and does not requeue (SLURM requeues preempted jobs itself).
+# time limit (#SBATCH --signal=B:USR1@300). The shell turns it into a SIGTERM to every process
+# of the training step (scancel --signal=TERM: all steps, not the shell), the signal that a
+# preemption or the time limit itself would send: the trainers take it as "checkpoint at the
+# next step boundary and exit", torchrun passes it on and waits for them, and helper processes
+# (loader workers, Python's resource tracker, wandb) survive it, which they would not a USR1.
+# The shell waits for the step to end, then requeues the job (scontrol requeue), and the
+# requeued job runs the same command, which resumes from the checkpoint's `latest`.
+# A SIGTERM from SLURM itself (scancel, preemption without warning, the time limit) reaches
+# every process directly: the shell keeps waiting so that the trainers can save within the
+# cluster's KillWait, and does not requeue (SLURM requeues preempted jobs itself).
 
 # shellcheck source=common.sh
 source "$AOGPT_REPO/slurm/lib/common.sh"
@@ -92,7 +95,7 @@ aogpt_train() {
     local trainer=(trainer/main.py --ds_config "$AOGPT_DS_CONFIG" --config "$AOGPT_CONFIG"
         "${overrides[@]}")
 
-    aogpt_log "job ${SLURM_JOB_ID} (${SLURM_JOB_NAME:-}), restart ${SLURM_RESTART_COUNT:-0}, repo $AOGPT_REPO"
+    aogpt_log "job ${SLURM_JOB_ID}${SLURM_JOB_NAME:+ ($SLURM_JOB_NAME)}, restart ${SLURM_RESTART_COUNT:-0}, repo $AOGPT_REPO"
     aogpt_log "nodes ($nnodes): ${nodes[*]}"
     aogpt_log "world: $nnodes node(s) x $procs process(es) = $((nnodes * procs)) ranks," \
         "$([ "$gpus" = 0 ] && echo CPU-only || echo "$gpus GPUs per node")," \
@@ -108,9 +111,9 @@ aogpt_train() {
 
 # Runs the srun step in the background so that the shell can take signals while it waits.
 aogpt_run_step() {
-    local warned=0 step="" rc=0
-    trap 'warned=1; aogpt_log "time-limit warning (SIGUSR1): asking the trainers to checkpoint";
-          kill -USR1 "$step" 2>/dev/null' USR1
+    local warned=0 step rc=0
+    trap 'warned=1; aogpt_log "time-limit warning (SIGUSR1): SIGTERM to the step, the trainers checkpoint";
+          scancel --signal=TERM "$SLURM_JOB_ID"' USR1
     trap 'aogpt_log "SIGTERM: SLURM signals the trainers too; waiting for them to checkpoint"' TERM
     "$@" &
     step=$!

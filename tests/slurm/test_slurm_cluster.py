@@ -1,0 +1,104 @@
+"""The sbatch templates on a real SLURM cluster (two slurmd on this host): data prep, training on
+two nodes, and a preemption warning that checkpoints, requeues and resumes.
+
+Everything runs as a user would: `sbatch slurm/<template>.sh` from the repository root with
+settings in the environment and sbatch flags, CPU-only (`--gpus-per-node=0`), gloo.
+"""
+
+import re
+import time
+from pathlib import Path
+
+import pytest
+from slurm_testing import Cluster, log_tail, metrics_steps, start_cluster, write_documents
+
+from aogpt.data_prep.manifest import read_manifest
+from aogpt.model import load_checkpoint
+
+pytestmark = pytest.mark.slow
+
+TINY = {"AOGPT_CONFIG": "configs/tiny.yaml"}
+
+
+@pytest.fixture(scope="module")
+def cluster() -> Cluster:
+    found = start_cluster()
+    if isinstance(found, str):
+        pytest.skip(found)
+    return found
+
+
+@pytest.fixture(scope="module")
+def data_dir(cluster: Cluster, tmp_path_factory) -> Path:
+    """Training data made by slurm/data_prep.sh (owt_to_mds.py on real text) inside a job."""
+    work = tmp_path_factory.mktemp("slurm_data")
+    corpus = write_documents(work / "docs.jsonl")
+    job = cluster.sbatch("slurm/data_prep.sh", work / "data_prep.out", "--cpus-per-task=2",
+                         "--mem=1G", AOGPT_DATA=str(work / "data"), AOGPT_DATA_SOURCE=str(corpus),
+                         AOGPT_SEQ_LEN="128", AOGPT_DATA_ARGS="--val-fraction 0.1")
+    info = cluster.wait_done(job, timeout=120)
+    assert info["JobState"] == "COMPLETED", log_tail(job)
+    return work / "data"
+
+
+def test_data_prep_job_builds_the_training_data(data_dir: Path):
+    manifest = read_manifest(data_dir)
+    assert manifest["seq_len"] == 128
+    assert manifest["splits"]["train"]["samples"] > 100
+    assert manifest["splits"]["val"]["samples"] > 0
+
+
+def test_train_small_runs_on_two_nodes_and_writes_metrics_and_checkpoints(
+        cluster: Cluster, data_dir: Path, tmp_path: Path):
+    out = tmp_path / "run"
+    job = cluster.sbatch(
+        "slurm/train_small.sh", tmp_path / "train.out", "--gpus-per-node=0", **TINY,
+        AOGPT_DATA=str(data_dir), AOGPT_OUT_DIR=str(out),
+        AOGPT_OVERRIDES="train.max_steps=6 train.log_every=1 checkpoint.every=3 eval.every=6",
+    )
+    info = cluster.wait_done(job)
+    log = job.log.read_text()
+    assert info["JobState"] == "COMPLETED", log_tail(job)
+    assert "nodes (2): aogpt-node1 aogpt-node2" in log
+    assert "world size 2 (1 per node)" in log  # what the trainer itself saw
+    assert metrics_steps(out) == [1, 2, 3, 4, 5, 6]
+    assert (out / "checkpoints" / "latest").read_text().strip() == "step_00000006"
+    assert (out / "checkpoints" / "step_00000003" / "model.pt").is_file()
+    model = load_checkpoint(out, weights="ema")
+    assert model.num_params() > 0
+
+
+def test_time_limit_warning_checkpoints_requeues_and_resumes(
+        cluster: Cluster, data_dir: Path, tmp_path: Path):
+    out, max_steps = tmp_path / "run", 14
+    # One node, two processes; no periodic checkpoint, so the only one mid-run is the signal's.
+    job = cluster.sbatch(
+        "slurm/train_small.sh", tmp_path / "train.out", "--nodes=1", "--gpus-per-node=0", **TINY,
+        AOGPT_PROCS_PER_NODE="2", AOGPT_DATA=str(data_dir), AOGPT_OUT_DIR=str(out),
+        AOGPT_OVERRIDES=f"train.max_steps={max_steps} train.log_every=1 checkpoint.every=1000 "
+                        "eval.every=0",
+    )
+    deadline = time.monotonic() + 300  # a cold DeepSpeed op build
+    while len(metrics_steps(out)) < 3:
+        assert time.monotonic() < deadline, f"no training progress:\n{log_tail(job)}"
+        assert cluster.info(job)["JobState"] in {"PENDING", "RUNNING"}, log_tail(job)
+        time.sleep(0.5)
+    # What `#SBATCH --signal=B:USR1@300` does before the time limit: USR1 to the batch shell.
+    cluster.run("scancel", "--signal=USR1", "--batch", job.id)
+    requeued = {"Restarts": "1", "JobState": "PENDING"}
+    cluster.wait_for(job, lambda info: requeued.items() <= info.items(), "requeue", timeout=120)
+    cluster.start_requeued(job)
+    info = cluster.wait_done(job)
+    log = job.log.read_text()  # --open-mode=append: both runs are in it
+    assert info["JobState"] == "COMPLETED" and info["Restarts"] == "1", log_tail(job)
+
+    assert f"requeueing job {job.id}" in log
+    stopped = int(re.search(r"stopping at step (\d+) on SIGTERM", log).group(1))
+    resumed = int(re.search(r"resumed from \S+ at step (\d+)", log).group(1))
+    assert 3 <= stopped < max_steps and resumed == stopped
+    assert "restart 1" in log
+    # Every step exactly once: the second run continued after the checkpoint, not from 0.
+    assert metrics_steps(out) == list(range(1, max_steps + 1))
+    tags = sorted(p.name for p in (out / "checkpoints").glob("step_*"))
+    assert tags == [f"step_{stopped:08d}", f"step_{max_steps:08d}"]
+    assert (out / "final" / "model.pt").is_file()
