@@ -44,7 +44,6 @@ from aogpt.data_prep import mds, packing, sources
 from aogpt.data_prep.build_dir import OutputDir
 from aogpt.data_prep.detokenizers import DETOKENIZERS
 from aogpt.data_prep.manifest import new_manifest
-from aogpt.data_prep.owt_to_mds import available_cores
 from aogpt.data_prep.tokenizer import EOS, describe, load_gpt2
 
 REFERENCE_GROUP = 1000  # examples per datasets.map batch in the paper's pipeline
@@ -97,7 +96,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--reference-packing", action="store_true",
                         help=f"drop the remainder of every {REFERENCE_GROUP} examples like the "
                              f"paper's pipeline (default: carry it over)")
-    parser.add_argument("--workers", type=int, default=available_cores(), help="worker processes")
+    parser.add_argument("--workers", type=int, default=packing.available_cores(),
+                        help="worker processes (default: all available cores)")
     parser.add_argument("--tokenizer-file", default=None, help="GPT-2 ranks file (gpt2.tiktoken)")
     parser.add_argument("--overwrite", action="store_true",
                         help="rebuild OUT even when it is complete")

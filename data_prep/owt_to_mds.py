@@ -20,7 +20,6 @@ with the same arguments; a finished folder (manifest.json present) is left alone
 import argparse
 import dataclasses
 import itertools
-import os
 import sys
 import time
 from pathlib import Path
@@ -37,10 +36,6 @@ OPENWEBTEXT_DOCUMENTS = 8_013_769  # for the progress bar's total
 COMPRESSIONS = ("none", "zstd", "gz", "br", "bz2", "snappy")
 
 
-def available_cores() -> int:
-    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
-
-
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
         prog="python data_prep/owt_to_mds.py",
@@ -55,7 +50,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     add("--seq-len", type=int, default=1024, help="tokens per sample (default 1024)")
     add("--val-fraction", type=float, default=0.0005,
         help="share of documents in val/, chosen by a hash of the text (default 0.0005)")
-    add("--workers", type=int, default=available_cores(),
+    add("--workers", type=int, default=packing.available_cores(),
         help="worker processes (default: all available cores); the output does not depend on it")
     add("--tokenizer-file", default=None, help="GPT-2 ranks file (gpt2.tiktoken) for offline use")
     add("--overwrite", action="store_true", help="rebuild OUT even when it is complete")

@@ -45,6 +45,11 @@ COUNTS = ("documents", "tokens", "group_dropped_tokens", "replaced_bytes", "repl
 _EOS = np.array([EOS], dtype=np.uint32)
 
 
+def available_cores() -> int:
+    """The cores this process may run on (a SLURM allocation's, not the whole node's)."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+
+
 def default_samples_per_shard(seq_len: int) -> int:
     return max(1, SHARD_BYTES // (2 * seq_len))
 
