@@ -1,0 +1,378 @@
+"""Any-order generation with a static KV cache: the paper's decoder sampler (spec section 5).
+
+Each sample draws its order σ up front (given positions first, the rest random or left to right)
+and a number of revealed tokens N_i after each step i = 1..S (N_0 = number of given tokens,
+N_S = n). The training stream has one slot per prediction (model/gpt.py):
+
+    slot k   holds x[σ_{k-1}] at its position ([None] for k = 0)   condition σ_k   predicts x[σ_k]
+
+A step with c = N_{i-1} tokens known and hi = N_i to reveal feeds the contiguous slots lo..hi-1:
+the real slots lo..c (tokens revealed by the last step, c's token being the latest, a_m) and, in
+slots c+1..hi-1, copies of slot c's token with their own targets σ_k. The "parallel generation
+mask" lets row k see
+
+    key j   iff   j == k   or   (j <= k and j < c)
+
+i.e. the cache and the new real rows causally, and among the r = hi - c target rows only the
+diagonal. Each target row therefore computes exactly what training computes for the order
+"σ_0..σ_{c-1}, then σ_k": all r targets are drawn independently given the c known tokens, the
+masked-diffusion step of Lemma 1, at the cost of the r target rows. Real slots keep their keys
+and values in the cache (a token's next target is fixed by the order, so they equal a full
+forward's); copies are overwritten by the next step. With S = n every step reveals one token and
+this is exact ancestral sampling; over all steps about 2n rows go through the network.
+
+The cache is preallocated once, [n_layer, 2, b, h, n+1, hd]: slot n is a trash slot where rows
+that only pad a batch write. Samples of a batch may reveal different numbers of tokens per step
+(binomial counts, per-sample prompts): every sample runs the same number of rows, and the rows
+past its own window are padding. All bookkeeping is planned on the host before the first step,
+so a step never waits on the device; on a GPU each step shape (bucketed) is a CUDA graph.
+
+Randomness is counter-based (model/orders.py): the order, the counts and the token drawn at each
+position depend only on (seed, sample id), never on the batch a sample runs in.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Literal, get_args, get_type_hints
+
+import torch
+
+from aogpt import UsageError
+from aogpt.model.config import GPT2_VOCAB
+from aogpt.model.gpt import AOGPT
+from aogpt.model.orders import counter_uniform, shuffle, unshuffle
+
+# Independent random streams (see orders.counter_hash); the training sampler uses 1-3.
+_ORDER, _REVEAL, _TOKEN = 11, 12, 13
+KEY_BLOCK = 128  # CUDA graphs attend over a multiple of this many cache slots
+
+
+@dataclass
+class SamplingConfig:
+    steps: int = 256  # network calls at most; steps = n is exact ancestral sampling
+    # revealed fraction after step i of S: "linear" i/S, "cosine" 1 - cos(i/S * pi/2)
+    schedule: Literal["linear", "cosine"] = "linear"
+    # "deterministic": the paper's counts (at least one token per step); "binomial": each masked
+    # token is revealed with the schedule's probability, exactly as in Lemma 1
+    counts: Literal["deterministic", "binomial"] = "deterministic"
+    order: Literal["random", "l2r"] = "random"  # of the positions that are not given
+    temperature: float = 1.0  # 0 = greedy
+    top_p: float = 1.0
+    top_k: int = 0  # 0 = off
+    seed: int = 0
+
+    def validate(self) -> None:
+        if self.steps < 1:
+            raise UsageError(f"steps must be >= 1, got {self.steps}")
+        hints = get_type_hints(SamplingConfig)
+        for name in ("schedule", "counts", "order"):
+            if getattr(self, name) not in get_args(hints[name]):
+                raise UsageError(f"{name}={getattr(self, name)!r} is unknown: use one of "
+                                 f"{', '.join(get_args(hints[name]))}")
+        if self.temperature < 0:
+            raise UsageError(f"temperature must be >= 0 (0 = greedy), got {self.temperature}")
+        if not 0.0 < self.top_p <= 1.0:
+            raise UsageError(f"top_p must be in (0, 1], got {self.top_p}")
+        if self.top_k < 0:
+            raise UsageError(f"top_k must be >= 0 (0 = off), got {self.top_k}")
+
+
+# ---- what to reveal, and when: decided before any network call -----------------------------------
+
+
+def revealed_fraction(schedule: str, steps: int) -> torch.Tensor:
+    """(steps + 1,) float64: the fraction of masked tokens revealed after each step, 0 ... 1."""
+    t = torch.arange(steps + 1, dtype=torch.float64) / steps
+    fraction = t if schedule == "linear" else 1 - torch.cos(t * math.pi / 2)
+    fraction[-1] = 1.0  # cos(pi/2) is not exactly 0 in floating point
+    return fraction
+
+
+def reveal_counts(config: SamplingConfig, given: torch.Tensor, seq_len: int,
+                  sample_ids: torch.Tensor) -> torch.Tensor:
+    """(b, steps + 1) int64 on the CPU: N_i, the tokens known after step i (N_0 = given count).
+
+    given (b,): positions given per sample. "deterministic" reveals floor(fraction * masked) but at
+    least one more token per step while any is masked; "binomial" draws each masked token's
+    reveal independently (the counts are then Binomial, and a step may reveal none).
+    """
+    given, sample_ids = given.cpu(), sample_ids.cpu()
+    masked = (seq_len - given)[:, None]  # (b, 1)
+    fraction = revealed_fraction(config.schedule, config.steps)
+    if config.counts == "deterministic":
+        base = torch.floor(masked * fraction + 1e-9).long()  # exact for linear fractions i/S
+        steps = torch.arange(config.steps + 1)
+        revealed = (base - steps).cummax(dim=1).values + steps  # N_i >= N_{i-1} + 1
+    else:
+        # a token is revealed by step i iff its uniform u <= fraction_i: count them per step
+        u = counter_uniform(config.seed, sample_ids[:, None], _REVEAL, torch.arange(seq_len))
+        u = torch.where(torch.arange(seq_len) < masked, u, 2.0).sort(dim=1).values
+        revealed = torch.searchsorted(u, fraction.expand(len(u), -1).contiguous(), right=True)
+    return (given[:, None] + revealed.clamp(max=masked)).long()
+
+
+def draw_orders(config: SamplingConfig, given_mask: torch.Tensor,
+                sample_ids: torch.Tensor) -> torch.Tensor:
+    """(b, n) int64: given positions first (ascending), then the others in random or l2r order."""
+    b, n = given_mask.shape
+    positions = torch.arange(n, device=given_mask.device)
+    if config.order == "random":
+        keys = counter_uniform(config.seed, sample_ids[:, None], _ORDER, positions)  # [0, 1)
+    else:
+        keys = positions.double().expand(b, n) / n
+    keys = torch.where(given_mask, positions.double() - n, keys)
+    return keys.argsort(dim=1, stable=True)
+
+
+@dataclass
+class StepPlan:
+    """The network calls of one generation. bounds (calls, 3, b): lo, c, hi per sample (the rows
+    fed are slots lo..max(hi, c+1)-1, the targets slots c..hi-1); shapes: (rows, targets, keys)
+    per call, after bucketing."""
+
+    bounds: torch.Tensor
+    shapes: list[tuple[int, int, int]]
+
+
+def _bucket(size: int, cap: int) -> int:
+    return min(1 << (size - 1).bit_length(), cap)
+
+
+def plan_steps(counts: torch.Tensor, seq_len: int, bucketed: bool) -> StepPlan:
+    """Turns the reveal counts (b, S+1) into network calls, skipping steps that reveal nothing.
+
+    bucketed: round the shapes up (rows and targets to powers of two, keys to KEY_BLOCK) so that
+    few distinct shapes occur, one CUDA graph each.
+    """
+    known, reveal = counts[:, :-1].T, counts[:, 1:].T  # (S, b): c and hi of every step
+    active = (reveal > known).any(dim=1)
+    c, hi = known[active], reveal[active]
+    # real rows up to c are in the cache after a call; a sample that revealed nothing at the
+    # last call still needs row c again (as a query) when its targets come
+    fed = torch.cat([torch.zeros_like(c[:1]), c[:-1] + 1])
+    lo = torch.minimum(fed, c)
+    end = torch.maximum(hi, c + 1).clamp(max=seq_len)
+    rows = (end - lo).amax(dim=1).tolist()
+    targets = (hi - c).amax(dim=1).tolist()
+    keys = end.amax(dim=1).tolist()
+    if bucketed:
+        rows = [_bucket(r, seq_len) for r in rows]
+        targets = [_bucket(r, seq_len) for r in targets]
+        keys = [min(-(-k // KEY_BLOCK) * KEY_BLOCK, seq_len) for k in keys]
+    return StepPlan(torch.stack([lo, c, hi], dim=1), list(zip(rows, targets, keys, strict=True)))
+
+
+# ---- drawing tokens --------------------------------------------------------------------------------
+
+
+def filter_logits(logits: torch.Tensor, config: SamplingConfig,
+                  real_vocab: int = GPT2_VOCAB) -> torch.Tensor:
+    """Logits (..., vocab) scaled by the temperature, with -inf where a token may not be drawn:
+    the padded ids >= real_vocab, and those outside top-k and the top-p nucleus."""
+    vocab = torch.arange(logits.size(-1), device=logits.device)
+    logits = logits.masked_fill(vocab >= real_vocab, float("-inf"))
+    if config.temperature > 0:
+        logits = logits / config.temperature
+    if config.top_k:
+        kth = logits.topk(min(config.top_k, real_vocab), dim=-1).values[..., -1:]
+        logits = logits.masked_fill(logits < kth, float("-inf"))
+    if config.top_p < 1.0:
+        # the smallest set of most likely tokens whose probability reaches top_p
+        sorted_logits, sorted_ids = logits.sort(dim=-1, descending=True)
+        probs = sorted_logits.softmax(dim=-1)
+        outside = probs.cumsum(dim=-1) - probs >= config.top_p  # the mass before it suffices
+        logits = logits.masked_fill(outside.scatter(-1, sorted_ids, outside), float("-inf"))
+    return logits
+
+
+def sample_from_logits(logits: torch.Tensor, config: SamplingConfig, sample_ids: torch.Tensor,
+                       target_positions: torch.Tensor) -> torch.Tensor:
+    """One token per row of logits (b, r, vocab): (b, r) int64.
+
+    Gumbel-max in float64 with noise keyed by (seed, sample id, target position), so a token is
+    the same whatever batch or step it is drawn in.
+    """
+    logits = filter_logits(logits, config)
+    if config.temperature == 0:
+        return logits.argmax(dim=-1)
+    vocab = torch.arange(logits.size(-1), device=logits.device)
+    u = counter_uniform(config.seed, sample_ids[:, None, None], _TOKEN,
+                        target_positions[..., None], vocab)  # (b, r, vocab)
+    gumbel = -torch.log(-torch.log(u))
+    return (logits.double() + gumbel).argmax(dim=-1)
+
+
+# ---- the cache and the sampler ---------------------------------------------------------------------
+
+
+class StaticKVCache:
+    """Keys and values of every layer, [n_layer, 2, b, h, slots, hd], allocated once.
+
+    Before each call, `prepare` says where the new rows go and how many slots they may see;
+    attention then calls `update` (the attention.KVCache protocol) once per layer.
+    """
+
+    def __init__(self, n_layer: int, batch: int, n_head: int, slots: int, head_dim: int,
+                 dtype: torch.dtype, device: torch.device):
+        self.kv = torch.zeros(n_layer, 2, batch, n_head, slots, head_dim, dtype=dtype, device=device)
+        self.index: torch.Tensor | None = None
+        self.visible = slots
+
+    def prepare(self, write_slots: torch.Tensor, visible: int) -> None:
+        """write_slots (b, s): the slot of each new row; visible: slots 0..visible-1 are attended."""
+        b, h, _, hd = self.kv.shape[2:]
+        self.index = write_slots[:, None, :, None].expand(b, h, write_slots.size(1), hd)
+        self.visible = visible
+
+    def update(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        keys, values = self.kv[layer]
+        keys.scatter_(2, self.index, k)
+        values.scatter_(2, self.index, v)
+        return keys[:, :, :self.visible], values[:, :, :self.visible]
+
+
+@dataclass
+class Generation:
+    tokens: torch.Tensor  # (b, n) int64, at their original positions
+    orders: torch.Tensor  # (b, n) int64, the order each sample was generated in
+    network_calls: int
+    rows: int  # token rows per sequence pushed through the network (padding included)
+
+
+@dataclass
+class StepOutput:
+    """Handed to generate's on_step after every call; tensors may be reused by the next call."""
+
+    call: int
+    logits: torch.Tensor  # (b, r, vocab) float, the unfiltered logits of the targets
+    target_slots: torch.Tensor  # (b, r): targets are orders[:, slot]; slot >= hi is padding
+    valid: torch.Tensor  # (b, r) bool
+    bounds: torch.Tensor  # (3, b): lo, c, hi of this call
+
+
+class KVCacheSampler:
+    """Generates batches of batch_size sequences of seq_len tokens with `model`.
+
+        sampler = KVCacheSampler(model, batch_size=32, seq_len=1024, config=SamplingConfig())
+        out = sampler.generate(torch.arange(32))     # sample ids 0..31
+        out.tokens                                   # (32, 1024)
+
+    The model runs in its own dtype (cast it to bf16 on a GPU) and must be in eval mode.
+    cuda_graphs: None = on a CUDA device.
+    """
+
+    def __init__(self, model: AOGPT, batch_size: int, seq_len: int, config: SamplingConfig,
+                 cuda_graphs: bool | None = None):
+        config.validate()
+        mc = model.config
+        if not 1 <= seq_len <= mc.block_size:
+            raise UsageError(f"seq_len must be in 1..{mc.block_size} (the model's block size), "
+                             f"got {seq_len}")
+        if model.training:
+            raise UsageError("the model is in training mode: call model.eval() before sampling")
+        if mc.target_injection == "none" and config.order != "l2r":
+            raise UsageError("a model without target positions (target_injection=none) only "
+                             "generates left to right: use order=l2r")
+        weight = model.lm_head.weight
+        self.model, self.config, self.seq_len, self.batch_size = model, config, seq_len, batch_size
+        self.device = weight.device
+        self.cuda_graphs = self.device.type == "cuda" if cuda_graphs is None else cuda_graphs
+        if self.cuda_graphs and self.device.type != "cuda":
+            raise UsageError("CUDA graphs need the model on a CUDA device")
+        self.cache = StaticKVCache(mc.n_layer, batch_size, mc.n_head, seq_len + 1, mc.head_dim,
+                                   weight.dtype, self.device)
+        # the state a step reads and writes (fixed addresses, as CUDA graphs need)
+        self.orders = torch.zeros(batch_size, seq_len, dtype=torch.long, device=self.device)
+        self.ordered = torch.zeros(batch_size, seq_len + 1, dtype=torch.long, device=self.device)
+        self.sample_ids = torch.zeros(batch_size, dtype=torch.long, device=self.device)
+        self.bounds = torch.zeros(3, batch_size, dtype=torch.long, device=self.device)
+        self._graphs: dict[tuple[int, int, int], tuple[torch.cuda.CUDAGraph, tuple]] = {}
+        self._pool = None
+
+    @torch.no_grad()
+    def generate(self, sample_ids: torch.Tensor, given_tokens: torch.Tensor | None = None,
+                 given_mask: torch.Tensor | None = None,
+                 on_step: Callable[[StepOutput], None] | None = None) -> Generation:
+        """Samples (b,) ids (b <= batch_size; they key the randomness). given_tokens and
+        given_mask (b, n) fix tokens at chosen positions (a prompt, or any infill pattern)."""
+        b, n, full = len(sample_ids), self.seq_len, self.batch_size
+        if not 1 <= b <= full:
+            raise UsageError(f"generate takes 1..{full} sample ids, got {b}")
+        if given_mask is None:
+            given_mask = torch.zeros(b, n, dtype=torch.bool)
+            given_tokens = torch.zeros(b, n, dtype=torch.long)
+        if given_mask.shape != (b, n) or given_tokens is None or given_tokens.shape != (b, n):
+            raise UsageError(f"given_tokens and given_mask must both be (samples, seq_len) = {(b, n)}")
+        pad = torch.arange(full) % b  # a short batch repeats its samples; the copies are dropped
+        sample_ids, given_tokens, given_mask = (t.to(self.device)[pad]
+                                                for t in (sample_ids, given_tokens, given_mask))
+        counts = reveal_counts(self.config, given_mask.sum(dim=1), n, sample_ids)
+        plan = plan_steps(counts, n, bucketed=self.cuda_graphs)
+        self.sample_ids.copy_(sample_ids)
+        self.orders.copy_(draw_orders(self.config, given_mask, sample_ids))
+        self.ordered[:, :n].copy_(shuffle(given_tokens.long(), self.orders))
+        bounds = plan.bounds.to(self.device)
+        for call, shape in enumerate(plan.shapes):
+            self.bounds.copy_(bounds[call])
+            logits, target_slots, valid = self._run(*shape)
+            if on_step is not None:
+                on_step(StepOutput(call, logits, target_slots, valid, self.bounds))
+        tokens = unshuffle(self.ordered[:, :n], self.orders)
+        return Generation(tokens[:b].clone(), self.orders[:b].clone(), len(plan.shapes),
+                          sum(rows for rows, _, _ in plan.shapes))
+
+    def _run(self, rows: int, targets: int, keys: int):
+        if not self.cuda_graphs:
+            return self._step(rows, targets, keys)
+        shape = (rows, targets, keys)
+        if shape not in self._graphs:
+            # A step is idempotent (same inputs, same writes), so the warm-up run that sets up
+            # cuBLAS and attention workspaces outside the capture may run it for real.
+            side = torch.cuda.Stream(self.device)
+            side.wait_stream(torch.cuda.current_stream(self.device))
+            with torch.cuda.stream(side):
+                self._step(*shape)
+            torch.cuda.current_stream(self.device).wait_stream(side)
+            if self._pool is None:
+                self._pool = torch.cuda.graph_pool_handle()
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph, pool=self._pool):
+                outputs = self._step(*shape)
+            self._graphs[shape] = (graph, outputs)
+        graph, outputs = self._graphs[shape]
+        graph.replay()
+        return outputs
+
+    def _step(self, rows: int, targets: int, keys: int):
+        """One network call on the current bounds: feeds `rows` rows per sample, draws up to
+        `targets` tokens per sample into self.ordered, attends over `keys` cache slots."""
+        n = self.seq_len
+        lo, c, hi = self.bounds[0, :, None], self.bounds[1, :, None], self.bounds[2, :, None]
+        slot = lo + torch.arange(rows, device=self.device)  # (b, rows)
+        fed = slot < torch.maximum(hi, c + 1).clamp(max=n)
+        # a row at slot k carries the token of slot min(k, c): its own, or a_m's for the copies
+        source = torch.minimum(slot, c)
+        token_index = (source - 1).clamp(min=0)
+        tokens = self.ordered.gather(1, token_index)
+        positions = torch.where(source == 0, -1, self.orders.gather(1, token_index))
+        target_positions = self.orders.gather(1, slot.clamp(max=n - 1))
+        # padding rows write to the trash slot n and attend like row c (all finite keys)
+        self.cache.prepare(torch.where(fed, slot, n), keys)
+        query = torch.where(fed, slot, c)[:, None, :, None]  # (b, 1, rows, 1)
+        key = torch.arange(keys, device=self.device)
+        mask = (key == query) | ((key <= query) & (key < c[:, None, None]))  # (b, 1, rows, keys)
+        hidden = self.model.forward_stream(tokens, positions, target_positions, mask, self.cache)
+        # target rows: slots c..hi-1, at row offset c - lo
+        target_slots = c + torch.arange(targets, device=self.device)  # (b, targets)
+        valid = target_slots < hi
+        row = (target_slots - lo).clamp(max=rows - 1)
+        chosen = hidden.gather(1, row[..., None].expand(-1, -1, hidden.size(-1)))
+        logits = self.model.lm_head(chosen)
+        logits = logits.to(torch.promote_types(logits.dtype, torch.float32))  # (b, targets, vocab)
+        drawn = sample_from_logits(logits, self.config, self.sample_ids,
+                                   self.orders.gather(1, target_slots.clamp(max=n - 1)))
+        self.ordered.scatter_(1, torch.where(valid, target_slots, n), drawn)
+        return logits, target_slots, valid

@@ -1,0 +1,253 @@
+"""The KV-cache sampler computes what the paper's sampler computes (spec section 5): exact
+conditionals at every step, a cache that matches training, and the controls users rely on."""
+
+import pytest
+import torch
+
+from aogpt import UsageError
+from aogpt.model import AOGPT
+from aogpt.model.config import GPT2_VOCAB, ModelConfig, plain_gpt, sigma_gpt
+from aogpt.model.sampler import (
+    KVCacheSampler,
+    SamplingConfig,
+    filter_logits,
+    reveal_counts,
+)
+
+N = 12  # tokens per generated sequence (the model's block is 16: shorter than the block works)
+B = 3
+
+
+def tiny_config(**changes) -> ModelConfig:
+    return ModelConfig(n_layer=2, n_head=2, n_embd=32, block_size=16, cond_dim=8, **changes)
+
+
+def make_model(config: ModelConfig | None = None, seed: int = 0) -> AOGPT:
+    torch.manual_seed(seed)
+    model = AOGPT(config or tiny_config()).double().eval()
+    with torch.no_grad():  # norms, biases and AdaLN away from their init, so they matter
+        for name, p in model.named_parameters():
+            if p.dim() == 1:
+                p.add_(0.1 * torch.randn_like(p))
+            if "adaLN" in name:
+                p.mul_(10)
+    return model
+
+
+def generate(model, steps=N, b=B, n=N, ids=None, on_step=None, given=None, **settings):
+    config = SamplingConfig(steps=steps, **settings)
+    sampler = KVCacheSampler(model, batch_size=b, seq_len=n, config=config)
+    ids = torch.arange(b) if ids is None else ids
+    tokens, mask = given if given is not None else (None, None)
+    return sampler.generate(ids, tokens, mask, on_step=on_step), sampler
+
+
+def record_steps(keep_cache_of=None):
+    """An on_step callback that keeps copies of each call's outputs (and the cache)."""
+    calls = []
+
+    def on_step(out):
+        entry = {"logits": out.logits.clone(), "slots": out.target_slots.clone(),
+                 "valid": out.valid.clone(), "bounds": out.bounds.clone()}
+        if keep_cache_of is not None:
+            entry["kv"] = keep_cache_of[0].cache.kv.clone()
+        calls.append(entry)
+
+    return calls, on_step
+
+
+class RecordingCache:
+    """Keeps each layer's keys and values of a full causal forward."""
+
+    def __init__(self):
+        self.kv = {}
+
+    def update(self, layer, k, v):
+        self.kv[layer] = (k, v)
+        return k, v
+
+
+@pytest.mark.parametrize("variant", ["adaln", "sigma_sum"])
+def test_one_token_per_step_gives_the_full_forwards_logits_at_every_step(variant):
+    model = make_model(tiny_config() if variant == "adaln" else sigma_gpt(tiny_config()))
+    calls, on_step = record_steps()
+    out, _ = generate(model, steps=N, on_step=on_step)
+    assert out.network_calls == N
+    full = model.logits(out.tokens, out.orders)  # (b, n, vocab), order positions
+    for call, entry in enumerate(calls):
+        assert entry["slots"].tolist() == [[call]] * B
+        torch.testing.assert_close(entry["logits"][:, 0], full[:, call], rtol=1e-10, atol=1e-10)
+
+
+def test_each_parallel_target_is_predicted_from_the_context_then_that_target():
+    model = make_model()
+    calls, on_step = record_steps()
+    out, _ = generate(model, steps=3, on_step=on_step)
+    assert [e["slots"].shape[1] for e in calls] == [4, 4, 4]  # linear: n / S per step
+    for entry in calls:
+        for b in range(B):
+            lo, c, hi = entry["bounds"][:, b].tolist()
+            for j in range(c, hi):
+                sigma = out.orders[b].tolist()
+                order = sigma[:c] + [sigma[j]] + [p for p in sigma[c:] if p != sigma[j]]
+                full = model.logits(out.tokens[b:b + 1], torch.tensor([order]))
+                torch.testing.assert_close(entry["logits"][b, j - c], full[0, c],
+                                           rtol=1e-10, atol=1e-10)
+
+
+@pytest.mark.parametrize("counts", ["deterministic", "binomial"])
+def test_after_every_step_the_cache_holds_the_full_forwards_keys_and_values(counts):
+    model = make_model()
+    holder = []
+    calls, on_step = record_steps(keep_cache_of=holder)
+    config = SamplingConfig(steps=5, counts=counts, seed=3)
+    sampler = KVCacheSampler(model, batch_size=B, seq_len=N, config=config)
+    holder.append(sampler)
+    out = sampler.generate(torch.arange(B), on_step=on_step)
+    recorder = RecordingCache()
+    tokens, positions, targets, _ = model.training_stream(out.tokens, out.orders)
+    model.forward_stream(tokens, positions, targets, cache=recorder)
+    for entry in calls:
+        for b in range(B):
+            committed = entry["bounds"][1, b].item() + 1  # slots 0..c are real rows
+            for layer, (k, v) in recorder.kv.items():
+                torch.testing.assert_close(entry["kv"][layer, 0, b, :, :committed],
+                                           k[b, :, :committed], rtol=1e-10, atol=1e-10)
+                torch.testing.assert_close(entry["kv"][layer, 1, b, :, :committed],
+                                           v[b, :, :committed], rtol=1e-10, atol=1e-10)
+
+
+def test_a_prompt_is_kept_verbatim_and_read_first():
+    model = make_model()
+    prompt = torch.tensor([464, 3290, 318, 257])
+    tokens = torch.zeros(B, N, dtype=torch.long)
+    tokens[:, :4] = prompt
+    mask = torch.zeros(B, N, dtype=torch.bool)
+    mask[:, :4] = True
+    out, _ = generate(model, steps=4, given=(tokens, mask))
+    assert (out.tokens[:, :4] == prompt).all()
+    assert (out.orders[:, :4] == torch.arange(4)).all()
+
+
+def test_infilling_changes_only_the_positions_not_given():
+    model = make_model()
+    g = torch.Generator().manual_seed(0)
+    tokens = torch.randint(0, GPT2_VOCAB, (B, N), generator=g)
+    mask = torch.rand(B, N, generator=g) < 0.5  # a different pattern per sample
+    out, _ = generate(model, steps=3, given=(tokens, mask), counts="binomial")
+    assert torch.equal(out.tokens[mask], tokens[mask])
+    assert (out.tokens[~mask] != tokens[~mask]).float().mean() > 0.9
+    for b in range(B):  # given positions are read first, in ascending order
+        given = mask[b].nonzero().flatten()
+        assert torch.equal(out.orders[b, :len(given)], given)
+
+
+def test_left_to_right_order_reads_the_rest_in_position_order():
+    model = make_model()
+    out, _ = generate(model, steps=4, order="l2r")
+    assert (out.orders == torch.arange(N)).all()
+
+
+def test_a_fixed_seed_reproduces_the_samples_whatever_the_batch():
+    model = make_model()
+    first, _ = generate(model, steps=4, seed=7)
+    again, _ = generate(model, steps=4, seed=7)
+    other, _ = generate(model, steps=4, seed=8)
+    alone, _ = generate(model, steps=4, seed=7, b=1, ids=torch.tensor([2]))
+    assert torch.equal(first.tokens, again.tokens) and torch.equal(first.orders, again.orders)
+    assert not torch.equal(first.tokens, other.tokens)
+    assert torch.equal(alone.tokens[0], first.tokens[2])
+
+
+def test_binomial_batches_with_uneven_steps_match_samples_run_alone():
+    model = make_model()
+    batch, _ = generate(model, steps=4, counts="binomial", seed=1)
+    for b in range(B):
+        alone, _ = generate(model, steps=4, counts="binomial", seed=1, b=1, ids=torch.tensor([b]))
+        assert torch.equal(alone.tokens[0], batch.tokens[b])
+
+
+def test_a_short_batch_is_padded_and_the_padding_dropped():
+    model = make_model()
+    full, _ = generate(model, steps=4, b=3)
+    config = SamplingConfig(steps=4)
+    sampler = KVCacheSampler(model, batch_size=3, seq_len=N, config=config)
+    short = sampler.generate(torch.arange(2))
+    assert short.tokens.shape == (2, N) and torch.equal(short.tokens, full.tokens[:2])
+
+
+def test_padded_vocab_ids_are_never_sampled():
+    model = make_model()
+    with torch.no_grad():  # the padding ids would win every draw if they were allowed
+        model.lm_head.bias[GPT2_VOCAB:] = 100.0
+    out, _ = generate(model, steps=4, temperature=2.0)
+    assert out.tokens.max() < GPT2_VOCAB
+
+
+@pytest.mark.parametrize("schedule", ["linear", "cosine"])
+def test_binomial_counts_reveal_every_position_by_the_last_step(schedule):
+    config = SamplingConfig(steps=8, counts="binomial", schedule=schedule, seed=5)
+    given = torch.tensor([0, 3, 12, 1])
+    counts = reveal_counts(config, given, 12, torch.arange(4))
+    assert counts[:, 0].tolist() == given.tolist() and (counts[:, -1] == 12).all()
+    assert (counts.diff(dim=1) >= 0).all()
+    model = make_model()
+    out, _ = generate(model, steps=8, counts="binomial", schedule=schedule)
+    assert out.network_calls <= 8 and (out.tokens < GPT2_VOCAB).all()
+
+
+def test_deterministic_counts_follow_the_schedule_with_one_token_at_least():
+    linear = reveal_counts(SamplingConfig(steps=4), torch.tensor([0, 4]), 12, torch.arange(2))
+    assert linear.tolist() == [[0, 3, 6, 9, 12], [4, 6, 8, 10, 12]]
+    cosine = reveal_counts(SamplingConfig(steps=6, schedule="cosine"), torch.tensor([0]), 12,
+                           torch.arange(1))[0].diff()
+    assert (cosine >= 1).all() and cosine[0] < cosine[-1]  # few early, many late
+
+
+def test_top_k_one_and_greedy_pick_the_same_tokens():
+    model = make_model()
+    greedy, _ = generate(model, steps=6, temperature=0.0)
+    top1, _ = generate(model, steps=6, top_k=1, seed=11)
+    assert torch.equal(greedy.tokens, top1.tokens)
+
+
+def test_top_p_keeps_the_smallest_nucleus_reaching_p():
+    probs = torch.tensor([0.5, 0.3, 0.15, 0.05])
+    logits = torch.full((GPT2_VOCAB,), -1e9)
+    logits[:4] = probs.log()
+    kept = filter_logits(logits, SamplingConfig(top_p=0.8)) > -float("inf")
+    assert kept[:4].tolist() == [True, True, False, False] and kept.sum() == 2
+    kept = filter_logits(logits, SamplingConfig(top_p=0.81)) > -float("inf")
+    assert kept[:4].tolist() == [True, True, True, False]
+
+
+def test_a_plain_gpt_samples_left_to_right_only():
+    model = make_model(plain_gpt(tiny_config()))
+    with pytest.raises(UsageError, match="l2r"):
+        generate(model, steps=N)
+    out, _ = generate(model, steps=N, order="l2r")
+    full = model.logits(out.tokens)
+    assert full.shape == (B, N, model.config.vocab_size)
+
+
+def test_bad_settings_are_usage_errors():
+    model = make_model()
+    for settings, match in [({"top_p": 0.0}, "top_p"), ({"temperature": -1.0}, "temperature"),
+                            ({"schedule": "square"}, "schedule"), ({"steps": 0}, "steps")]:
+        with pytest.raises(UsageError, match=match):
+            generate(model, **settings)
+    with pytest.raises(UsageError, match="block size"):
+        generate(model, n=17)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a GPU")
+@pytest.mark.parametrize("counts", ["deterministic", "binomial"])
+def test_cuda_graphs_give_the_same_samples_as_eager_steps(counts):
+    model = make_model().cuda()
+    outs = []
+    for graphs in (False, True):
+        config = SamplingConfig(steps=5, counts=counts, seed=2)
+        sampler = KVCacheSampler(model, batch_size=B, seq_len=N, config=config, cuda_graphs=graphs)
+        outs.append([sampler.generate(torch.arange(B) + 3 * i).tokens for i in range(2)])
+    for eager, graphed in zip(*outs, strict=True):
+        assert torch.equal(eager, graphed)
