@@ -1,0 +1,167 @@
+"""The scores of trainer/evaluation.py equal their definitions computed independently."""
+
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+from eval_testing import build_lambada, build_wikitext, read_folder, tiny_model
+
+from aogpt.model import OrderConfig, OrderSampler
+from aogpt.trainer.evaluation import (
+    EvalData,
+    EvalSettings,
+    Evaluator,
+    choose_targets,
+    ensemble_member_nll,
+    member_orders,
+    straightforward_member_nll,
+)
+
+CPU = torch.device("cpu")
+
+
+@pytest.fixture(scope="module")
+def wikitext(tmp_path_factory):
+    return build_wikitext(tmp_path_factory.mktemp("eval") / "wikitext2")
+
+
+@pytest.fixture(scope="module")
+def model():
+    return tiny_model("adaln")
+
+
+def evaluate(model, folder, **settings):
+    settings.setdefault("max_samples", 6)
+    data = EvalData(folder, model.config.block_size, settings["max_samples"])
+    return Evaluator(model, EvalSettings(**settings), CPU).run(data)
+
+
+def test_l2r_nll_equals_per_token_cross_entropy_of_full_logits(wikitext, model):
+    result = evaluate(model, wikitext, orders=("l2r",), batch_size=4)  # a partial last batch
+    idx = torch.from_numpy(read_folder(wikitext)["tokens"][:6].astype("int64"))
+    with torch.no_grad():
+        logits = model.logits(idx)  # (6, t, vocab), all at once
+    nll = F.cross_entropy(logits.flatten(0, 1), idx.flatten(), reduction="sum").item()
+    assert result["l2r"]["tokens"] == idx.numel()
+    assert result["l2r"]["nll"] == pytest.approx(nll / idx.numel(), rel=1e-6)
+    assert result["l2r"]["ppl"] == pytest.approx(math.exp(nll / idx.numel()), rel=1e-6)
+
+
+def test_random_orders_are_the_samplers_seeded_uniform_orders(wikitext, model):
+    result = evaluate(model, wikitext, orders=("random",), num_orders=3, seed=7)
+    idx = torch.from_numpy(read_folder(wikitext)["tokens"][:6].astype("int64"))
+    sampler = OrderSampler(OrderConfig(kind="uniform"), idx.shape[1], seed=7)
+    with torch.no_grad():
+        per_order = [model(idx, sampler(k, torch.arange(6))[0]).mean().item() for k in range(3)]
+    assert result["random"]["nll_per_order"] == pytest.approx(per_order, rel=1e-6)
+    assert result["random"]["nll"] == pytest.approx(sum(per_order) / 3, rel=1e-6)
+    # the reference means are fp32: about 1e-6 off each
+    reference_std = torch.tensor(per_order, dtype=torch.float64).std().item()
+    assert result["random"]["nll_std"] == pytest.approx(reference_std, abs=1e-5)
+
+
+def test_results_do_not_depend_on_the_batch_size(wikitext, model):
+    settings = {"orders": ("l2r", "random"), "num_orders": 2, "ensemble": (1, 3)}
+    one = evaluate(model, wikitext, batch_size=1, **settings)
+    four = evaluate(model, wikitext, batch_size=4, **settings)
+    for kind in ("l2r", "random"):
+        assert one[kind]["nll"] == pytest.approx(four[kind]["nll"], rel=1e-6)
+    assert one["ensemble"]["by_members"]["3"]["nll"] == pytest.approx(
+        four["ensemble"]["by_members"]["3"]["nll"], rel=1e-6)
+
+
+def test_ensemble_of_one_member_equals_the_random_order_nll(wikitext, model):
+    result = evaluate(model, wikitext, orders=("random",), num_orders=1, ensemble=(1,))
+    assert result["ensemble"]["by_members"]["1"]["nll"] == pytest.approx(result["random"]["nll"],
+                                                                          rel=1e-9)
+    alone = evaluate(model, wikitext, orders=(), ensemble=(1,))  # its own base forward
+    assert alone["ensemble"]["by_members"]["1"]["nll"] == pytest.approx(result["random"]["nll"],
+                                                                        rel=1e-9)
+
+
+def test_member_orders_permute_only_the_context():
+    base = torch.stack([torch.randperm(10, generator=torch.Generator().manual_seed(s))
+                        for s in range(3)])
+    samples, targets = torch.tensor([5, 6, 7]), torch.tensor([0, 4, 9])
+    for member in (0, 1, 2):
+        orders = member_orders(base, samples, targets, torch.full((3,), member), seed=0, length=10)
+        for row, i in enumerate(targets.tolist()):
+            assert sorted(orders[row, :i].tolist()) == sorted(base[row, :i].tolist())
+            assert orders[row, i:].tolist() == base[row, i:].tolist()
+        if member == 0:
+            assert torch.equal(orders, base)
+    one, two = (member_orders(base, samples, targets, torch.full((3,), m), 0, 10) for m in (1, 2))
+    assert not torch.equal(one[2], two[2])  # members differ
+    cut = member_orders(base, samples, targets, torch.full((3,), 1), seed=0, length=6)
+    # rows whose target is within the cut (0 and 4 < 6): a prefix-only forward sees the same context
+    assert torch.equal(cut[:2], one[:2, :6])
+
+
+def test_batched_ensemble_equals_full_forwards_with_permuted_contexts(wikitext, model):
+    idx = torch.from_numpy(read_folder(wikitext)["tokens"][:3].astype("int64"))
+    b, n = idx.shape
+    samples = torch.tensor([10, 11, 12])
+    base = OrderSampler(OrderConfig(kind="uniform"), n, seed=3)(0, samples)[0]
+    lengths = torch.full((b,), n)
+    unit_sample, unit_target, _ = choose_targets(3, samples, lengths, None, n)
+    with torch.no_grad():
+        batched, forwards, slots = ensemble_member_nll(model, idx, base, samples, unit_sample,
+                                                       unit_target, members=4, seed=3,
+                                                       slots_per_forward=2 * n)
+        for u, (row, i) in enumerate(zip(unit_sample.tolist(), unit_target.tolist(), strict=True)):
+            for member in (1, 2, 3):
+                reference = straightforward_member_nll(model, idx, base, samples, i, member, seed=3)
+                assert batched[u, member - 1].item() == pytest.approx(reference[row].item(), abs=1e-5)
+    assert forwards == b * n * 3
+    prefixes = 3 * b * n * (n + 1) // 2  # each member's slots up to its target
+    assert prefixes <= slots <= 1.1 * prefixes  # longest first: little padding
+
+
+def test_scoring_every_target_by_subsampling_equals_the_full_ensemble(wikitext, model):
+    full = evaluate(model, wikitext, orders=(), ensemble=(1, 2, 4))
+    n = full["seq_len"]
+    sampled = evaluate(model, wikitext, orders=(), ensemble=(1, 2, 4), ensemble_targets=n)
+    for m in ("1", "2", "4"):
+        assert sampled["ensemble"]["by_members"][m]["nll"] == pytest.approx(
+            full["ensemble"]["by_members"][m]["nll"], rel=1e-9)
+        assert sampled["ensemble"]["by_members"][m]["nll_se"] == 0.0
+
+
+def test_subsampled_ensemble_estimates_the_full_one_within_its_standard_error(wikitext, model):
+    full = evaluate(model, wikitext, orders=(), ensemble=(2,), max_samples=8)
+    sampled = evaluate(model, wikitext, orders=(), ensemble=(2,), ensemble_targets=5, max_samples=8)
+    estimate = sampled["ensemble"]["by_members"]["2"]
+    assert sampled["ensemble"]["scored_targets"] == 8 * 5
+    assert sampled["ensemble"]["tokens"] == full["ensemble"]["tokens"]
+    assert 0 < estimate["nll_se"] < 0.5
+    assert abs(estimate["nll"] - full["ensemble"]["by_members"]["2"]["nll"]) < 4 * estimate["nll_se"]
+    assert sampled["ensemble"]["token_forwards"] < full["ensemble"]["token_forwards"] / 2
+
+
+def test_padded_per_example_samples_are_scored_on_their_real_tokens_only(tmp_path, model):
+    folder = build_lambada(tmp_path / "lambada")
+    columns = read_folder(folder)
+    idx = torch.from_numpy(columns["tokens"].astype("int64"))
+    lengths = columns["length"].tolist()
+    result = evaluate(model, folder, orders=("l2r", "random"), num_orders=1, ensemble=(1, 2),
+                      seed=5, max_samples=None, batch_size=4)
+    sampler = OrderSampler(OrderConfig(kind="uniform"), idx.shape[1], seed=5)
+    l2r = random = 0.0
+    with torch.no_grad():
+        for i, length in enumerate(lengths):
+            x = idx[i:i + 1, :length]  # the sample cut to its real tokens: no padding at all
+            l2r += model(x).sum().item()
+            order = sampler(0, torch.tensor([i]))[0][0]
+            random += model(x, order[order < length][None]).sum().item()
+    assert result["l2r"]["tokens"] == result["ensemble"]["tokens"] == sum(lengths)
+    assert result["l2r"]["nll"] == pytest.approx(l2r / sum(lengths), rel=1e-5)
+    assert result["random"]["nll"] == pytest.approx(random / sum(lengths), rel=1e-5)
+    assert result["ensemble"]["by_members"]["1"]["nll"] == pytest.approx(result["random"]["nll"])
+
+
+def test_bf16_precision_is_close_to_fp32(wikitext, model):
+    fp32 = evaluate(model, wikitext, orders=("l2r",))
+    bf16 = evaluate(model, wikitext, orders=("l2r",), precision="bf16")
+    assert bf16["l2r"]["nll"] == pytest.approx(fp32["l2r"]["nll"], rel=2e-2)
+    assert bf16["l2r"]["nll"] != fp32["l2r"]["nll"]

@@ -1,0 +1,203 @@
+"""Zero-shot evaluation of a checkpoint: left-to-right NLL, any-order bound, context-order ensemble.
+
+    python trainer/evaluate.py --ckpt PATH --data DIR [--data DIR2 ...] [--orders l2r,random]
+        [--num-orders K] [--ensemble M[,M2,...]] [--ensemble-targets N] [--weights ema|raw]
+        [--json OUT] [--batch-size B] [--max-samples N] [--seed S] [--precision fp32|bf16]
+    torchrun --nproc_per_node 8 trainer/evaluate.py ...      (or deepspeed, or srun)
+
+--ckpt is a training out_dir (its final/ weights), a checkpoint folder, a consolidated model.pt,
+or a paper checkpoint converted by tools/import_official.py. --data is a folder made by data_prep:
+a pretraining folder is scored on its val split, an eval set on its only split. With several
+processes each scores a disjoint strided slice of the samples and the sums are all-reduced.
+Prints a table (nll in nats per token, ppl, tokens, cost) and writes the same as JSON.
+What each score means and how the ensemble is computed: trainer/evaluation.py.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import datetime
+import json
+import os
+import sys
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+import aogpt
+from aogpt import UsageError, cli_entry
+from aogpt.model import load_checkpoint
+from aogpt.trainer.dist_env import DistEnv, setup_distributed_env
+from aogpt.trainer.evaluation import (
+    ORDER_KINDS,
+    PRECISIONS,
+    EvalData,
+    EvalSettings,
+    Evaluator,
+    format_table,
+)
+
+MODEL_KINDS = {"adaln": "AO-GPT", "sigma_sum": "sigma-GPT", "none": "left-to-right GPT"}
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], epilog=__doc__.split(
+        "\n\n", 1)[1], formatter_class=argparse.RawDescriptionHelpFormatter)
+    add = parser.add_argument
+    add("--ckpt", required=True, help="out_dir, checkpoint folder or consolidated model.pt")
+    add("--data", required=True, action="append", metavar="DIR",
+        help="data folder made by data_prep; repeat for several")
+    add("--orders", default=None, help="comma list of l2r, random (default: both; l2r for a "
+        "left-to-right GPT); 'none' to run only the ensemble")
+    add("--num-orders", type=int, default=4, help="K random orders per sequence (default 4)")
+    add("--ensemble", default="", metavar="M[,M2,...]",
+        help="context-order ensemble sizes, e.g. 1,2,4,8,16,32,64: the largest is run and "
+        "every size is the average over its first members (default: no ensemble)")
+    add("--ensemble-targets", type=int, default=None, metavar="N",
+        help="score N targets per sequence, drawn uniformly without replacement (default: all); "
+        "the mean NLL is then an unbiased estimate with a standard error")
+    add("--ensemble-base", choices=ORDER_KINDS, default="random",
+        help="the order whose contexts are re-permuted (default random, as the paper)")
+    add("--weights", choices=("ema", "raw"), default="ema", help="default ema (as the paper)")
+    add("--json", type=Path, default=None, metavar="OUT", help="also write the results here")
+    add("--batch-size", type=int, default=8,
+        help="sequences per forward; ensemble forwards hold as many slots (default 8)")
+    add("--max-samples", type=int, default=None, metavar="N",
+        help="score only the first N samples of each folder")
+    add("--seed", type=int, default=0, help="seed of the orders, members and targets (default 0)")
+    add("--precision", choices=tuple(PRECISIONS), default="fp32",
+        help="fp32 (default; the paper's AO-GPT evaluations) or bf16 autocast")
+    add("--device", default="auto",
+        help="auto (the local rank's GPU when there is one, else cpu), cpu, cuda, cuda:N")
+    add("--local_rank", type=int, default=None, help=argparse.SUPPRESS)  # the deepspeed launcher's
+    return parser.parse_args(argv)
+
+
+def parse_sizes(text: str) -> tuple[int, ...]:
+    """"1,2,4" -> (1, 2, 4): the ensemble sizes, ascending, each once."""
+    if not text:
+        return ()
+    try:
+        sizes = [int(part) for part in text.split(",")]
+    except ValueError:
+        sizes = []
+    if not sizes or min(sizes) < 1:
+        raise UsageError(f"--ensemble {text!r}: give positive integers separated by commas, "
+                         "e.g. --ensemble 1,2,4,8")
+    return tuple(sorted(set(sizes)))
+
+
+def settings_from_args(args: argparse.Namespace, target_injection: str) -> EvalSettings:
+    if args.orders is None:
+        orders = ("l2r",) if target_injection == "none" else ORDER_KINDS
+    else:
+        orders = tuple(kind for kind in args.orders.split(",") if kind not in ("", "none"))
+    return EvalSettings(orders=orders, num_orders=args.num_orders,
+                        ensemble=parse_sizes(args.ensemble),
+                        ensemble_targets=args.ensemble_targets, ensemble_base=args.ensemble_base,
+                        batch_size=args.batch_size, max_samples=args.max_samples, seed=args.seed,
+                        precision=args.precision)
+
+
+def pick_device(name: str, dist_env: DistEnv) -> torch.device:
+    if name == "auto":
+        return dist_env.device
+    try:
+        device = torch.device(name)
+    except RuntimeError:
+        raise UsageError(f"--device {name!r} is not a device: use auto, cpu, cuda or cuda:N") from None
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise UsageError(f"--device {name}: no CUDA GPU is visible here; use --device cpu")
+    if device.type == "cuda" and device.index is None:
+        device = torch.device("cuda", dist_env.local_rank)
+    return device
+
+
+def describe_model(model, weights: str) -> str:
+    c = model.config
+    return (f"{MODEL_KINDS[c.target_injection]}, {c.n_layer} layers x {c.n_embd}, block "
+            f"{c.block_size}, {model.num_params() / 1e6:.2f}M parameters, {weights} weights")
+
+
+def write_json_atomic(path: Path, payload: dict) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    partial = path.with_name(f".{path.name}.partial-{os.getpid()}")
+    partial.write_text(json.dumps(payload, indent=2, allow_nan=False) + "\n")
+    os.replace(partial, path)
+
+
+def report_costs(results: list[dict]) -> str:
+    lines = []
+    for result in results:
+        ensemble = result.get("ensemble")
+        if ensemble and ensemble["members"] > 1:
+            ratio = ensemble["paper_token_forwards"] / ensemble["token_forwards"]
+            lines.append(f"{result['dataset']} ensemble cost: {ensemble['token_forwards']:,} "
+                         f"token-forwards for {ensemble['scored_targets']:,} targets x "
+                         f"{ensemble['members']} members; the paper's script: "
+                         f"{ensemble['paper_token_forwards']:,} ({ratio:.1f}x more), with all logits")
+    return "\n".join(lines)
+
+
+def preflight(args: argparse.Namespace, dist_env: DistEnv):
+    """Every check that can fail on user input, before any process group exists."""
+    device = pick_device(args.device, dist_env)
+    model = load_checkpoint(args.ckpt, weights=args.weights)
+    settings = settings_from_args(args, model.config.target_injection)
+    settings.validate(model)
+    data = [EvalData(folder, model.config.block_size, settings.max_samples) for folder in args.data]
+    return device, model.to(device), settings, data
+
+
+@cli_entry
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    dist_env = setup_distributed_env()
+    try:
+        device, model, settings, data = preflight(args, dist_env)
+    except UsageError:
+        if dist_env.rank != 0:
+            return 2  # every rank sees the same problem: rank 0 alone says it
+        raise
+    if settings.precision == "fp32":
+        torch.set_float32_matmul_precision("highest")  # no TF32
+    if dist_env.world_size > 1:
+        if device.type == "cuda":
+            torch.cuda.set_device(device)
+        dist.init_process_group("nccl" if device.type == "cuda" else "gloo")
+    main_rank = dist_env.is_main
+    if main_rank:
+        print(f"evaluating {args.ckpt}: {describe_model(model, args.weights)}\n"
+              f"on {dist_env.world_size} x {device.type}, precision {settings.precision} "
+              f"({PRECISIONS[settings.precision]}), seed {settings.seed}", flush=True)
+    evaluator = Evaluator(model, settings, device, dist_env.rank, dist_env.world_size)
+    results = [evaluator.run(folder, progress=main_rank) for folder in data]
+    if main_rank:
+        print(format_table(results))
+        costs = report_costs(results)
+        if costs:
+            print(costs)
+        if args.json is not None:
+            c = model.config
+            write_json_atomic(args.json, {
+                "checkpoint": str(args.ckpt), "weights": args.weights,
+                "model": {"kind": MODEL_KINDS[c.target_injection], **{
+                    name: getattr(c, name) for name in
+                    ("target_injection", "n_layer", "n_head", "n_embd", "block_size")},
+                    "params": model.num_params()},
+                "precision": settings.precision, "precision_policy": PRECISIONS[settings.precision],
+                "device": device.type, "world_size": dist_env.world_size,
+                "settings": dataclasses.asdict(settings), "results": results,
+                "aogpt_version": aogpt.__version__,
+                "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+            })
+            print(f"wrote {args.json}")
+    if dist.is_initialized():
+        dist.destroy_process_group()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

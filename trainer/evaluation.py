@@ -1,0 +1,489 @@
+"""Zero-shot evaluation: exact left-to-right NLL, the any-order bound, the context-order ensemble.
+
+For each sequence x of n tokens (a data folder's samples in order, split over ranks by stride):
+
+    l2r        -log p(x) along the identity order: the exact likelihood under one order.
+    random     -log p(x | σ) for K seeded uniform orders σ per sequence. Its mean over σ is the
+               AO-AR loss, the masked diffusion model's negative ELBO, so exp() of it bounds the
+               perplexity from above ("<= PPL", spec section 4). Reported with the std over the K.
+    ensemble   the paper's context-order ensemble (Finding 5): for the i-th target of a base order
+               σ, p_ens = mean over M members of p(x[σ_i] | the context σ_<i re-permuted), member 0
+               being σ itself; the NLL of p_ens per token. One run reports every size M' <= M
+               asked for, each the average over the first M' members.
+
+Everything is token-weighted (sum of NLL over all ranks / sum of tokens), no sample is scored
+twice and the last partial batch counts. Every random choice is a counter-based hash of (seed,
+global sample index, ...), so results depend neither on the batch size nor on the number of ranks.
+
+The ensemble, cheaply. The paper's script runs, per batch of 4 sequences of n = 1024 tokens,
+1 + n (M-1) full forwards of n+1 slots with all logits. Causal attention makes the prediction of
+target i depend only on slots 0..i, so member j of target i is a forward over its i+1 slots with
+the head on the last slot only: about n^2 (M-1) / 2 slot-forwards per sequence instead of
+n^2 (M-1), and n (M-1) head rows instead of n^2 (M-1). The members of many targets are packed
+into forwards of batch_size x n slots, longest first, right-padded (causal attention hides the
+padding). Member 0 comes from the base order's one full forward. With ensemble_targets = N, N
+targets per sequence are drawn uniformly without replacement and each stands for n/N targets of
+its sequence: an unbiased estimate of the mean NLL, with the standard error of that sampling
+(stratified by sequence, given the drawn orders).
+
+Samples of a per-example data folder (LAMBADA's --packing per_example) carry a `length`: only
+their first `length` tokens are real, and every order reads them first, so that the EOS padding
+after them is never seen nor scored.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import math
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.distributed as dist
+from tqdm import tqdm
+
+from aogpt import UsageError
+from aogpt.data_prep.manifest import check_compatible, read_manifest, split_path
+from aogpt.data_prep.streaming_compat import streaming
+from aogpt.model import AOGPT, OrderConfig, OrderSampler
+from aogpt.model.orders import counter_uniform
+
+ORDER_KINDS = ("l2r", "random")
+PRECISIONS = {
+    "fp32": "fp32 weights and activations, TF32 off, log-softmax in fp32",
+    "bf16": "bf16 autocast over fp32 weights, log-softmax in fp32",
+}
+# Independent random streams (the counter after the seed) of evaluation's own choices; the K
+# orders come from OrderSampler with the order number as its step.
+_TARGETS, _MEMBERS = 101, 102
+
+
+@dataclass(frozen=True)
+class EvalSettings:
+    orders: tuple[str, ...] = ("l2r", "random")
+    num_orders: int = 4  # K random orders per sequence
+    ensemble: tuple[int, ...] = ()  # ensemble sizes to report, ascending; the largest is run
+    ensemble_targets: int | None = None  # targets scored per sequence; None: all of them
+    ensemble_base: str = "random"  # the base order σ: random (the paper) or l2r
+    batch_size: int = 8  # sequences per forward; ensemble forwards hold batch_size x n slots
+    max_samples: int | None = None  # the first N samples of each data folder
+    seed: int = 0
+    precision: str = "fp32"
+
+    def validate(self, model: AOGPT) -> None:
+        """UsageError for settings that cannot run, or cannot run on this model."""
+        unknown = [kind for kind in self.orders if kind not in ORDER_KINDS]
+        if unknown or not (self.orders or self.ensemble):
+            raise UsageError(f"--orders {','.join(self.orders)!r}: give a comma list of "
+                             f"{', '.join(ORDER_KINDS)} (or an --ensemble)")
+        for name in ("num_orders", "batch_size", "ensemble_targets", "max_samples"):
+            value = getattr(self, name)
+            if value is not None and value < 1:
+                raise UsageError(f"--{name.replace('_', '-')} must be at least 1, got {value}")
+        if any(m < 1 for m in self.ensemble):
+            raise UsageError(f"--ensemble sizes must be positive, got {list(self.ensemble)}")
+        if self.ensemble_base not in ORDER_KINDS:
+            raise UsageError(f"--ensemble-base must be one of {', '.join(ORDER_KINDS)}")
+        if self.precision not in PRECISIONS:
+            raise UsageError(f"--precision must be one of {', '.join(PRECISIONS)}")
+        any_order = "random" in self.orders or self.ensemble
+        if any_order and model.config.target_injection == "none":
+            raise UsageError("this checkpoint is a left-to-right GPT (model.target_injection=none)"
+                             ": it cannot score other orders; use --orders l2r and no --ensemble")
+
+    @property
+    def members(self) -> int:
+        return max(self.ensemble, default=0)
+
+
+# ---- data ----------------------------------------------------------------------------------------
+
+class EvalData:
+    """A data folder's evaluation split (a pretraining folder's val, an eval set's only split),
+    read by random access in sample order: no shuffle, no workers, no shared memory."""
+
+    def __init__(self, data_dir: str | Path, block_size: int, max_samples: int | None = None):
+        self.path = Path(data_dir)
+        self.manifest = read_manifest(data_dir)
+        splits = self.manifest["splits"]
+        self.split = "val" if self.manifest["kind"] == "pretrain" else next(iter(splits))
+        self.seq_len = self.manifest["seq_len"]
+        # the tokenizer must match; any seq_len up to the model's block_size can be scored
+        check_compatible(self.manifest, self.seq_len)
+        if self.seq_len > block_size:
+            raise UsageError(f"{data_dir} has samples of {self.seq_len} tokens, more than the "
+                             f"model's block_size {block_size}: rebuild it with --seq-len "
+                             f"{block_size}")
+        self.split_dir = split_path(data_dir, self.split)
+        size = splits[self.split]["samples"]
+        self.num_samples = size if max_samples is None else min(size, max_samples)
+        self._dataset = None
+
+    @property
+    def dataset(self):
+        """Opened on first use, once the process group exists (streaming looks for it)."""
+        if self._dataset is None:
+            shards = json.loads((self.split_dir / "index.json").read_text())["shards"]
+            if all((self.split_dir / shard["raw_data"]["basename"]).is_file() for shard in shards):
+                self._dataset = streaming.LocalDataset(str(self.split_dir))
+            else:  # compressed shards: streaming decompresses them next to the originals
+                self._dataset = streaming.StreamingDataset(
+                    local=str(self.split_dir), remote=None, shuffle=False, batch_size=1)
+        return self._dataset
+
+    @property
+    def name(self) -> str:
+        return self.manifest["dataset"]
+
+    def batches(self, rank: int, world_size: int, batch_size: int
+                ) -> Iterator[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
+        """This rank's samples rank, rank + world_size, ...: (sample_indices (b,), tokens (b, n)
+        int64, lengths (b,): the real tokens of each sample)."""
+        mine = range(rank, self.num_samples, world_size)
+        for start in range(0, len(mine), batch_size):
+            indices = mine[start:start + batch_size]
+            samples = [self.dataset[i] for i in indices]
+            tokens = np.stack([s["tokens"] for s in samples]).astype(np.int64)
+            lengths = [int(s.get("length", self.seq_len)) for s in samples]
+            yield torch.tensor(list(indices)), torch.from_numpy(tokens), torch.tensor(lengths)
+
+    def num_batches(self, rank: int, world_size: int, batch_size: int) -> int:
+        return math.ceil(len(range(rank, self.num_samples, world_size)) / batch_size)
+
+
+# ---- orders ----------------------------------------------------------------------------------------
+
+def real_first(orders: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
+    """The orders (b, n) changed to read each sample's real tokens (positions < length) first,
+    in their relative order, then its padding: a uniform order stays uniform over the real ones."""
+    is_padding = (orders >= lengths[:, None]).to(torch.int8)
+    return orders.gather(1, torch.sort(is_padding, dim=1, stable=True).indices)
+
+
+def member_orders(base_orders: torch.Tensor, sample_indices: torch.Tensor, targets: torch.Tensor,
+                  members: torch.Tensor, seed: int, length: int) -> torch.Tensor:
+    """The ensemble members' orders, one per row, cut after `length` entries: (R, length).
+
+    Row r is member members[r] of the targets[r]-th target of the base order base_orders[r]
+    (R, n): the context (the first targets[r] entries) uniformly re-permuted, the target and
+    everything after it kept. Member 0 is the base order itself. The permutation depends only on
+    (seed, sample, target, member), so a cut prefix is the prefix of the full order.
+    """
+    positions = torch.arange(length, device=base_orders.device)
+    keys = counter_uniform(seed, _MEMBERS, sample_indices[:, None], targets[:, None],
+                           members[:, None], positions)  # (R, length) in [0, 1)
+    keys = torch.where(members[:, None] == 0, positions.double() / length, keys)
+    keys = torch.where(positions >= targets[:, None], 2.0 + positions.double(), keys)
+    return base_orders[:, :length].gather(1, torch.argsort(keys, dim=1, stable=True))
+
+
+def choose_targets(seed: int, sample_indices: torch.Tensor, lengths: torch.Tensor,
+                   per_sequence: int | None, seq_len: int
+                   ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The targets (indices into the base order) the ensemble scores: all real ones, or
+    `per_sequence` of them per sample, uniformly without replacement.
+
+    Returns unit_sample (U,) (the row of the batch), unit_target (U,), and counts (b,).
+    """
+    positions = torch.arange(seq_len, device=lengths.device)
+    counts = lengths if per_sequence is None else lengths.clamp(max=per_sequence)
+    keys = counter_uniform(seed, _TARGETS, sample_indices[:, None], positions)  # (b, n)
+    ranked = torch.argsort(torch.where(positions < lengths[:, None], keys, 2.0), dim=1, stable=True)
+    unit_sample, rank = torch.nonzero(positions < counts[:, None], as_tuple=True)
+    return unit_sample, ranked[unit_sample, rank], counts
+
+
+# ---- scoring ---------------------------------------------------------------------------------------
+
+def last_slot_nll(model: AOGPT, idx: torch.Tensor, orders: torch.Tensor,
+                  targets: torch.Tensor) -> torch.Tensor:
+    """-log p of the targets[r]-th token of orders[r] given the ones before it: (R,) fp32.
+
+    idx (R, n) token ids; orders (R, L) may be cut anywhere after the row's target: causal
+    attention hides the slots after it. Only the target's slot reaches the output head.
+    """
+    rows = torch.arange(len(idx), device=idx.device)
+    tokens = idx.gather(1, orders)  # (R, L) in order
+    start = torch.full_like(orders[:, :1], -1)  # the [None] slot (model/gpt.py's stream layout)
+    hidden = model.forward_stream(torch.cat([start, tokens[:, :-1]], dim=1),
+                                  torch.cat([start, orders[:, :-1]], dim=1), orders)  # (R, L, d)
+    return model.lm_head(hidden[rows, targets], tokens[rows, targets], model.config.loss_chunk_size)
+
+
+def ensemble_member_nll(model: AOGPT, idx: torch.Tensor, base_orders: torch.Tensor,
+                        sample_indices: torch.Tensor, unit_sample: torch.Tensor,
+                        unit_target: torch.Tensor, members: int, seed: int,
+                        slots_per_forward: int) -> tuple[torch.Tensor, int, int]:
+    """-log p of each unit's target under members 1..members-1: (U, members-1), and the cost
+    (forwards, slot-forwards). Rows of all units are packed longest first into forwards of at
+    most slots_per_forward slots (at least one row each)."""
+    nll = torch.empty(len(unit_target), members - 1, dtype=torch.float64, device=idx.device)
+    row_unit = torch.arange(len(unit_target), device=idx.device).repeat_interleave(members - 1)
+    row_member = torch.arange(1, members, device=idx.device).repeat(len(unit_target))
+    longest_first = torch.argsort(unit_target[row_unit], descending=True, stable=True)
+    row_unit, row_member = row_unit[longest_first], row_member[longest_first]
+    row_length = (unit_target[row_unit] + 1).tolist()
+    forwards = slot_forwards = start = 0
+    while start < len(row_length):
+        length = row_length[start]
+        stop = min(start + max(1, slots_per_forward // length), len(row_length))
+        unit, member = row_unit[start:stop], row_member[start:stop]
+        sample = unit_sample[unit]
+        orders = member_orders(base_orders[sample], sample_indices[sample], unit_target[unit],
+                               member, seed, length)
+        nll[unit, member - 1] = last_slot_nll(model, idx[sample], orders, unit_target[unit]).double()
+        forwards, slot_forwards = forwards + stop - start, slot_forwards + (stop - start) * length
+        start = stop
+    return nll, forwards, slot_forwards
+
+
+def straightforward_member_nll(model: AOGPT, idx: torch.Tensor, base_orders: torch.Tensor,
+                               sample_indices: torch.Tensor, target: int, member: int,
+                               seed: int) -> torch.Tensor:
+    """The paper's way, kept as the reference and the benchmark's baseline: one full forward
+    with all logits over the batch in member `member`'s order of target `target`, of which only
+    that target's NLL is kept. (b,)"""
+    b, n = idx.shape
+    full = torch.full((b,), target, device=idx.device)
+    orders = member_orders(base_orders, sample_indices, full, torch.full_like(full, member), seed, n)
+    return model(idx, orders)[:, target].double()
+
+
+def ensemble_sums(unit_nll: torch.Tensor, unit_sample: torch.Tensor, counts: torch.Tensor,
+                  lengths: torch.Tensor, sizes: tuple[int, ...]) -> torch.Tensor:
+    """Per ensemble size M': the estimated sum of -log p_ens over all real targets, and the
+    variance of that estimate: (len(sizes), 2) float64.
+
+    unit_nll (U, M): member 0 first. A sample b with N_b of its L_b targets scored weighs each
+    by L_b / N_b; the variance is that of stratified sampling without replacement,
+    sum_b L_b^2 (1 - N_b / L_b) s_b^2 / N_b (NaN when some N_b = 1 < L_b: not estimable).
+    """
+    counts, lengths = counts.double(), lengths.double()
+    weights = (lengths / counts)[unit_sample]
+    out = []
+    for m in sizes:
+        nll = math.log(m) - torch.logsumexp(-unit_nll[:, :m], dim=1)  # -log mean_j p_j, (U,)
+        total = (weights * nll).sum()
+        sums = counts.new_zeros(len(counts)).index_add_(0, unit_sample, nll)
+        squares = counts.new_zeros(len(counts)).index_add_(0, unit_sample, nll * nll)
+        spread = (squares - sums**2 / counts) / (counts - 1)  # s_b^2, (b,)
+        sampled = counts < lengths
+        variance = torch.where(sampled, lengths**2 * (1 - counts / lengths) * spread / counts, 0.0)
+        out.append(torch.stack([total, variance.sum()]))
+    return torch.stack(out)
+
+
+# ---- tallies and the evaluator --------------------------------------------------------------------
+
+@dataclass
+class Tally:
+    """What one kind of score adds up on this rank; summed over ranks at the end."""
+
+    sums: torch.Tensor  # float64, the kind's own layout
+    forwards: int = 0  # sequences (rows) run through the network
+    slot_forwards: int = 0  # their slots, padding included: the cost in token-forwards
+    paper_slot_forwards: int = 0  # what the paper's script would run (ensemble only)
+    seconds: float = 0.0
+    extra: dict[str, int] = field(default_factory=dict)
+
+    def reduced(self) -> Tally:
+        """The sums over all ranks (collective; a copy when there is one process)."""
+        counters = [self.forwards, self.slot_forwards, self.paper_slot_forwards, *self.extra.values()]
+        flat = torch.cat([self.sums.flatten(),
+                          torch.tensor(counters, dtype=torch.float64, device=self.sums.device)])
+        seconds = torch.tensor([self.seconds], dtype=torch.float64, device=self.sums.device)
+        if dist.is_available() and dist.is_initialized():
+            dist.all_reduce(flat)
+            dist.all_reduce(seconds, op=dist.ReduceOp.MAX)  # the slowest rank's time
+        size = self.sums.numel()
+        values = [round(v) for v in flat[size:].tolist()]
+        return Tally(flat[:size].view_as(self.sums).cpu(), *values[:3], seconds.item(),
+                     dict(zip(self.extra, values[3:], strict=True)))
+
+
+def _finite(value: float) -> float | None:
+    return value if math.isfinite(value) else None
+
+
+def _score(nll: float) -> dict:
+    return {"nll": nll, "ppl": math.exp(nll)}
+
+
+class Evaluator:
+    """Scores data folders with one model and one EvalSettings on this rank's share of samples."""
+
+    def __init__(self, model: AOGPT, settings: EvalSettings, device: torch.device,
+                 rank: int = 0, world_size: int = 1):
+        settings.validate(model)
+        self.model, self.settings, self.device = model, settings, device
+        self.rank, self.world_size = rank, world_size
+
+    def autocast(self):
+        if self.settings.precision == "bf16":
+            return torch.autocast(self.device.type, dtype=torch.bfloat16)
+        return contextlib.nullcontext()
+
+    @contextlib.contextmanager
+    def timed(self, tally: Tally):
+        def sync():
+            if self.device.type == "cuda":
+                torch.cuda.synchronize(self.device)
+        sync()
+        start = time.perf_counter()
+        yield
+        sync()
+        tally.seconds += time.perf_counter() - start
+
+    @torch.inference_mode()
+    def run(self, data: EvalData, progress: bool = False) -> dict:
+        """The results for one data folder (every rank gets them; collective)."""
+        s = self.settings
+        zeros = torch.zeros
+        tallies = {}
+        if "l2r" in s.orders:
+            tallies["l2r"] = Tally(zeros(2, dtype=torch.float64, device=self.device))
+        if "random" in s.orders:
+            tallies["random"] = Tally(zeros(s.num_orders, 2, dtype=torch.float64, device=self.device))
+        if s.ensemble:
+            tallies["ensemble"] = Tally(zeros(len(s.ensemble), 2, dtype=torch.float64,
+                                              device=self.device),
+                                        extra={"tokens": 0, "scored_targets": 0})
+        sampler = OrderSampler(OrderConfig(kind="uniform"), data.seq_len, s.seed)
+        batches = data.batches(self.rank, self.world_size, s.batch_size)
+        total = data.num_batches(self.rank, self.world_size, s.batch_size)
+        with self.autocast():
+            for sample_indices, idx, lengths in tqdm(batches, total=total, desc=data.name,
+                                                     unit="batch", disable=not progress):
+                self.score_batch(sampler, tallies, *(t.to(self.device) for t in
+                                                     (sample_indices, idx, lengths)))
+        summarize = {"l2r": self.summarize_l2r, "random": self.summarize_random,
+                     "ensemble": self.summarize_ensemble}
+        return {"data": str(data.path), "dataset": data.name, "split": data.split,
+                "samples": data.num_samples, "seq_len": data.seq_len,
+                **{kind: summarize[kind](tally.reduced()) for kind, tally in tallies.items()}}
+
+    def score_batch(self, sampler: OrderSampler, tallies: dict[str, Tally],
+                    sample_indices: torch.Tensor, idx: torch.Tensor, lengths: torch.Tensor) -> None:
+        s, model = self.settings, self.model
+        b, n = idx.shape
+        real = torch.arange(n, device=idx.device) < lengths[:, None]  # (b, n): slot k scores a token
+        scored = {}  # base orders already run: kind -> (orders, nll)
+
+        def order_nll(tally: Tally, orders: torch.Tensor) -> torch.Tensor:
+            tally.forwards, tally.slot_forwards = tally.forwards + b, tally.slot_forwards + b * n
+            return model(idx, orders).double()  # (b, n)
+
+        if "l2r" in tallies:
+            tally = tallies["l2r"]
+            with self.timed(tally):
+                orders = torch.arange(n, device=idx.device).expand(b, n)
+                nll = order_nll(tally, None)
+                tally.sums += torch.stack([(nll * real).sum(), real.sum()])
+            scored["l2r"] = orders, nll
+        if "random" in tallies:
+            tally = tallies["random"]
+            with self.timed(tally):
+                for k in range(s.num_orders):
+                    orders = real_first(sampler(k, sample_indices)[0], lengths)
+                    nll = order_nll(tally, orders)
+                    tally.sums[k] += torch.stack([(nll * real).sum(), real.sum()])
+                    if k == 0:
+                        scored["random"] = orders, nll
+        if "ensemble" in tallies:
+            self.score_ensemble(tallies["ensemble"], sampler, scored, sample_indices, idx, lengths)
+
+    def score_ensemble(self, tally: Tally, sampler: OrderSampler, scored: dict,
+                       sample_indices: torch.Tensor, idx: torch.Tensor, lengths: torch.Tensor) -> None:
+        s, model = self.settings, self.model
+        b, n = idx.shape
+        with self.timed(tally):
+            # The base order's forward: counted here even when shared with an order kind above.
+            tally.forwards, tally.slot_forwards = tally.forwards + b, tally.slot_forwards + b * n
+            if s.ensemble_base in scored:
+                base_orders, base_nll = scored[s.ensemble_base]
+            else:
+                base_orders = torch.arange(n, device=idx.device).expand(b, n)
+                if s.ensemble_base == "random":
+                    base_orders = real_first(sampler(0, sample_indices)[0], lengths)
+                base_nll = model(idx, base_orders).double()
+            unit_sample, unit_target, counts = choose_targets(
+                s.seed, sample_indices, lengths, s.ensemble_targets, n)
+            unit_nll = base_nll[unit_sample, unit_target][:, None]  # (U, 1): member 0
+            if s.members > 1:
+                members, forwards, slot_forwards = ensemble_member_nll(
+                    model, idx, base_orders, sample_indices, unit_sample, unit_target,
+                    s.members, s.seed, s.batch_size * n)
+                unit_nll = torch.cat([unit_nll, members], dim=1)  # (U, M)
+                tally.forwards += forwards
+                tally.slot_forwards += slot_forwards
+            tally.sums += ensemble_sums(unit_nll, unit_sample, counts, lengths, s.ensemble)
+            tally.extra["tokens"] += int(lengths.sum())
+            tally.extra["scored_targets"] += len(unit_target)
+            # the paper: per sequence, 1 + targets x (M-1) full forwards of n+1 slots
+            tally.paper_slot_forwards += int((1 + counts * (s.members - 1)).sum()) * (n + 1)
+
+    # ---- results -----------------------------------------------------------------------------
+
+    @staticmethod
+    def _cost(tally: Tally) -> dict:
+        return {"forwards": tally.forwards, "token_forwards": tally.slot_forwards,
+                "wall_s": round(tally.seconds, 3)}
+
+    def summarize_l2r(self, tally: Tally) -> dict:
+        nll_sum, tokens = tally.sums.tolist()
+        return {**_score(nll_sum / tokens), "tokens": round(tokens), **self._cost(tally)}
+
+    def summarize_random(self, tally: Tally) -> dict:
+        per_order = (tally.sums[:, 0] / tally.sums[:, 1]).tolist()
+        sums = tally.sums.sum(dim=0).tolist()
+        std = float(np.std(per_order, ddof=1)) if len(per_order) > 1 else None
+        return {**_score(sums[0] / sums[1]), "tokens": round(tally.sums[0, 1].item()),
+                "num_orders": len(per_order), "nll_std": std, "nll_per_order": per_order,
+                **self._cost(tally)}
+
+    def summarize_ensemble(self, tally: Tally) -> dict:
+        s, tokens = self.settings, tally.extra["tokens"]
+        by_members = {}
+        for m, (total, variance) in zip(s.ensemble, tally.sums.tolist(), strict=True):
+            by_members[str(m)] = {**_score(total / tokens),
+                                  "nll_se": _finite(math.sqrt(variance) / tokens)}
+        return {"base": s.ensemble_base, "members": s.members,
+                "targets_per_sequence": s.ensemble_targets, "tokens": tokens,
+                "scored_targets": tally.extra["scored_targets"], "by_members": by_members,
+                **self._cost(tally), "paper_token_forwards": tally.paper_slot_forwards}
+
+
+# ---- output ----------------------------------------------------------------------------------------
+
+def format_table(results: list[dict]) -> str:
+    """The results of evaluate_all as a plain-text table."""
+    header = (f"{'dataset':<14} {'kind':<14} {'nll':>8} {'ppl':>10} {'± (nll)':>9} {'tokens':>11} "
+              f"{'forwards':>10} {'token-fwd':>13} {'time s':>8}")
+    lines = [header, "-" * len(header)]
+    for result in results:
+        name = result["dataset"]
+        for kind in ("l2r", "random", "ensemble"):
+            if kind not in result:
+                continue
+            row = result[kind]
+            cost = (f"{row['forwards']:>10,} {row['token_forwards']:>13,} {row['wall_s']:>8.1f}")
+            if kind == "ensemble":
+                for m, score in row["by_members"].items():
+                    lines.append(_line(name, f"ensemble M={m}", score["nll"], score["ppl"],
+                                       score["nll_se"], row["tokens"], cost))
+                    cost = ""  # the cost is that of all sizes together
+                continue
+            label = f"random x{row['num_orders']}" if kind == "random" else kind
+            spread = row.get("nll_std")
+            lines.append(_line(name, label, row["nll"], row["ppl"], spread, row["tokens"], cost))
+    return "\n".join(lines)
+
+
+def _line(name: str, label: str, nll: float, ppl: float, spread: float | None, tokens: int,
+          cost: str) -> str:
+    spread_text = "" if spread is None else f"{spread:.4f}"
+    return f"{name:<14} {label:<14} {nll:>8.4f} {ppl:>10.3f} {spread_text:>9} {tokens:>11,} {cost}"
