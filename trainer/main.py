@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+import time
 
 from aogpt import UsageError, cli_entry
 from aogpt.trainer.checkpoint import CheckpointDir, check_resumable
@@ -22,6 +23,8 @@ from aogpt.trainer.data import check_data
 from aogpt.trainer.dist_env import DistEnv, setup_distributed_env
 from aogpt.trainer.ds_config import load_ds_config, resolve_ds_config, zero_stage
 from aogpt.trainer.loop import Plan, Trainer
+
+RANK0_REPORTS_FIRST_S = 5
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -58,7 +61,10 @@ def main(argv: list[str] | None = None) -> int:
         plan = preflight(args, dist_env)
     except UsageError:
         if dist_env.rank != 0:
-            return 2  # every rank sees the same problem: rank 0 alone says it
+            # Every rank meets the same problem; rank 0 alone says it. A launcher kills the other
+            # ranks as soon as one fails, so give rank 0 the moment it needs to print first.
+            time.sleep(RANK0_REPORTS_FIRST_S)
+            return 2
         raise
     return Trainer(plan, dist_env).fit()
 

@@ -17,6 +17,8 @@ import sys
 import time
 from pathlib import Path
 
+import psutil
+
 from aogpt.trainer.metrics import read_metrics
 
 REPO = Path(__file__).resolve().parents[2]
@@ -95,8 +97,11 @@ class Launcher:
                 assert proc.poll() is None, log.read_text()
                 assert time.monotonic() < deadline, "the run never reached the step to signal at"
                 time.sleep(0.2)
+            group = [psutil.Process(proc.pid), *psutil.Process(proc.pid).children(recursive=True)]
             os.killpg(proc.pid, sig)
             returncode = proc.wait(timeout=timeout)
+            _, alive = psutil.wait_procs(group, timeout=timeout)  # the launcher's children too
+            assert not alive, f"still running after the signal: {alive}"
         return returncode, log.read_text()
 
     def clean(self) -> None:

@@ -1,0 +1,195 @@
+"""Whole training runs on 2 processes (real DeepSpeed on gloo, real streaming, real text), launched
+the way users launch them: `deepspeed --num_gpus 2 trainer/main.py ...` and torchrun.
+
+One uninterrupted reference run is compared with: ZeRO-2 and ZeRO-3 runs (same first steps), and
+a run stopped by SIGTERM and re-run (the same run, step for step). Each launch costs ~20-40 s on
+2 cores, so assertions share runs.
+"""
+
+import json
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+import torch
+from trainer_testing import (
+    MAIN,
+    REPO,
+    TINY_RUN,
+    Launcher,
+    build_data,
+    losses,
+    real_documents,
+)
+
+from aogpt.model import load_checkpoint
+from aogpt.trainer.checkpoint import EXIT_PREEMPTED
+from aogpt.trainer.config import load_config
+from aogpt.trainer.main import main
+from aogpt.trainer.metrics import read_metrics
+
+pytestmark = pytest.mark.slow
+STEPS = 18
+
+
+@pytest.fixture(scope="module")
+def launcher():
+    launcher = Launcher()
+    yield launcher
+    launcher.clean()
+
+
+@pytest.fixture(scope="module")
+def text_data(tmp_path_factory):
+    return build_data(tmp_path_factory.mktemp("data") / "text", real_documents())
+
+
+def run_args(data, out_dir, ds_config="ds_configs/cpu.json", *overrides) -> list[str]:
+    return ["--ds_config", str(ds_config), "--config", "configs/tiny.yaml", f"data.path={data}",
+            f"out_dir={out_dir}", *TINY_RUN, f"train.max_steps={STEPS}", *overrides]
+
+
+def assert_ok(result: subprocess.CompletedProcess) -> None:
+    assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-4000:]
+
+
+@pytest.fixture(scope="module")
+def reference(launcher, text_data, tmp_path_factory):
+    """The user command: deepspeed launcher, 2 processes, ZeRO-1 fp32 (cpu.json), 18 steps."""
+    out = tmp_path_factory.mktemp("runs") / "reference"
+    result = launcher.run("deepspeed", run_args(text_data, out))
+    assert_ok(result)
+    return out, result.stdout + result.stderr
+
+
+def final_weights(out_dir, kind):
+    return torch.load(out_dir / "final" / "model.pt", weights_only=True)["weights"][kind]
+
+
+def test_loss_goes_down_on_real_text(reference):
+    out, _ = reference
+    loss = losses(out)
+    assert sorted(loss) == list(range(1, STEPS + 1))
+    assert sum(loss[s] for s in (16, 17, 18)) / 3 < loss[1] - 1.0
+    val_l2r, val_ao = losses(out, "val_loss_l2r"), losses(out, "val_loss_ao")
+    assert sorted(val_l2r) == [6, 12, 18]
+    assert val_l2r[18] < val_l2r[6] and val_ao[18] < val_ao[6]
+
+
+def test_metrics_report_every_field_and_both_order_kinds(reference):
+    out, _ = reference
+    records = read_metrics(out / "metrics.jsonl")
+    for record in records:
+        for key in ("loss", "lr", "grad_norm", "tokens_per_s", "samples_seen", "tokens_seen",
+                    "step_time", "data_wait"):
+            assert record[key] is not None, key
+        assert "loss_l2r" in record and "loss_ao" in record and record["mfu"] is None  # CPU
+    assert records[0]["lr"] == 0.0 and records[-1]["tokens_seen"] == STEPS * 2048
+    # 10% left-to-right per sample: some steps have none, then loss_l2r is null
+    assert all(r["loss_ao"] is not None for r in records)
+    assert any(r["loss_l2r"] is not None for r in records)
+
+
+def test_start_banner_and_resolved_config(reference):
+    out, output = reference
+    banner = next(line for line in output.splitlines() if line.startswith("model:"))
+    for fact in ("parameters", "attention sdpa", "ZeRO-1 fp32", "world size 2",
+                 "8 sequences x 2 accumulation x 2 ranks"):
+        assert fact in banner
+    assert load_config(out / "config.yaml").train.max_steps == STEPS
+
+
+def test_checkpoints_keep_the_last_two_and_load_without_deepspeed(reference):
+    out, _ = reference
+    root = out / "checkpoints"
+    assert sorted(p.name for p in root.glob("step_*")) == ["step_00000016", "step_00000018"]
+    assert (root / "latest").read_text() == "step_00000018"
+    state = json.loads((root / "step_00000018" / "trainer_state.json").read_text())
+    assert state["step"] == STEPS and state["world_size"] == 2 and state["git_sha"]
+    for path in (root / "step_00000018", out):  # a checkpoint folder, a training out_dir
+        for weights in ("ema", "raw"):
+            model = load_checkpoint(path, weights=weights)
+            assert model.config.block_size == 64 and not model.training
+    assert not torch.equal(final_weights(out, "ema")["lm_head.weight"],
+                           final_weights(out, "raw")["lm_head.weight"])
+
+
+def test_resuming_with_another_model_shape_is_refused(reference, text_data, monkeypatch, capsys):
+    out, _ = reference
+    for name, value in {"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "2", "LOCAL_WORLD_SIZE": "2",
+                        "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "1"}.items():
+        monkeypatch.setenv(name, value)
+    monkeypatch.chdir(REPO)
+    assert main(run_args(text_data, out, "ds_configs/cpu.json", "model.n_layer=3")) == 2
+    error = capsys.readouterr().err.strip()
+    assert error.count("\n") == 0 and error.startswith("error: the checkpoint in ")
+    assert "model.n_layer 2 -> 3" in error
+
+
+def test_zero_stages_agree_on_the_first_steps(reference, launcher, text_data, tmp_path):
+    out, _ = reference
+    base = json.loads((REPO / "ds_configs" / "cpu.json").read_text())
+    runs = {}
+    for stage in (2, 3):
+        ds_config = tmp_path / f"zero{stage}_fp32.json"
+        ds_config.write_text(json.dumps({**base, "zero_optimization": {"stage": stage}}))
+        runs[stage] = tmp_path / f"zero{stage}"
+        assert_ok(launcher.run("torchrun", run_args(text_data, runs[stage], ds_config,
+                                                    "train.max_steps=4")))
+    for stage, run in runs.items():
+        for key in ("loss", "grad_norm"):
+            expected = {s: v for s, v in losses(out, key).items() if s <= 4}
+            assert losses(run, key) == pytest.approx(expected, abs=1e-5), (stage, key)
+    for name, value in final_weights(runs[2], "ema").items():  # flat vs per-parameter shards
+        torch.testing.assert_close(final_weights(runs[3], "ema")[name], value, rtol=0, atol=1e-5)
+
+
+def test_sigterm_saves_a_checkpoint_and_the_rerun_continues_the_same_run(reference, launcher,
+                                                                         text_data, tmp_path):
+    out_ref, _ = reference
+    out = tmp_path / "interrupted"
+    args = run_args(text_data, out)
+    _, log = launcher.run_and_signal("deepspeed", args, out, after_step=2)
+    assert "stopping at step" in log and "on SIGTERM" in log
+    stopped_at = int((out / "checkpoints" / "latest").read_text().removeprefix("step_"))
+    assert 2 <= stopped_at < STEPS
+    assert load_checkpoint(out / "checkpoints" / f"step_{stopped_at:08d}").config.n_layer == 2
+
+    rerun = launcher.run("deepspeed", args)
+    assert_ok(rerun)
+    assert f"resumed from {out / 'checkpoints' / f'step_{stopped_at:08d}'}" in rerun.stdout
+    for key in ("loss", "loss_l2r", "loss_ao", "grad_norm", "val_loss_l2r", "val_loss_ao"):
+        assert losses(out, key) == pytest.approx(losses(out_ref, key), abs=1e-6), key
+    for kind in ("raw", "ema"):
+        reference_weights = final_weights(out_ref, kind)
+        for name, value in final_weights(out, kind).items():
+            torch.testing.assert_close(value, reference_weights[name], rtol=0, atol=1e-6)
+
+
+def test_sigusr1_stops_a_single_process_run_with_its_own_exit_status(text_data, tmp_path):
+    out, log = tmp_path / "single", tmp_path / "single.log"
+    args = [sys.executable, MAIN, *run_args(text_data, out, "ds_configs/cpu.json",
+                                            "train.tokens_per_step=512", "checkpoint.every=100")]
+    with log.open("w") as sink:
+        proc = subprocess.Popen(args, cwd=REPO, stdout=sink, stderr=subprocess.STDOUT)
+        metrics = out / "metrics.jsonl"
+        while not (metrics.is_file() and read_metrics(metrics)):
+            assert proc.poll() is None, log.read_text()
+            time.sleep(0.2)
+        proc.send_signal(signal.SIGUSR1)
+        assert proc.wait(timeout=120) == EXIT_PREEMPTED, log.read_text()
+    assert "on SIGUSR1" in log.read_text() and (out / "checkpoints" / "latest").is_file()
+
+
+def test_launcher_reports_bad_input_once_with_status_2(launcher, text_data, tmp_path):
+    ds_config = tmp_path / "disagrees.json"
+    ds_config.write_text(json.dumps({"train_micro_batch_size_per_gpu": 4, "zero_optimization": {"stage": 1}}))
+    result = launcher.run("deepspeed", run_args(text_data, tmp_path / "run", ds_config), timeout=120)
+    assert result.returncode == 2
+    errors = [line for line in (result.stdout + result.stderr).splitlines() if line.startswith("error:")]
+    assert errors == ["error: the DeepSpeed config sets train_micro_batch_size_per_gpu=4 but the YAML "
+                      "gives 8 (from train.micro_batch_size): set train_micro_batch_size_per_gpu to "
+                      "\"auto\" in the JSON and change the YAML instead"]
+    assert not (tmp_path / "run").exists()  # nothing written before the checks

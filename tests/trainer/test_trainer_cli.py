@@ -1,0 +1,100 @@
+"""Bad input to `trainer/main.py`: one clear line on stderr and exit status 2, before any process
+group, model or loader exists (so these run in-process as rank 0 of a 2-process world)."""
+
+import json
+import shutil
+
+import pytest
+from trainer_testing import REPO, TINY_RUN, build_data, real_documents
+
+from aogpt.trainer import main as main_module
+from aogpt.trainer.main import main
+
+
+@pytest.fixture(scope="module")
+def text_data(tmp_path_factory):
+    return build_data(tmp_path_factory.mktemp("data") / "text", real_documents())
+
+
+@pytest.fixture(autouse=True)
+def rank0_of_two(monkeypatch):
+    for name, value in {"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "2", "LOCAL_WORLD_SIZE": "2",
+                        "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "1"}.items():
+        monkeypatch.setenv(name, value)
+    monkeypatch.chdir(REPO)
+
+
+def run(data, tmp_path, *overrides, ds_config="ds_configs/cpu.json") -> list[str]:
+    return ["--ds_config", str(ds_config), "--config", "configs/tiny.yaml", f"data.path={data}",
+            f"out_dir={tmp_path / 'run'}", *TINY_RUN, *overrides]
+
+
+def one_error_line(capsys) -> str:
+    captured = capsys.readouterr()
+    assert captured.out == ""
+    lines = captured.err.splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: "), captured.err
+    return lines[0]
+
+
+def assert_refused(args, capsys, tmp_path, message: str) -> None:
+    assert main(args) == 2
+    assert message in one_error_line(capsys)
+    assert not (tmp_path / "run").exists()  # nothing written
+
+
+def test_ds_config_disagreeing_with_the_yaml(text_data, tmp_path, capsys):
+    ds_config = tmp_path / "disagrees.json"
+    ds_config.write_text(json.dumps({"gradient_accumulation_steps": 4, "zero_optimization": {"stage": 2}}))
+    assert_refused(run(text_data, tmp_path, ds_config=ds_config), capsys, tmp_path,
+                   "sets gradient_accumulation_steps=4 but the YAML gives 2")
+
+
+def test_missing_data_folder(tmp_path, capsys):
+    assert_refused(run(tmp_path / "nowhere", tmp_path), capsys, tmp_path,
+                   f"data folder {tmp_path / 'nowhere'} does not exist")
+
+
+def test_data_of_another_sequence_length(text_data, tmp_path, capsys):
+    assert_refused(run(text_data, tmp_path, "model.block_size=128", "train.tokens_per_step=4096"),
+                   capsys, tmp_path, "the data has samples of 64 tokens, the model's sequence length is 128")
+
+
+def test_data_of_another_tokenizer(text_data, tmp_path, capsys):
+    other = tmp_path / "other"
+    shutil.copytree(text_data, other)
+    manifest = json.loads((other / "manifest.json").read_text())
+    manifest["tokenizer"]["ranks_sha256"] = "f" * 64
+    (other / "manifest.json").write_text(json.dumps(manifest))
+    assert_refused(run(other, tmp_path), capsys, tmp_path, "the model uses GPT-2")
+
+
+def test_batch_not_divisible_by_world_size(text_data, tmp_path, capsys, monkeypatch):
+    monkeypatch.setenv("WORLD_SIZE", "3")
+    assert_refused(run(text_data, tmp_path), capsys, tmp_path,
+                   "global batch of 32 sequences is not divisible by micro_batch_size x world size = 8 x 3")
+
+
+def test_unknown_order_kind(text_data, tmp_path, capsys):
+    assert_refused(run(text_data, tmp_path, "order.kind=zigzag"), capsys, tmp_path,
+                   "order.kind must be one of mixture, uniform, l2r, fixed, blockwise")
+
+
+def test_unknown_config_key(text_data, tmp_path, capsys):
+    assert_refused(run(text_data, tmp_path, "train.max_step=3"), capsys, tmp_path,
+                   "unknown config key train.max_step (did you mean train.max_steps?)")
+
+
+def test_other_ranks_exit_2_without_repeating_the_message(text_data, tmp_path, capsys, monkeypatch):
+    monkeypatch.setenv("RANK", "1")
+    monkeypatch.setattr(main_module, "RANK0_REPORTS_FIRST_S", 0)
+    assert main(run(text_data, tmp_path, "order.kind=zigzag")) == 2
+    assert capsys.readouterr().err == ""
+
+
+def test_help_names_the_command_surface(capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        main(["--help"])
+    assert exit_info.value.code == 0
+    usage = capsys.readouterr().out
+    assert "--ds_config" in usage and "--config" in usage and "key.sub=value" in usage
