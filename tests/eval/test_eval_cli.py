@@ -1,0 +1,197 @@
+"""trainer/evaluate.py: the command, every checkpoint kind, one or two processes, bad input."""
+
+import json
+import os
+import shutil
+
+import pytest
+from conftest import REPO, run_cli
+from eval_testing import build_wikitext, save_checkpoint, wikitext_lines
+
+from aogpt.data_prep.owt_to_mds import main as owt_to_mds
+from aogpt.trainer.dist_env import free_port
+from aogpt.trainer.evaluate import main
+
+EVALUATE = str(REPO / "trainer" / "evaluate.py")
+
+
+@pytest.fixture(scope="module")
+def folders(tmp_path_factory):
+    root = tmp_path_factory.mktemp("eval_cli")
+    return {"data": build_wikitext(root / "wikitext2"),
+            **{kind: save_checkpoint(root / kind, kind) for kind in ("adaln", "sigma_sum", "none")},
+            "raw_only": save_checkpoint(root / "raw_only", ema=False)}
+
+
+@pytest.fixture
+def evaluate(capsys):
+    """Runs main() in this process (it sets the rank variables of a world of one: undone after)."""
+    saved = dict(os.environ)
+
+    def run(*argv: str) -> tuple[int, str, str]:
+        code = main([str(arg) for arg in argv])
+        out, err = capsys.readouterr()
+        return code, out, err
+
+    yield run
+    os.environ.clear()
+    os.environ.update(saved)
+
+
+def results(path) -> dict:
+    return json.loads(path.read_text())["results"][0]
+
+
+def test_command_prints_a_table_and_writes_the_json(folders, tmp_path):
+    out = tmp_path / "result.json"
+    done = run_cli(EVALUATE, "--ckpt", str(folders["adaln"]), "--data", str(folders["data"]),
+                   "--num-orders", "2", "--ensemble", "1,2", "--max-samples", "3",
+                   "--batch-size", "2", "--json", str(out))
+    assert done.returncode == 0, done.stderr
+    for text in ("l2r", "random x2", "ensemble M=1", "ensemble M=2", "token-forwards",
+                 "precision fp32", "AO-GPT"):
+        assert text in done.stdout
+    report = json.loads(out.read_text())
+    assert report["precision"] == "fp32" and "TF32 off" in report["precision_policy"]
+    assert report["weights"] == "ema" and report["model"]["target_injection"] == "adaln"
+    result = report["results"][0]
+    assert (result["dataset"], result["samples"], result["seq_len"]) == ("wikitext2", 3, 16)
+    for kind in ("l2r", "random"):
+        assert set(result[kind]) >= {"nll", "ppl", "tokens", "forwards", "token_forwards", "wall_s"}
+        assert result[kind]["tokens"] == 3 * 16
+    assert result["random"]["num_orders"] == 2 and result["random"]["nll_std"] > 0
+    ensemble = result["ensemble"]
+    assert set(ensemble["by_members"]) == {"1", "2"}
+    assert ensemble["paper_token_forwards"] == 3 * (1 + 16) * (16 + 1)
+    assert ensemble["token_forwards"] < ensemble["paper_token_forwards"]
+    assert not list(tmp_path.glob(".*partial*"))  # written atomically
+
+
+def test_two_processes_give_the_one_process_result(folders, tmp_path, evaluate):
+    args = ["--ckpt", str(folders["adaln"]), "--data", str(folders["data"]), "--num-orders", "2",
+            "--ensemble", "1,3", "--ensemble-targets", "6", "--max-samples", "5",
+            "--batch-size", "2"]
+    assert evaluate(*args, "--json", tmp_path / "one.json")[0] == 0
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    for name in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"):
+        env.pop(name, None)
+    done = run_cli("-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port",
+                   str(free_port()), EVALUATE, *args, "--json", str(tmp_path / "two.json"), env=env)
+    assert done.returncode == 0, done.stderr
+    one, two = results(tmp_path / "one.json"), results(tmp_path / "two.json")
+    assert json.loads((tmp_path / "two.json").read_text())["world_size"] == 2
+    for kind in ("l2r", "random", "ensemble"):
+        for key in ("tokens", "forwards", "token_forwards"):
+            if (kind, key) != ("ensemble", "token_forwards"):  # its padding depends on the batches
+                assert one[kind][key] == two[kind][key], (kind, key)
+    assert one["l2r"]["nll"] == pytest.approx(two["l2r"]["nll"], rel=1e-6)
+    assert one["random"]["nll_per_order"] == pytest.approx(two["random"]["nll_per_order"], rel=1e-6)
+    for m in ("1", "3"):
+        for key in ("nll", "nll_se"):
+            assert one["ensemble"]["by_members"][m][key] == pytest.approx(
+                two["ensemble"]["by_members"][m][key], rel=1e-6)
+
+
+def test_sigma_gpt_is_scored_in_every_order_kind(folders, tmp_path, evaluate):
+    code, out, _ = evaluate("--ckpt", folders["sigma_sum"], "--data", folders["data"],
+                            "--ensemble", "2", "--max-samples", "2", "--json", tmp_path / "r.json")
+    assert code == 0 and "sigma-GPT" in out
+    assert {"l2r", "random", "ensemble"} <= set(results(tmp_path / "r.json"))
+
+
+def test_left_to_right_gpt_is_scored_left_to_right_by_default(folders, tmp_path, evaluate):
+    code, out, _ = evaluate("--ckpt", folders["none"], "--data", folders["data"],
+                            "--max-samples", "2", "--json", tmp_path / "r.json")
+    result = results(tmp_path / "r.json")
+    assert code == 0 and "l2r" in result and "random" not in result
+
+
+def test_ema_and_raw_weights_are_both_available(folders, tmp_path, evaluate):
+    for weights in ("ema", "raw"):
+        assert evaluate("--ckpt", folders["adaln"], "--data", folders["data"], "--orders", "l2r",
+                        "--max-samples", "2", "--weights", weights,
+                        "--json", tmp_path / f"{weights}.json")[0] == 0
+    ema, raw = (results(tmp_path / f"{w}.json")["l2r"]["nll"] for w in ("ema", "raw"))
+    assert ema != raw
+
+
+def test_training_out_dir_is_read_through_its_final_weights(folders, tmp_path, evaluate):
+    shutil.copytree(folders["adaln"], tmp_path / "run" / "final")
+    code, _, _ = evaluate("--ckpt", tmp_path / "run", "--data", folders["data"], "--orders", "l2r",
+                          "--max-samples", "2", "--json", tmp_path / "r.json")
+    assert code == 0 and results(tmp_path / "r.json")["l2r"]["tokens"] == 2 * 16
+
+
+def test_compressed_pretraining_folder_is_scored_on_its_val_split(folders, tmp_path, evaluate):
+    text = "".join(wikitext_lines(400))
+    documents = [doc for doc in text.split(" \n = ") if doc.strip()]
+    source = tmp_path / "docs.jsonl"
+    source.write_text("".join(json.dumps({"text": doc}) + "\n" for doc in documents))
+    data = tmp_path / "owt"
+    assert owt_to_mds(["--source", str(source), "--out", str(data), "--seq-len", "16",
+                       "--val-fraction", "0.5", "--workers", "1", "--compression", "zstd"]) == 0
+    val_samples = json.loads((data / "manifest.json").read_text())["splits"]["val"]["samples"]
+    code, _, err = evaluate("--ckpt", folders["adaln"], "--data", data, "--orders", "l2r",
+                            "--json", tmp_path / "r.json")
+    assert code == 0, err
+    result = results(tmp_path / "r.json")
+    assert (result["split"], result["samples"]) == ("val", val_samples)
+    assert result["l2r"]["tokens"] == val_samples * 16
+
+
+def _other_tokenizer(folders, tmp_path):
+    data = shutil.copytree(folders["data"], tmp_path / "other")
+    manifest = json.loads((data / "manifest.json").read_text())
+    manifest["tokenizer"] = {"name": "cl100k_base", "ranks_sha256": "0" * 64}
+    (data / "manifest.json").write_text(json.dumps(manifest))
+    return ["--ckpt", folders["adaln"], "--data", data]
+
+
+BAD_INPUTS = {
+    "missing checkpoint": (lambda f, t: ["--ckpt", t / "nothing", "--data", f["data"]],
+                           "no checkpoint at"),
+    "missing data": (lambda f, t: ["--ckpt", f["adaln"], "--data", t / "nothing"],
+                     "does not exist"),
+    "data of another tokenizer": (_other_tokenizer, "tokenized with 'cl100k_base'"),
+    "ensemble size zero": (lambda f, t: ["--ckpt", f["adaln"], "--data", f["data"],
+                                         "--ensemble", "0,2"], "positive integers"),
+    "ensemble size not a number": (lambda f, t: ["--ckpt", f["adaln"], "--data", f["data"],
+                                                 "--ensemble", "2,four"], "positive integers"),
+    "random orders on a left-to-right GPT": (
+        lambda f, t: ["--ckpt", f["none"], "--data", f["data"], "--orders", "l2r,random"],
+        "left-to-right GPT"),
+    "ensemble on a left-to-right GPT": (
+        lambda f, t: ["--ckpt", f["none"], "--data", f["data"], "--ensemble", "2"],
+        "cannot score other orders"),
+    "unknown order kind": (lambda f, t: ["--ckpt", f["adaln"], "--data", f["data"],
+                                         "--orders", "l2r,reverse"], "comma list of l2r, random"),
+    "no EMA in the checkpoint": (lambda f, t: ["--ckpt", f["raw_only"], "--data", f["data"]],
+                                 'weights="raw"'),
+    "zero orders": (lambda f, t: ["--ckpt", f["adaln"], "--data", f["data"], "--num-orders", "0"],
+                    "--num-orders must be at least 1"),
+}
+
+
+@pytest.mark.parametrize("case", BAD_INPUTS)
+def test_bad_input_is_refused_with_one_line(case, folders, tmp_path, evaluate):
+    make_args, message = BAD_INPUTS[case]
+    code, out, err = evaluate(*make_args(folders, tmp_path))
+    assert code == 2
+    assert err.count("\n") == 1 and err.startswith("error: ") and message in err, err
+    assert out == ""
+
+
+def test_data_longer_than_the_model_block_is_refused(folders, tmp_path, evaluate):
+    data = build_wikitext(tmp_path / "long", seq_len=64)  # tiny models have block_size 48
+    code, _, err = evaluate("--ckpt", folders["adaln"], "--data", data)
+    assert code == 2 and "more than the model's block_size 48" in err
+
+
+def test_help_lists_every_flag(capsys):
+    with pytest.raises(SystemExit) as exit_:
+        main(["--help"])
+    assert exit_.value.code == 0
+    out = capsys.readouterr().out
+    for flag in ("--ckpt", "--data", "--orders", "--num-orders", "--ensemble", "--ensemble-targets",
+                 "--weights", "--json", "--batch-size", "--max-samples", "--seed", "--precision"):
+        assert flag in out
