@@ -39,7 +39,8 @@ class DataConfig:
     path: str = ""
     # Several datasets mixed by proportion; when given, `path` is not used for training.
     streams: list[StreamConfig] = field(default_factory=list)
-    # Where shards of a remote dataset are cached on each node (default: under out_dir).
+    # Where shards of a remote dataset are cached on each node (default: under out_dir). Set it
+    # for a local path too to copy the shards from a shared filesystem to node-local disk.
     local_cache: str | None = None
     shuffle_algo: Literal["py1e", "py1br", "py1s", "py2s", "naive"] = "py1e"
     # Fixes the sample order independently of the node count; keep it constant across resumes.

@@ -6,8 +6,10 @@
     validation_loader(cfg, ...)          the `val` split, unshuffled, never the training stream
 
 A data location is a folder made by data_prep/owt_to_mds.py or a remote URL (s3://, gs://, ...)
-of one; remote shards are cached per node under data.local_cache (default out_dir/data_cache).
-Several datasets are mixed through data.streams with their proportions.
+of one. Remote shards are copied to a cache on each node, data.local_cache (default
+out_dir/data_cache); with data.local_cache set, a local folder is treated the same way, which
+keeps a shared filesystem out of the read path (stack-notes 0.9). Several datasets are mixed
+through data.streams with their proportions.
 """
 
 from __future__ import annotations
@@ -100,7 +102,7 @@ def check_data(cfg: RunConfig, dist_env: DistEnv) -> dict[str, dict]:
 
 def _stream(cfg: RunConfig, location: str, manifest: dict, split: str, dist_env: DistEnv,
             proportion: float | None = None):
-    if is_remote(location):
+    if is_remote(location) or cfg.data.local_cache:  # copied shard by shard into the cache
         relative = manifest["splits"][split]["path"]
         return streaming.Stream(remote=f"{location.rstrip('/')}/{relative}",
                                 local=str(cache_dir(cfg, location, dist_env) / relative),

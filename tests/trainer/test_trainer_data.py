@@ -74,6 +74,14 @@ def test_resumed_stream_continues_with_the_next_batch_even_across_epochs(repo, s
         gc.collect()
 
 
+def test_cached_copy_of_the_shards_streams_the_same_batches(repo, text_data, tmp_path):
+    direct = next(batches_for(config(repo, text_data)))
+    gc.collect()
+    cached = batches_for(config(repo, text_data, f"data.local_cache={tmp_path / 'cache'}"))
+    assert torch.equal(next(cached), direct)
+    assert list((tmp_path / "cache").glob("node0/*/train/shard.*.mds"))  # read from the copy
+
+
 def test_every_epoch_reshuffles_the_same_samples(repo, small_data):
     stream = batches_for(config(repo, small_data))
     by_epoch = {}
