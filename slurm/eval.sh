@@ -1,24 +1,29 @@
 #!/bin/bash
-# Zero-shot evaluation of a trained model on eval sets made by data_prep/eval_to_mds.py, one GPU.
+# Zero-shot evaluation of a trained model on eval sets made by data_prep/eval_to_mds.py.
 #
 #   cd aogpt && AOGPT_CKPT=runs/ao_gpt_small \
 #       AOGPT_EVAL_DATA="data/eval/wikitext2 data/eval/ptb data/eval/lambada" sbatch slurm/eval.sh
-#   AOGPT_EVAL_ARGS="--orders l2r,random --num-orders 10 --weights ema" ... sbatch slurm/eval.sh
+#   AOGPT_EVAL_ARGS="--ensemble 1,2,4,8,16,32,64" ... sbatch --gpus-per-node=8 slurm/eval.sh
 #   sbatch --gpus-per-node=0 slurm/eval.sh         # on a CPU-only cluster
 #
-# Runs trainer/evaluate.py once per eval folder and writes one JSON per folder (nll, ppl,
-# tokens per order kind). Logs: logs/<job name>-<job id>.out.
+# One node; trainer/evaluate.py runs under torchrun with one process per GPU of the job (each
+# scores a slice of the samples), loads the model once and scores every folder (a pretraining
+# folder is scored on its val split). It prints a table and writes all results to one JSON.
+# Logs: logs/<job name>-<job id>.out.
 #
 # Settings (environment variables; sbatch passes the submitting shell's environment on):
-#   AOGPT_CKPT        what to evaluate, required: a training out_dir (its final/ weights), a
-#                     checkpoint folder, or a consolidated model.pt
-#   AOGPT_EVAL_DATA   space-separated eval data folders, required
-#   AOGPT_EVAL_ARGS   more flags for trainer/evaluate.py, e.g. "--orders l2r,random --ensemble 4"
-#   AOGPT_EVAL_OUT    folder for the JSON results (default logs/eval-<job id>)
-#   AOGPT_VENV        virtual environment to use (default .venv of the repo, else python3)
-#   AOGPT_PYTHON      python executable, instead of AOGPT_VENV
-#   AOGPT_REPO        the checkout (default: where sbatch was run)
-#   AOGPT_DRY_RUN=1   print the commands, start nothing
+#   AOGPT_CKPT           what to evaluate, required: a training out_dir (its final/ weights),
+#                        a checkpoint folder, or a consolidated model.pt
+#   AOGPT_EVAL_DATA      space-separated data folders, required
+#   AOGPT_EVAL_ARGS      more flags for trainer/evaluate.py, e.g. "--orders l2r,random
+#                        --num-orders 10", "--weights raw", "--ensemble 1,2,4,8"
+#   AOGPT_EVAL_JSON      where the results go (default logs/eval-<job id>.json)
+#   AOGPT_GPUS_PER_NODE  GPUs to use (default: what the job was given, else 1); 0 or cpu: CPU
+#   AOGPT_PROCS_PER_NODE processes without GPUs (default 1)
+#   AOGPT_VENV           virtual environment to use (default .venv of the repo, else python3)
+#   AOGPT_PYTHON         python executable, instead of AOGPT_VENV
+#   AOGPT_REPO           the checkout (default: where sbatch was run)
+#   AOGPT_DRY_RUN=1      print the command, start nothing
 #
 #SBATCH --job-name=aogpt-eval
 #SBATCH --nodes=1
@@ -39,17 +44,21 @@ aogpt_setup
 aogpt_require_path AOGPT_CKPT "${AOGPT_CKPT:-}"
 read -r -a eval_data <<<"${AOGPT_EVAL_DATA:-}"
 [ "${#eval_data[@]}" -gt 0 ] \
-    || aogpt_die "AOGPT_EVAL_DATA is not set: eval folders made by data_prep/eval_to_mds.py"
-for data in "${eval_data[@]}"; do aogpt_require_path AOGPT_EVAL_DATA "$data"; done
-[ "${AOGPT_DRY_RUN:-0}" != 0 ] || [ -f trainer/evaluate.py ] \
-    || aogpt_die "$AOGPT_REPO has no trainer/evaluate.py: update the checkout"
-
-read -r -a extra <<<"${AOGPT_EVAL_ARGS:-}"
-out=${AOGPT_EVAL_OUT:-logs/eval-${SLURM_JOB_ID:-dry-run}}
-[ "${AOGPT_DRY_RUN:-0}" != 0 ] || mkdir -p "$out"
-aogpt_log "job ${SLURM_JOB_ID:-<dry run>} on ${SLURMD_NODENAME:-$(hostname)}: $AOGPT_CKPT"
+    || aogpt_die "AOGPT_EVAL_DATA is not set: data folders made by data_prep/eval_to_mds.py"
+data_flags=()
 for data in "${eval_data[@]}"; do
-    aogpt_run "$AOGPT_PY" trainer/evaluate.py --ckpt "$AOGPT_CKPT" --data "$data" \
-        --json "$out/$(basename "$data").json" "${extra[@]}"
+    aogpt_require_path AOGPT_EVAL_DATA "$data"
+    data_flags+=(--data "$data")
 done
-aogpt_log "results in $out/"
+[ -f trainer/evaluate.py ] || aogpt_die "$AOGPT_REPO has no trainer/evaluate.py: update the checkout"
+
+gpus=$(aogpt_gpus_per_node 1) || exit 2
+procs=$(aogpt_procs_per_node "$gpus") || exit 2
+cpus=${SLURM_CPUS_ON_NODE:-$(nproc)}
+export OMP_NUM_THREADS=${OMP_NUM_THREADS:-$((cpus / procs > 0 ? cpus / procs : 1))}
+read -r -a extra <<<"${AOGPT_EVAL_ARGS:-}"
+json=${AOGPT_EVAL_JSON:-logs/eval-${SLURM_JOB_ID:-dry-run}.json}
+aogpt_log "job ${SLURM_JOB_ID:-<dry run>} on ${SLURMD_NODENAME:-$(hostname)}: $AOGPT_CKPT," \
+    "$procs process(es) on $([ "$gpus" = 0 ] && echo CPU || echo "$gpus GPU(s)")"
+aogpt_run "$AOGPT_PY" -m torch.distributed.run --standalone --nproc-per-node="$procs" \
+    trainer/evaluate.py --ckpt "$AOGPT_CKPT" "${data_flags[@]}" --json "$json" "${extra[@]}"

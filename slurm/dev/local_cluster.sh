@@ -136,7 +136,7 @@ start() {
     stop >/dev/null 2>&1 || true
     write_config
     start_munge
-    slurmctld -i
+    slurmctld -c  # a fresh start forgets the jobs of an earlier one
     local name
     for name in $(node_names); do
         mkdir -p "$DIR/spool-$name"

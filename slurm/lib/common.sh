@@ -53,6 +53,25 @@ aogpt_setup() {
     export PYTHONUNBUFFERED=1 PYTHONFAULTHANDLER=1
 }
 
+# GPUs per node: AOGPT_GPUS_PER_NODE, else what the job was given ("8", or "h100:8" from a
+# typed --gpus-per-node), else $1. "cpu" or 0 means CPU-only.
+aogpt_gpus_per_node() {
+    local gpus=${AOGPT_GPUS_PER_NODE:-${SLURM_GPUS_PER_NODE:-${SLURM_GPUS_ON_NODE:-$1}}}
+    gpus=${gpus##*:}
+    [ "$gpus" = cpu ] && gpus=0
+    [[ $gpus =~ ^[0-9]+$ ]] || aogpt_die "AOGPT_GPUS_PER_NODE=$gpus: give a number of GPUs, or 0 / cpu"
+    echo "$gpus"
+}
+
+# Processes per node for $1 GPUs per node: one per GPU, or AOGPT_PROCS_PER_NODE (default 1)
+# without GPUs.
+aogpt_procs_per_node() {
+    local procs=$1
+    [ "$1" = 0 ] && procs=${AOGPT_PROCS_PER_NODE:-1}
+    [[ $procs =~ ^[1-9][0-9]*$ ]] || aogpt_die "AOGPT_PROCS_PER_NODE=$procs: give a positive number"
+    echo "$procs"
+}
+
 # Inside a job, or in a dry run that only prints what a job would do.
 aogpt_require_job() {
     if [ -z "${SLURM_JOB_ID:-}" ] && [ "${AOGPT_DRY_RUN:-0}" = 0 ]; then

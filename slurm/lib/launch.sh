@@ -28,29 +28,18 @@
 # shellcheck source=common.sh
 source "$AOGPT_REPO/slurm/lib/common.sh"
 
-# "8", "h100:8" (a typed --gpus-per-node), "cpu" or "0" -> a count; 0 means CPU-only.
-aogpt_gpus_per_node() {
-    local gpus=${AOGPT_GPUS_PER_NODE:-${SLURM_GPUS_PER_NODE:-${SLURM_GPUS_ON_NODE:-8}}}
-    gpus=${gpus##*:}
-    [ "$gpus" = cpu ] && gpus=0
-    [[ $gpus =~ ^[0-9]+$ ]] || aogpt_die "AOGPT_GPUS_PER_NODE=$gpus: give a number of GPUs, or 0 / cpu"
-    echo "$gpus"
-}
-
 aogpt_train() {
     aogpt_require_job
     aogpt_setup
 
     local gpus procs
-    gpus=$(aogpt_gpus_per_node) || exit 2
+    gpus=$(aogpt_gpus_per_node 8) || exit 2
+    procs=$(aogpt_procs_per_node "$gpus") || exit 2
     if [ "$gpus" = 0 ]; then
-        procs=${AOGPT_PROCS_PER_NODE:-1}
         AOGPT_DS_CONFIG=${AOGPT_DS_CONFIG:-ds_configs/cpu.json}
     else
-        procs=$gpus  # one process per GPU
         AOGPT_DS_CONFIG=${AOGPT_DS_CONFIG:-$AOGPT_DEFAULT_DS_CONFIG}
     fi
-    [[ $procs =~ ^[1-9][0-9]*$ ]] || aogpt_die "AOGPT_PROCS_PER_NODE=$procs: give a positive number"
     aogpt_require_path AOGPT_CONFIG "${AOGPT_CONFIG:-}"
     aogpt_require_path AOGPT_DS_CONFIG "$AOGPT_DS_CONFIG"
     [ -f trainer/main.py ] || aogpt_die "$AOGPT_REPO has no trainer/main.py: set AOGPT_REPO to the checkout"
@@ -125,7 +114,8 @@ aogpt_run_step() {
     trap - USR1 TERM
     if [ "$warned" = 1 ] && [ "$rc" != 0 ]; then
         aogpt_log "step ended (exit $rc) after the warning: requeueing job $SLURM_JOB_ID to resume"
-        scontrol requeue "$SLURM_JOB_ID"
+        scontrol requeue "$SLURM_JOB_ID" \
+            || aogpt_die "scontrol requeue failed: submit the same command again to resume"
         exit 0
     fi
     aogpt_log "step ended with exit status $rc"

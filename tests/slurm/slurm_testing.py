@@ -11,6 +11,7 @@ import json
 import os
 import re
 import shutil
+import socket
 import subprocess
 import sys
 import time
@@ -32,6 +33,10 @@ class Cluster:
     def __init__(self, slurm_conf: str):
         self.env = {**os.environ, "SLURM_CONF": slurm_conf, "AOGPT_PYTHON": sys.executable,
                     "OMP_NUM_THREADS": "1"}
+        try:  # the templates meet at the first node's hostname, which CI may not resolve
+            socket.gethostbyname(socket.gethostname())
+        except OSError:
+            self.env["AOGPT_MASTER_ADDR"] = "127.0.0.1"
 
     def run(self, *command: str, check: bool = True) -> subprocess.CompletedProcess:
         return subprocess.run(command, capture_output=True, text=True, env=self.env, cwd=REPO,

@@ -5,12 +5,13 @@ Everything runs as a user would: `sbatch slurm/<template>.sh` from the repositor
 settings in the environment and sbatch flags, CPU-only (`--gpus-per-node=0`), gloo.
 """
 
+import json
 import re
 import time
 from pathlib import Path
 
 import pytest
-from slurm_testing import Cluster, log_tail, metrics_steps, start_cluster, write_documents
+from slurm_testing import Cluster, Job, log_tail, metrics_steps, start_cluster, write_documents
 
 from aogpt.data_prep.manifest import read_manifest
 from aogpt.model import load_checkpoint
@@ -48,15 +49,20 @@ def test_data_prep_job_builds_the_training_data(data_dir: Path):
     assert manifest["splits"]["val"]["samples"] > 0
 
 
-def test_train_small_runs_on_two_nodes_and_writes_metrics_and_checkpoints(
-        cluster: Cluster, data_dir: Path, tmp_path: Path):
-    out = tmp_path / "run"
+@pytest.fixture(scope="module")
+def two_node_run(cluster: Cluster, data_dir: Path, tmp_path_factory) -> tuple[Job, dict, Path]:
+    """slurm/train_small.sh as is: two nodes, one CPU process each; (job, its state, out_dir)."""
+    work = tmp_path_factory.mktemp("slurm_train")
     job = cluster.sbatch(
-        "slurm/train_small.sh", tmp_path / "train.out", "--gpus-per-node=0", **TINY,
-        AOGPT_DATA=str(data_dir), AOGPT_OUT_DIR=str(out),
+        "slurm/train_small.sh", work / "train.out", "--gpus-per-node=0", **TINY,
+        AOGPT_DATA=str(data_dir), AOGPT_OUT_DIR=str(work / "run"),
         AOGPT_OVERRIDES="train.max_steps=6 train.log_every=1 checkpoint.every=3 eval.every=6",
     )
-    info = cluster.wait_done(job)
+    return job, cluster.wait_done(job), work / "run"
+
+
+def test_train_small_runs_on_two_nodes_and_writes_metrics_and_checkpoints(two_node_run):
+    job, info, out = two_node_run
     log = job.log.read_text()
     assert info["JobState"] == "COMPLETED", log_tail(job)
     assert "nodes (2): aogpt-node1 aogpt-node2" in log
@@ -102,3 +108,18 @@ def test_time_limit_warning_checkpoints_requeues_and_resumes(
     tags = sorted(p.name for p in (out / "checkpoints").glob("step_*"))
     assert tags == [f"step_{stopped:08d}", f"step_{max_steps:08d}"]
     assert (out / "final" / "model.pt").is_file()
+
+
+def test_eval_job_scores_the_trained_model(cluster: Cluster, two_node_run, data_dir: Path,
+                                           tmp_path: Path):
+    _, _, out = two_node_run
+    results = tmp_path / "eval.json"
+    job = cluster.sbatch("slurm/eval.sh", tmp_path / "eval.out", "--gpus-per-node=0",
+                         "--cpus-per-task=2", AOGPT_CKPT=str(out), AOGPT_EVAL_DATA=str(data_dir),
+                         AOGPT_EVAL_JSON=str(results),
+                         AOGPT_EVAL_ARGS="--orders l2r,random --num-orders 2 --max-samples 16")
+    info = cluster.wait_done(job)
+    assert info["JobState"] == "COMPLETED", log_tail(job)
+    report = json.loads(results.read_text())
+    assert report["checkpoint"] == str(out) and report["weights"] == "ema"
+    assert len(report["results"]) == 1

@@ -173,22 +173,20 @@ def test_data_prep_template_needs_an_output_folder(job_env):
     assert result.returncode == 2 and "AOGPT_DATA is not set" in result.stderr
 
 
-def test_eval_template_evaluates_each_data_folder_into_its_json(job_env, tmp_path):
+def test_eval_template_scores_every_folder_in_one_run_per_gpu(job_env, tmp_path):
     for name in ("run", "wikitext2", "ptb"):
         (tmp_path / name).mkdir()
-    job_env.update(AOGPT_CKPT=str(tmp_path / "run"),
+    job_env.update(AOGPT_CKPT=str(tmp_path / "run"), SLURM_GPUS_ON_NODE="4",
                    AOGPT_EVAL_DATA=f"{tmp_path / 'wikitext2'} {tmp_path / 'ptb'}",
                    AOGPT_EVAL_ARGS="--orders l2r,random --num-orders 4")
-    result = run_template("slurm/eval.sh", job_env)
-    assert result.returncode == 0, result.stderr
-    commands = [shlex.split(line.split("command:", 1)[1]) for line in result.stdout.splitlines()
-                if "command:" in line]
-    assert [argv[1:] for argv in commands] == [
-        ["trainer/evaluate.py", "--ckpt", str(tmp_path / "run"), "--data",
-         str(tmp_path / name), "--json", f"logs/eval-4242/{name}.json", "--orders", "l2r,random",
-         "--num-orders", "4"]
-        for name in ("wikitext2", "ptb")
-    ]
+    _, argv = planned_command("slurm/eval.sh", job_env)
+    main = argv.index("trainer/evaluate.py")
+    assert option(argv[:main], "--nproc-per-node") == "4"
+    assert "--standalone" in argv[:main]
+    assert argv[main + 1:] == [
+        "--ckpt", str(tmp_path / "run"), "--data", str(tmp_path / "wikitext2"),
+        "--data", str(tmp_path / "ptb"), "--json", "logs/eval-4242.json",
+        "--orders", "l2r,random", "--num-orders", "4"]
 
 
 def test_eval_template_needs_a_checkpoint_and_data(job_env):
