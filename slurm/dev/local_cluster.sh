@@ -109,6 +109,7 @@ start_munge() {
 # (and every job process under it) gets a private /dev/shm in its own mount namespace.
 start_slurmd() {
     if unshare --mount --propagation private true 2>/dev/null; then
+        # shellcheck disable=SC2016  # $1 is expanded by the inner shell
         unshare --mount --propagation private sh -c \
             'mount -t tmpfs -o size=50% tmpfs /dev/shm && exec slurmd -N "$1"' sh "$1"
     else

@@ -1,3 +1,4 @@
+# shellcheck shell=bash
 # Shared by every sbatch template in slurm/: where the repository and the python are, how a
 # template says what is wrong, and how it shows the command it runs. Sourced, never executed.
 #

@@ -1,3 +1,4 @@
+# shellcheck shell=bash
 # The one launch behind slurm/train_small.sh and slurm/train_medium.sh (they set defaults and
 # source this file; the settings are documented at the top of each template).
 #
@@ -77,6 +78,7 @@ aogpt_train() {
     if [ "$gpus" != 0 ] && [ -n "${SLURM_GPUS_ON_NODE:-}" ]; then
         srun+=(--gpus-per-node="$gpus")
     fi
+    # shellcheck disable=SC2054  # the commas belong to --signals-to-handle
     local torchrun=("$AOGPT_PY" -m torch.distributed.run --nnodes="$nnodes"
         --nproc-per-node="$procs" --rdzv-backend=c10d --rdzv-endpoint="$master_addr:$master_port"
         --rdzv-id="aogpt-$SLURM_JOB_ID" --max-restarts=0

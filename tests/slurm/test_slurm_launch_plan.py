@@ -193,3 +193,11 @@ def test_eval_template_needs_a_checkpoint_and_data(job_env):
     result = run_template("slurm/eval.sh", job_env)
     assert result.returncode == 2 and "AOGPT_CKPT is not set" in result.stderr
     assert re.fullmatch(r"error: [^\n]+\n", result.stderr)
+
+
+@pytest.mark.skipif(shutil.which("shellcheck") is None, reason="shellcheck is not installed")
+def test_slurm_scripts_pass_shellcheck():
+    scripts = sorted(str(p) for p in (REPO / "slurm").rglob("*.sh")) + [str(REPO / ".ci" / "run")]
+    result = subprocess.run(["shellcheck", "-x", "-P", str(REPO / "slurm" / "lib"), *scripts],
+                            capture_output=True, text=True, cwd=REPO)
+    assert result.returncode == 0, result.stdout
