@@ -170,10 +170,9 @@ def plan_steps(counts: torch.Tensor, seq_len: int, bucketed: bool) -> StepPlan:
 
 def filter_logits(logits: torch.Tensor, config: SamplingConfig,
                   real_vocab: int = GPT2_VOCAB) -> torch.Tensor:
-    """Logits (..., vocab) scaled by the temperature, with -inf where a token may not be drawn:
-    the padded ids >= real_vocab, and those outside top-k and the top-p nucleus."""
-    vocab = torch.arange(logits.size(-1), device=logits.device)
-    logits = logits.masked_fill(vocab >= real_vocab, float("-inf"))
+    """Logits (..., vocab) -> (..., real_vocab) scaled by the temperature, with -inf for the
+    tokens outside top-k and the top-p nucleus. The padded ids >= real_vocab are cut off."""
+    logits = logits[..., :real_vocab]
     if config.temperature > 0:
         logits = logits / config.temperature
     if config.top_k:
@@ -188,21 +187,25 @@ def filter_logits(logits: torch.Tensor, config: SamplingConfig,
     return logits
 
 
-def sample_from_logits(logits: torch.Tensor, config: SamplingConfig, sample_ids: torch.Tensor,
-                       target_positions: torch.Tensor) -> torch.Tensor:
-    """One token per row of logits (b, r, vocab): (b, r) int64.
+def token_uniforms(config: SamplingConfig, sample_ids: torch.Tensor, seq_len: int) -> torch.Tensor:
+    """(b, seq_len) float64 in [0, 1): the uniform that draws the token at each position, keyed
+    by (seed, sample id, position), so a token is the same whatever batch or step draws it."""
+    positions = torch.arange(seq_len, device=sample_ids.device)
+    return counter_uniform(config.seed, sample_ids[:, None], _TOKEN, positions)
 
-    Gumbel-max in float64 with noise keyed by (seed, sample id, target position), so a token is
-    the same whatever batch or step it is drawn in.
-    """
+
+def sample_from_logits(logits: torch.Tensor, config: SamplingConfig,
+                       uniforms: torch.Tensor) -> torch.Tensor:
+    """One token per row of logits (b, r, vocab): (b, r) int64, by inverse-CDF sampling in
+    float64 with the given uniforms (b, r) (see token_uniforms)."""
     logits = filter_logits(logits, config)
     if config.temperature == 0:
         return logits.argmax(dim=-1)
-    vocab = torch.arange(logits.size(-1), device=logits.device)
-    u = counter_uniform(config.seed, sample_ids[:, None, None], _TOKEN,
-                        target_positions[..., None], vocab)  # (b, r, vocab)
-    gumbel = -torch.log(-torch.log(u))
-    return (logits.double() + gumbel).argmax(dim=-1)
+    cdf = logits.double().softmax(dim=-1).cumsum(dim=-1)  # excluded tokens add nothing
+    u = uniforms
+    total = cdf[..., -1]
+    point = torch.minimum(u * total, torch.nextafter(total, torch.zeros_like(total)))  # < total
+    return torch.searchsorted(cdf, point[..., None], right=True).squeeze(-1)
 
 
 # ---- the cache and the sampler ---------------------------------------------------------------------
@@ -287,7 +290,7 @@ class KVCacheSampler:
         # the state a step reads and writes (fixed addresses, as CUDA graphs need)
         self.orders = torch.zeros(batch_size, seq_len, dtype=torch.long, device=self.device)
         self.ordered = torch.zeros(batch_size, seq_len + 1, dtype=torch.long, device=self.device)
-        self.sample_ids = torch.zeros(batch_size, dtype=torch.long, device=self.device)
+        self.uniforms = torch.zeros(batch_size, seq_len, dtype=torch.float64, device=self.device)
         self.bounds = torch.zeros(3, batch_size, dtype=torch.long, device=self.device)
         self._graphs: dict[tuple[int, int, int], tuple[torch.cuda.CUDAGraph, tuple]] = {}
         self._pool = None
@@ -311,7 +314,7 @@ class KVCacheSampler:
                                                 for t in (sample_ids, given_tokens, given_mask))
         counts = reveal_counts(self.config, given_mask.sum(dim=1), n, sample_ids)
         plan = plan_steps(counts, n, bucketed=self.cuda_graphs)
-        self.sample_ids.copy_(sample_ids)
+        self.uniforms.copy_(token_uniforms(self.config, sample_ids, n))
         self.orders.copy_(draw_orders(self.config, given_mask, sample_ids))
         self.ordered[:, :n].copy_(shuffle(given_tokens.long(), self.orders))
         bounds = plan.bounds.to(self.device)
@@ -372,7 +375,7 @@ class KVCacheSampler:
         chosen = hidden.gather(1, row[..., None].expand(-1, -1, hidden.size(-1)))
         logits = self.model.lm_head(chosen)
         logits = logits.to(torch.promote_types(logits.dtype, torch.float32))  # (b, targets, vocab)
-        drawn = sample_from_logits(logits, self.config, self.sample_ids,
-                                   self.orders.gather(1, target_slots.clamp(max=n - 1)))
+        drawn_positions = self.orders.gather(1, target_slots.clamp(max=n - 1))
+        drawn = sample_from_logits(logits, self.config, self.uniforms.gather(1, drawn_positions))
         self.ordered.scatter_(1, torch.where(valid, target_slots, n), drawn)
         return logits, target_slots, valid

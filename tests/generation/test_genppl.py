@@ -1,0 +1,96 @@
+"""Generative perplexity: per-sample and pooled perplexity and unigram entropy, judged by a local
+Hugging Face GPT-2 folder or by a checkpoint of this project."""
+
+import json
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from aogpt import UsageError
+from aogpt.model import AOGPT, save_consolidated
+from aogpt.model.config import ModelConfig
+from aogpt.trainer.genppl import Judge, generative_perplexity, main, unigram_entropy
+
+
+@pytest.fixture(scope="module")
+def hf_judge_dir(tmp_path_factory):
+    """A tiny randomly initialized GPT-2 saved as a local Hugging Face folder (no download)."""
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    torch.manual_seed(0)
+    model = GPT2LMHeadModel(GPT2Config(n_layer=1, n_head=2, n_embd=16, n_positions=32))
+    folder = tmp_path_factory.mktemp("gpt2")
+    model.save_pretrained(folder)
+    return folder
+
+
+@pytest.fixture(scope="module")
+def project_ckpt(tmp_path_factory):
+    torch.manual_seed(0)
+    config = ModelConfig(n_layer=1, n_head=2, n_embd=16, block_size=32, cond_dim=8)
+    folder = tmp_path_factory.mktemp("ckpt")
+    save_consolidated(folder / "model.pt", config, AOGPT(config).state_dict(), None)
+    return folder / "model.pt"
+
+
+def samples(b=5, n=12, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    return torch.randint(0, 50257, (b, n), generator=g).tolist()
+
+
+def test_hf_judge_scores_each_token_given_the_ones_before(hf_judge_dir):
+    from transformers import GPT2LMHeadModel
+
+    judge = Judge(hf_judge_dir, torch.device("cpu"))
+    tokens = torch.tensor(samples(2))
+    logits = GPT2LMHeadModel.from_pretrained(hf_judge_dir).eval()(tokens).logits
+    expected = F.cross_entropy(logits[:, :-1].transpose(1, 2), tokens[:, 1:], reduction="none")
+    torch.testing.assert_close(judge.nll(tokens), expected.double(), rtol=1e-5, atol=1e-5)
+
+
+def test_report_holds_mean_per_sample_ppl_pooled_ppl_and_entropy(hf_judge_dir):
+    judge = Judge(hf_judge_dir, torch.device("cpu"))
+    data = samples(5) + samples(2, n=7, seed=1)  # two lengths: batched apart, no padding
+    report = generative_perplexity(data, judge, batch_size=2, progress=False)
+    nll = [judge.nll(torch.tensor([s]))[0] for s in data]
+    per_sample = [math.exp(float(x.mean())) for x in nll]
+    assert report["mean_ppl"] == pytest.approx(sum(per_sample) / len(per_sample), rel=1e-6)
+    pooled = float(sum(x.sum() for x in nll)) / sum(len(x) for x in nll)
+    assert report["ppl"] == pytest.approx(math.exp(pooled), rel=1e-6)
+    assert report["tokens_scored"] == 5 * 11 + 2 * 6 and report["samples"] == 7
+
+
+def test_unigram_entropy_flags_collapsed_samples():
+    assert unigram_entropy([7] * 50) == 0.0
+    assert unigram_entropy(list(range(64))) == pytest.approx(math.log(64))
+
+
+def test_a_project_checkpoint_judges_left_to_right_without_the_first_token(project_ckpt):
+    judge = Judge(project_ckpt, torch.device("cpu"), weights="raw")
+    tokens = torch.tensor(samples(2))
+    torch.testing.assert_close(judge.nll(tokens), judge.model.token_nll(tokens)[:, 1:].double())
+
+
+def test_samples_longer_than_the_judges_context_are_refused(hf_judge_dir):
+    judge = Judge(hf_judge_dir, torch.device("cpu"))
+    with pytest.raises(UsageError, match="longer than the judge"):
+        judge.nll(torch.zeros(1, 33, dtype=torch.long))
+
+
+def test_cli_reads_sample_jsonl_and_writes_the_report(hf_judge_dir, tmp_path, capsys):
+    path = tmp_path / "samples.jsonl"
+    path.write_text("".join(json.dumps({"tokens": s}) + "\n" for s in samples(3)))
+    out = tmp_path / "report.json"
+    assert main(["--samples", str(path), "--judge", str(hf_judge_dir), "--json", str(out)]) == 0
+    report = json.loads(out.read_text())
+    assert report["samples"] == 3 and report["mean_ppl"] > 1
+    assert "generative perplexity" in capsys.readouterr().out
+
+
+def test_cli_refuses_a_file_without_tokens(hf_judge_dir, tmp_path, capsys):
+    path = tmp_path / "bad.jsonl"
+    path.write_text('{"text": "no tokens here"}\n')
+    assert main(["--samples", str(path), "--judge", str(hf_judge_dir)]) == 2
+    assert "bad.jsonl:1" in capsys.readouterr().err

@@ -1,0 +1,197 @@
+"""Generate text with an AO-GPT checkpoint: the paper's any-order sampler with a KV cache.
+
+    python trainer/sample.py --ckpt PATH [--num-samples N] [--steps S] [--seq-len L]
+        [--temperature T] [--top-p P] [--top-k K] [--prompt TEXT] [--infill JSON-or-file]
+        [--seed X] [--out FILE.jsonl] [--schedule linear|cosine]
+        [--counts deterministic|binomial] [--order random|l2r] [--weights ema|raw]
+        [--batch-size B] [--judge PATH]
+
+Every sample fixes its generation order up front (the prompt and infill positions first, then
+the rest in random or left-to-right order) and reveals the rest in S network calls: linear or
+cosine schedule, the paper's deterministic counts or exact Binomial ones (Lemma 1). S = L is
+exact ancestral sampling. Sample i's order and tokens depend only on (--seed, i), not on the
+batch size. How the steps work: model/sampler.py.
+
+--infill places text at token positions: a JSON object (or a file holding one) mapping a start
+position to a string or a list of token ids, e.g. '{"0": "The city of", "40": [13, 383]}'.
+--prompt TEXT is the same as '{"0": TEXT}'.
+--out writes one JSON object per sample: sample, tokens, text, order, given_positions, steps,
+network_calls, time_s (seconds of its batch) and the settings. --judge PATH also reports the
+generative perplexity (a local Hugging Face GPT-2 folder or a checkpoint of this project; see
+trainer/genppl.py).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+import torch
+from tqdm import tqdm
+
+from aogpt import UsageError, cli_entry
+from aogpt.data_prep.tokenizer import EOS, load_gpt2
+from aogpt.model import load_checkpoint
+from aogpt.model.config import GPT2_VOCAB
+from aogpt.model.sampler import KVCacheSampler, SamplingConfig
+from aogpt.trainer.genppl import Judge, format_report, generative_perplexity, resolve_device
+
+DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32}
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], epilog=__doc__.split(
+        "\n\n", 1)[1], formatter_class=argparse.RawDescriptionHelpFormatter)
+    add = parser.add_argument
+    add("--ckpt", required=True, help="out_dir, checkpoint folder or consolidated model.pt")
+    add("--weights", choices=("ema", "raw"), default="ema", help="default ema (as the paper)")
+    add("--num-samples", type=int, default=4, help="how many sequences (default 4)")
+    add("--batch-size", type=int, default=None, help="sequences per batch (default: all, at most 32)")
+    add("--seq-len", type=int, default=None, help="tokens per sequence (default: the block size)")
+    add("--steps", type=int, default=None,
+        help="network calls S (default: one per token to generate, exact ancestral sampling)")
+    add("--schedule", choices=("linear", "cosine"), default="linear")
+    add("--counts", choices=("deterministic", "binomial"), default="deterministic",
+        help="tokens revealed per step: the paper's fixed counts or Lemma 1's Binomial ones")
+    add("--order", choices=("random", "l2r"), default="random",
+        help="order of the positions not given (default random)")
+    add("--temperature", type=float, default=1.0, help="0 = greedy (default 1)")
+    add("--top-p", type=float, default=1.0, help="nucleus sampling mass (default 1 = off)")
+    add("--top-k", type=int, default=0, help="keep the k most likely tokens (default 0 = off)")
+    add("--prompt", default=None, help="text the samples start with")
+    add("--infill", default=None, metavar="JSON-or-file", help="text at given positions (above)")
+    add("--seed", type=int, default=0)
+    add("--out", type=Path, default=None, metavar="FILE.jsonl", help="write the samples here")
+    add("--show", type=int, default=4, help="samples printed to the terminal (default 4)")
+    add("--judge", default=None, help="also score the samples: local HF GPT-2 folder or checkpoint")
+    add("--judge-batch-size", type=int, default=8)
+    add("--device", default="auto", help="auto (cuda if available), cpu, cuda, cuda:N")
+    add("--dtype", choices=("auto", *DTYPES), default="auto", help="auto: bf16 on a GPU, else fp32")
+    add("--no-cuda-graphs", action="store_true", help="run the GPU steps eagerly")
+    add("--tokenizer-file", default=None, help="GPT-2 ranks file (offline tokenizer)")
+    return parser.parse_args(argv)
+
+
+def read_infill(spec: str) -> dict:
+    """The --infill JSON object, from the argument itself or from the file it names."""
+    text = Path(spec).read_text() if os.path.isfile(spec) else spec
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as err:
+        raise UsageError(f"--infill is neither a file nor JSON ({err}): give e.g. "
+                         "'{\"0\": \"Once upon a time\"}'") from err
+    if not isinstance(value, dict):
+        raise UsageError("--infill must be a JSON object mapping start positions to text or ids")
+    return value
+
+
+def given_tokens(pieces: list[tuple[str, str | list[int]]], encoding,
+                 seq_len: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(seq_len,) tokens and mask of the given positions, from (start, text or ids) pairs."""
+    tokens = torch.zeros(seq_len, dtype=torch.long)
+    mask = torch.zeros(seq_len, dtype=torch.bool)
+    for start, piece in pieces:
+        try:
+            start = int(start)
+        except ValueError as err:
+            raise UsageError(f"--infill key {start!r} is not a token position") from err
+        if isinstance(piece, str):
+            ids = encoding.encode_ordinary(piece)
+        elif isinstance(piece, list) and all(isinstance(t, int) for t in piece):
+            ids = piece
+        else:
+            raise UsageError(f"--infill at {start}: give a string or a list of token ids")
+        if any(not 0 <= t < GPT2_VOCAB for t in ids):
+            raise UsageError(f"--infill at {start}: token ids must be in 0..{GPT2_VOCAB - 1}")
+        end = start + len(ids)
+        if start < 0 or end > seq_len:
+            raise UsageError(f"given text at {start}..{end - 1} does not fit in --seq-len {seq_len}")
+        if mask[start:end].any():
+            raise UsageError(f"given text at {start}..{end - 1} overlaps other given text")
+        tokens[start:end] = torch.tensor(ids, dtype=torch.long)
+        mask[start:end] = True
+    return tokens, mask
+
+
+def readable(text: str) -> str:
+    return text.replace("<|endoftext|>", "\n<|endoftext|>\n")
+
+
+@cli_entry
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    if args.num_samples < 1:
+        raise UsageError(f"--num-samples must be >= 1, got {args.num_samples}")
+    batch_size = args.batch_size or min(args.num_samples, 32)
+    if batch_size < 1:
+        raise UsageError(f"--batch-size must be >= 1, got {batch_size}")
+    device = resolve_device(args.device)
+    dtype = DTYPES[args.dtype] if args.dtype != "auto" else (
+        torch.bfloat16 if device.type == "cuda" else torch.float32)
+    encoding = load_gpt2(args.tokenizer_file)
+    model = load_checkpoint(args.ckpt, weights=args.weights, map_location=device).to(dtype)
+    seq_len = args.seq_len or model.config.block_size
+    if not 1 <= seq_len <= model.config.block_size:
+        raise UsageError(f"--seq-len must be in 1..{model.config.block_size} (the model's block "
+                         f"size), got {seq_len}")
+    pieces = list(read_infill(args.infill).items()) if args.infill else []
+    if args.prompt is not None:
+        pieces.insert(0, ("0", args.prompt))
+    tokens, mask = given_tokens(pieces, encoding, seq_len)
+    to_generate = seq_len - int(mask.sum())
+    if to_generate == 0:
+        raise UsageError("the prompt and infill already fill every position: nothing to generate")
+    steps = args.steps or to_generate
+    if not 1 <= steps <= to_generate:
+        raise UsageError(f"--steps must be in 1..{to_generate} (the positions to generate), "
+                         f"got {steps}")
+    config = SamplingConfig(steps=steps, schedule=args.schedule, counts=args.counts,
+                            order=args.order, temperature=args.temperature, top_p=args.top_p,
+                            top_k=args.top_k, seed=args.seed)
+    sampler = KVCacheSampler(model, batch_size, seq_len, config,
+                             cuda_graphs=False if args.no_cuda_graphs else None)
+    records, started = [], time.perf_counter()
+    for first in tqdm(range(0, args.num_samples, batch_size), desc="sampling", unit="batch"):
+        ids = torch.arange(first, min(first + batch_size, args.num_samples))
+        batch_start = time.perf_counter()
+        out = sampler.generate(ids, tokens.expand(len(ids), -1), mask.expand(len(ids), -1))
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        seconds = time.perf_counter() - batch_start
+        for i, sample_tokens, order in zip(ids.tolist(), out.tokens.tolist(), out.orders.tolist(),
+                                           strict=True):
+            records.append({"sample": i, "tokens": sample_tokens,
+                            "text": encoding.decode(sample_tokens), "order": order,
+                            "given_positions": mask.nonzero().flatten().tolist(), "steps": steps,
+                            "network_calls": out.network_calls, "time_s": seconds,
+                            "settings": dataclasses.asdict(config)})
+    elapsed = time.perf_counter() - started
+    for record in records[:args.show]:
+        print(f"\n=== sample {record['sample']} ({seq_len} tokens, {record['network_calls']} "
+              f"network calls) ===\n{readable(record['text'])}")
+    eos = sum(r["tokens"].count(EOS) for r in records)
+    print(f"\n{len(records)} samples of {seq_len} tokens in {elapsed:.1f} s "
+          f"({len(records) * to_generate / elapsed:,.0f} generated tokens/s), {steps} steps, "
+          f"{eos} end-of-text tokens")
+    if args.out:
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        tmp = args.out.with_name(f".{args.out.name}.tmp")
+        tmp.write_text("".join(json.dumps(r) + "\n" for r in records))
+        tmp.replace(args.out)
+        print(f"wrote {args.out}")
+    if args.judge:
+        del model, sampler  # make room for the judge
+        judge = Judge(args.judge, device)
+        report = generative_perplexity([r["tokens"] for r in records], judge,
+                                       args.judge_batch_size)
+        print(format_report(report))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
