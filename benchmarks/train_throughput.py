@@ -1,0 +1,121 @@
+"""Training throughput: tokens/s of the training step and of the data loader alone, same config.
+
+    python benchmarks/train_throughput.py --ds_config ds_configs/zero2.json \\
+        --config configs/ao_gpt_small.yaml [--steps 20] [--warmup 3] [key.sub=value ...]
+    deepspeed --num_gpus 8 benchmarks/train_throughput.py ...     (or torchrun)
+
+Builds the real trainer (DeepSpeed engine, streaming loader, EMA) from the same flags as
+trainer/main.py, times `--steps` full optimizer steps after `--warmup` ones (data wait included,
+as in training), then times the same loader alone for `--loader-batches` micro-batches, and
+prints both rates with their ratio: the loader must deliver at least 10x what a step consumes,
+or the GPUs would wait for data. On a GPU it also reports MFU against the device's bf16 peak.
+Nothing is written to the config's out_dir: the run goes to a scratch folder under the temp dir.
+"""
+
+from __future__ import annotations
+
+import argparse
+import shutil
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+from aogpt import cli_entry
+from aogpt.trainer.dist_env import all_reduce_sum, setup_distributed_env
+from aogpt.trainer.ds_config import bf16_enabled, zero_stage
+from aogpt.trainer.loop import Trainer
+from aogpt.trainer.main import preflight
+from aogpt.trainer.metrics import peak_flops
+
+NEEDED_RATIO = 10.0
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--ds_config", required=True, help="DeepSpeed JSON (ds_configs/*.json)")
+    parser.add_argument("--config", required=True, help="run preset (configs/*.yaml)")
+    parser.add_argument("overrides", nargs="*", metavar="key.sub=value")
+    parser.add_argument("--steps", type=int, default=10, help="timed optimizer steps")
+    parser.add_argument("--warmup", type=int, default=2, help="untimed steps first")
+    parser.add_argument("--loader-batches", type=int, default=200,
+                        help="micro-batches timed for the loader alone")
+    parser.add_argument("--local_rank", type=int, default=None, help=argparse.SUPPRESS)
+    return parser.parse_args(argv)
+
+
+def synchronize(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def time_steps(trainer: Trainer, warmup: int, steps: int) -> tuple[float, float]:
+    """Seconds for `steps` optimizer steps after `warmup`, and the part spent waiting for data."""
+    for update in range(warmup):
+        trainer.train_step(update)
+    synchronize(trainer.device)
+    start, data_wait = time.perf_counter(), 0.0
+    for update in range(warmup, warmup + steps):
+        data_wait += trainer.train_step(update)[1]
+    synchronize(trainer.device)
+    return time.perf_counter() - start, data_wait
+
+
+def time_loader(trainer: Trainer, batches: int) -> float:
+    """Seconds for the training loader to hand over `batches` micro-batches (to the device)."""
+    for _ in range(2 * max(trainer.cfg.data.num_workers, 1)):  # what the workers prefetched
+        next(trainer.batches)
+    synchronize(trainer.device)
+    start = time.perf_counter()
+    for _ in range(batches):
+        next(trainer.batches)
+    synchronize(trainer.device)
+    return time.perf_counter() - start
+
+
+@cli_entry
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    dist_env = setup_distributed_env()
+    scratch = Path(tempfile.gettempdir()) / "aogpt_train_throughput"
+    if dist_env.is_main:
+        shutil.rmtree(scratch, ignore_errors=True)  # no checkpoint to resume from
+    user_overrides = args.overrides
+    args.overrides = [*user_overrides, f"out_dir={scratch}", "eval.every=0"]
+    trainer = Trainer(preflight(args, dist_env), dist_env)
+    cfg, world = trainer.cfg, dist_env.world_size
+
+    step_seconds, data_wait = time_steps(trainer, args.warmup, args.steps)
+    loader_seconds = time_loader(trainer, args.loader_batches)
+    totals = all_reduce_sum([step_seconds, data_wait, loader_seconds], trainer.device)
+    step_seconds, data_wait, loader_seconds = (float(t) / world for t in totals)  # rank means
+
+    step_tokens = args.steps * cfg.train.tokens_per_step / step_seconds  # all ranks together
+    loader_tokens = args.loader_batches * cfg.train.micro_batch_size * cfg.model.block_size / loader_seconds
+    ratio = loader_tokens / (step_tokens / world)  # per rank: what one loader gives vs one rank eats
+    if not dist_env.is_main:
+        return 0
+    device = trainer.device
+    peak = peak_flops(torch.cuda.get_device_name(device)) if device.type == "cuda" else None
+    mfu = f"{trainer.flops_per_token * step_tokens / (peak * world):.1%}" if peak else "n/a (no GPU peak known)"
+    precision = "bf16" if bf16_enabled(trainer.ds_config) else "fp32"
+    print(f"config: {args.config} {' '.join(user_overrides)}".rstrip())
+    print(f"setup: {cfg.model.n_layer} layers x {cfg.model.n_embd} ({trainer.num_params / 1e6:.1f}M "
+          f"parameters), seq {cfg.model.block_size}, {cfg.sequences_per_step} sequences/step, "
+          f"ZeRO-{zero_stage(trainer.ds_config)} {precision}, world {world}, "
+          f"{torch.cuda.get_device_name(device) if device.type == 'cuda' else 'cpu'}, "
+          f"attention {trainer.attention_backend}")
+    print(f"training step: {step_tokens:,.0f} tokens/s ({step_tokens / world:,.0f} per device), "
+          f"{step_seconds / args.steps:.3f} s/step, data wait {data_wait / step_seconds:.1%}, MFU {mfu}")
+    print(f"data loader alone: {loader_tokens:,.0f} tokens/s per rank "
+          f"({args.loader_batches} micro-batches of {cfg.train.micro_batch_size}, "
+          f"{cfg.data.num_workers} workers)")
+    verdict = "ok" if ratio >= NEEDED_RATIO else f"TOO SLOW: needs >= {NEEDED_RATIO:.0f}x"
+    print(f"loader / step: {ratio:,.1f}x ({verdict})")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
