@@ -9,8 +9,17 @@
 or a paper checkpoint converted by tools/import_official.py. --data is a folder made by data_prep:
 a pretraining folder is scored on its val split, an eval set on its only split. With several
 processes each scores a disjoint strided slice of the samples and the sums are all-reduced.
-Prints a table (nll in nats per token, ppl, tokens, cost) and writes the same as JSON.
-What each score means and how the ensemble is computed: trainer/evaluation.py.
+Prints a table (nll in nats per token, ppl, tokens, cost) and writes the same as JSON:
+    {"checkpoint", "weights", "model": {...}, "precision", "precision_policy", "world_size",
+     "settings": {...}, "results": [{"data", "dataset", "split", "samples", "seq_len",
+        "l2r": {"nll", "ppl", "tokens", "forwards", "token_forwards", "wall_s"},
+        "random": {... same, "num_orders", "nll_std" (over the orders), "nll_per_order"},
+        "ensemble": {"base", "members", "targets_per_sequence", "tokens", "scored_targets",
+                     "by_members": {"M": {"nll", "ppl", "nll_se"}}, "forwards",
+                     "token_forwards", "paper_token_forwards", "wall_s"}}, ...]}
+token_forwards counts the slots run through the network (the cost); paper_token_forwards is what
+the paper's ensemble script would run for the same scores. What each score means and how the
+ensemble is computed: trainer/evaluation.py.
 """
 
 from __future__ import annotations
@@ -57,7 +66,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "every size is the average over its first members (default: no ensemble)")
     add("--ensemble-targets", type=int, default=None, metavar="N",
         help="score N targets per sequence, drawn uniformly without replacement (default: all); "
-        "the mean NLL is then an unbiased estimate with a standard error")
+        "the mean NLL is then an unbiased estimate with a standard error (N >= 2)")
     add("--ensemble-base", choices=ORDER_KINDS, default="random",
         help="the order whose contexts are re-permuted (default random, as the paper)")
     add("--weights", choices=("ema", "raw"), default="ema", help="default ema (as the paper)")

@@ -245,8 +245,8 @@ def straightforward_member_nll(model: AOGPT, idx: torch.Tensor, base_orders: tor
                                sample_indices: torch.Tensor, target: int, member: int,
                                seed: int) -> torch.Tensor:
     """The paper's way, kept as the reference and the benchmark's baseline: one full forward
-    with all logits over the batch in member `member`'s order of target `target`, of which only
-    that target's NLL is kept. (b,)"""
+    over the batch in member `member`'s order of target `target`, the logits of every slot made
+    (in chunks), of which only that target's NLL is kept. (b,)"""
     b, n = idx.shape
     full = torch.full((b,), target, device=idx.device)
     orders = member_orders(base_orders, sample_indices, full, torch.full_like(full, member), seed, n)
@@ -270,7 +270,7 @@ def ensemble_sums(unit_nll: torch.Tensor, unit_sample: torch.Tensor, counts: tor
         total = (weights * nll).sum()
         sums = counts.new_zeros(len(counts)).index_add_(0, unit_sample, nll)
         squares = counts.new_zeros(len(counts)).index_add_(0, unit_sample, nll * nll)
-        spread = (squares - sums**2 / counts) / (counts - 1)  # s_b^2, (b,)
+        spread = ((squares - sums**2 / counts) / (counts - 1)).clamp(min=0)  # s_b^2, (b,)
         sampled = counts < lengths
         variance = torch.where(sampled, lengths**2 * (1 - counts / lengths) * spread / counts, 0.0)
         out.append(torch.stack([total, variance.sum()]))
@@ -342,15 +342,17 @@ class Evaluator:
     def run(self, data: EvalData, progress: bool = False) -> dict:
         """The results for one data folder (every rank gets them; collective)."""
         s = self.settings
-        zeros = torch.zeros
-        tallies = {}
+
+        def sums(*shape: int) -> torch.Tensor:
+            return torch.zeros(*shape, dtype=torch.float64, device=self.device)
+
+        tallies = {}  # per kind: sums (nll, tokens) or, for the ensemble, (estimate, variance)
         if "l2r" in s.orders:
-            tallies["l2r"] = Tally(zeros(2, dtype=torch.float64, device=self.device))
+            tallies["l2r"] = Tally(sums(2))
         if "random" in s.orders:
-            tallies["random"] = Tally(zeros(s.num_orders, 2, dtype=torch.float64, device=self.device))
+            tallies["random"] = Tally(sums(s.num_orders, 2))
         if s.ensemble:
-            tallies["ensemble"] = Tally(zeros(len(s.ensemble), 2, dtype=torch.float64,
-                                              device=self.device),
+            tallies["ensemble"] = Tally(sums(len(s.ensemble), 2),
                                         extra={"tokens": 0, "scored_targets": 0})
         sampler = OrderSampler(OrderConfig(kind="uniform"), data.seq_len, s.seed)
         batches = data.batches(self.rank, self.world_size, s.batch_size)
@@ -480,6 +482,9 @@ def format_table(results: list[dict]) -> str:
             label = f"random x{row['num_orders']}" if kind == "random" else kind
             spread = row.get("nll_std")
             lines.append(_line(name, label, row["nll"], row["ppl"], spread, row["tokens"], cost))
+    lines.append("nll: nats per token. random and ensemble average over orders: their ppl is an "
+                 "upper bound. ±: std over the orders (random), standard error of the target "
+                 "sampling (ensemble)")
     return "\n".join(lines)
 
 

@@ -5,10 +5,14 @@ import os
 import shutil
 
 import pytest
+import torch
 from conftest import REPO, run_cli
-from eval_testing import build_wikitext, save_checkpoint, wikitext_lines
+from eval_testing import build_wikitext, read_folder, save_checkpoint, wikitext_lines
 
 from aogpt.data_prep.owt_to_mds import main as owt_to_mds
+from aogpt.model import AOGPT, save_consolidated
+from aogpt.model.config import ModelConfig
+from aogpt.model.official import convert_official
 from aogpt.trainer.dist_env import free_port
 from aogpt.trainer.evaluate import main
 
@@ -120,6 +124,26 @@ def test_training_out_dir_is_read_through_its_final_weights(folders, tmp_path, e
     code, _, _ = evaluate("--ckpt", tmp_path / "run", "--data", folders["data"], "--orders", "l2r",
                           "--max-samples", "2", "--json", tmp_path / "r.json")
     assert code == 0 and results(tmp_path / "r.json")["l2r"]["tokens"] == 2 * 16
+
+
+def test_imported_paper_checkpoint_is_scored_with_its_ema_weights(folders, tmp_path, evaluate):
+    torch.manual_seed(0)
+    args = dict(n_layer=1, n_head=2, n_embd=16, block_size=16, bias=True, vocab_size=50304,
+                dropout=0.0)
+    raw, ema = AOGPT(ModelConfig(**args)), AOGPT(ModelConfig(**args))  # cond_dim 128, as the paper
+    official = {"model": {f"module._orig_mod.{k}": v for k, v in raw.state_dict().items()},
+                "model_args": args, "iter_num": 7,
+                "ema_model": {"decay": 0.9999, "num_updates": 7,
+                              "shadow_params": [p.detach() for p in ema.parameters()]}}
+    config, raw_weights, ema_weights, meta = convert_official(official, source="test")
+    save_consolidated(tmp_path / "imported" / "model.pt", config, raw_weights, ema_weights, **meta)
+    code, _, err = evaluate("--ckpt", tmp_path / "imported", "--data", folders["data"],
+                            "--orders", "l2r", "--max-samples", "2", "--json", tmp_path / "r.json")
+    assert code == 0, err
+    idx = torch.from_numpy(read_folder(folders["data"])["tokens"][:2].astype("int64"))
+    with torch.no_grad():
+        expected = ema.eval()(idx).mean().item()
+    assert results(tmp_path / "r.json")["l2r"]["nll"] == pytest.approx(expected, rel=1e-6)
 
 
 def test_compressed_pretraining_folder_is_scored_on_its_val_split(folders, tmp_path, evaluate):

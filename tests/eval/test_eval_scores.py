@@ -80,6 +80,14 @@ def test_ensemble_of_one_member_equals_the_random_order_nll(wikitext, model):
                                                                         rel=1e-9)
 
 
+def test_ensemble_of_one_member_on_the_l2r_base_equals_the_l2r_nll(wikitext, model):
+    result = evaluate(model, wikitext, orders=("l2r",), ensemble=(1, 2), ensemble_base="l2r")
+    assert result["ensemble"]["base"] == "l2r"
+    assert result["ensemble"]["by_members"]["1"]["nll"] == pytest.approx(result["l2r"]["nll"],
+                                                                          rel=1e-9)
+    assert result["ensemble"]["by_members"]["2"]["nll"] != result["l2r"]["nll"]
+
+
 def test_member_orders_permute_only_the_context():
     base = torch.stack([torch.randperm(10, generator=torch.Generator().manual_seed(s))
                         for s in range(3)])
