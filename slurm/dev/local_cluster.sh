@@ -15,8 +15,9 @@
 #   AOGPT_SLURM_PORT   slurmctld port; node i listens on PORT+i (default 16817, away from 6817
 #                      so a site's own SLURM is never disturbed)
 #
-# The nodes are named aogpt-node1..N and share this host (slurmd -N picks the node). They all
-# advertise NodeAddr=127.0.0.1, which is what the templates use as the rendezvous address.
+# The nodes are named aogpt-node1..N and share this host (slurmd -N picks the node; SLURM
+# reaches each at 127.0.0.1 on its own port). Each node has its own /dev/shm, as separate
+# machines do. Node names do not resolve, but the templates meet at the batch shell's hostname.
 # SlurmdParameters=config_overrides lets the nodes advertise the CPUs given here even when,
 # together, they exceed the machine's cores; jobs then simply share the cores.
 set -euo pipefail
@@ -47,8 +48,8 @@ install() {
 write_config() {
     mkdir -p "$DIR/state" "$DIR/log" "$DIR/run"
     local memory_mb host
-    # Half of the memory for each node keeps the scheduler from refusing --mem=0 jobs.
-    memory_mb=$(awk '/MemTotal/ {print int($2 / 1024 / 2)}' /proc/meminfo)
+    # The nodes share this machine's memory.
+    memory_mb=$(awk -v nodes="$NODES" '/MemTotal/ {print int($2 / 1024 / nodes)}' /proc/meminfo)
     host=$(hostname)
     {
         echo "# Written by slurm/dev/local_cluster.sh: a test cluster on one host."
@@ -155,19 +156,22 @@ start() {
     die "the cluster did not come up within 30 s (logs in $DIR/log)"
 }
 
+# Stops the daemon $2 whose pid file is $1, if that pid is still that daemon.
 stop_pidfile() {
     local pid
     [ -f "$1" ] || return 0
     pid=$(cat "$1")
-    kill "$pid" 2>/dev/null || true
-    for _ in $(seq 50); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
+    if [ "$(cat "/proc/$pid/comm" 2>/dev/null)" = "$2" ]; then
+        kill "$pid"
+        for _ in $(seq 50); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
+    fi
     rm -f "$1"
 }
 
 stop() {
     local name
-    for name in $(node_names); do stop_pidfile "$DIR/run/slurmd-$name.pid"; done
-    stop_pidfile "$DIR/run/slurmctld.pid"
+    for name in $(node_names); do stop_pidfile "$DIR/run/slurmd-$name.pid" slurmd; done
+    stop_pidfile "$DIR/run/slurmctld.pid" slurmctld
 }
 
 case ${1:-} in

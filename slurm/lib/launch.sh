@@ -72,12 +72,9 @@ aogpt_train() {
     read -r -a extra <<<"${AOGPT_OVERRIDES:-}"
     overrides+=("${extra[@]}")
 
+    # The step gets all of the job's GPUs (srun's default), and each torchrun sees its node's.
     local srun=(srun --nodes="$nnodes" --ntasks-per-node=1 --cpus-per-task="$cpus"
         --kill-on-bad-exit=1)
-    # A step gets GPUs only from a job that has them as GRES; sites without GRES see all anyway.
-    if [ "$gpus" != 0 ] && [ -n "${SLURM_GPUS_ON_NODE:-}" ]; then
-        srun+=(--gpus-per-node="$gpus")
-    fi
     # shellcheck disable=SC2054  # the commas belong to --signals-to-handle
     local torchrun=("$AOGPT_PY" -m torch.distributed.run --nnodes="$nnodes"
         --nproc-per-node="$procs" --rdzv-backend=c10d --rdzv-endpoint="$master_addr:$master_port"
@@ -115,6 +112,7 @@ aogpt_run_step() {
     wait "$step" || rc=$?
     trap - USR1 TERM
     if [ "$warned" = 1 ] && [ "$rc" != 0 ]; then
+        # torchrun reports the signal it passed on with a SignalException traceback above.
         aogpt_log "step ended (exit $rc) after the warning: requeueing job $SLURM_JOB_ID to resume"
         scontrol requeue "$SLURM_JOB_ID" \
             || aogpt_die "scontrol requeue failed: submit the same command again to resume"

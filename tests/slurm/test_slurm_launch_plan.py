@@ -116,12 +116,14 @@ def test_train_templates_ask_for_gpus_a_warning_and_requeue(script, nodes):
         assert expected in lines
 
 
-def test_typed_gpu_request_sets_processes_and_step_gpus(job_env):
-    job_env.update(SLURM_GPUS_PER_NODE="h100:4", SLURM_GPUS_ON_NODE="4")
-    _, argv = planned_command("slurm/train_small.sh", job_env)
-    srun, torchrun, _ = torchrun_and_trainer(argv)
-    assert option(torchrun, "--nproc-per-node") == "4"
-    assert option(srun, "--gpus-per-node") == "4"
+@pytest.mark.parametrize("gpu_env", [{"SLURM_GPUS_PER_NODE": "h100:4"},  # --gpus-per-node=h100:4
+                                     {"SLURM_GPUS_ON_NODE": "4"},  # --gres=gpu:4
+                                     {"AOGPT_GPUS_PER_NODE": "4"}])
+def test_one_process_per_gpu_of_the_job(job_env, gpu_env):
+    job_env.update(gpu_env)
+    plan, argv = planned_command("slurm/train_small.sh", job_env)
+    assert option(torchrun_and_trainer(argv)[1], "--nproc-per-node") == "4"
+    assert "4 GPUs per node" in plan
 
 
 def test_cpu_only_job_runs_cpu_processes_with_the_cpu_ds_config(job_env):
