@@ -17,13 +17,12 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[2]
 
-pytestmark = pytest.mark.skipif(shutil.which("scontrol") is None,
-                                reason="SLURM's scontrol is not installed (.ci/run installs it)")
-
 
 @pytest.fixture
 def job_env(tmp_path: Path) -> dict[str, str]:
     """The environment of a batch shell on a GPU cluster, for a dry run submitted from the repo."""
+    if shutil.which("scontrol") is None:
+        pytest.skip("SLURM's scontrol is not installed (.ci/run installs it)")
     conf = tmp_path / "slurm.conf"
     conf.write_text("ClusterName=dry\nSlurmctldHost=localhost\n")
     return {"PATH": os.environ["PATH"], "HOME": os.environ.get("HOME", "/root"),
