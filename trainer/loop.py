@@ -13,8 +13,8 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import os
 import shutil
-import sys
 import time
 import warnings
 from contextlib import nullcontext
@@ -71,12 +71,12 @@ class Trainer:
         self.env = dist_env
         self.preemption = PreemptionFlag()
         quiet_third_party_logs()
-        deepspeed.init_distributed()
         self.device = dist_env.device
-        if self.device.type == "cuda":
+        if self.device.type == "cuda":  # before the process group, so NCCL binds the right GPU
             torch.cuda.set_device(self.device)
             torch.backends.cuda.matmul.allow_tf32 = True
             torch.backends.cudnn.allow_tf32 = True
+        deepspeed.init_distributed()
         clean_stale_shared_memory()  # a killed run's leftovers would break the loader
         self.accum = cfg.gradient_accumulation_steps(dist_env.world_size)
         self.out_dir = Path(cfg.out_dir)
@@ -115,8 +115,12 @@ class Trainer:
         self.batches.load_state_dict(client["loader"])
         rank_state = torch.load(rank_state_file(self.checkpoints.root / tag, self.env.rank),
                                 weights_only=False)
-        if self.ema is not None:
+        if self.ema is not None and rank_state["ema"] is not None:
             self.ema.load_state_dict(rank_state["ema"])
+        elif self.ema is not None:  # the run so far had ema.enabled=false
+            self.ema = ShardedEMA(self.engine, self.cfg.ema.decay)  # from the resumed weights
+            if self.env.is_main:
+                print("the checkpoint has no EMA: it starts now, from the resumed weights", flush=True)
         restore_rng_states(rank_state["rng"])
         if self.env.is_main:
             truncate_metrics(self.out_dir / "metrics.jsonl", client["step"])
@@ -226,6 +230,19 @@ class Trainer:
         if self.env.is_main:
             save_consolidated(path, self.cfg.model, raw, ema, **self.run_meta(), source="aogpt trainer")
 
+    def publish_final(self) -> None:
+        """out_dir/final/model.pt: a copy of the last checkpoint's consolidated weights (collective
+        only when that checkpoint is not of the current step and the weights must be gathered)."""
+        final = self.out_dir / "final" / "model.pt"
+        saved = self.checkpoints.root / tag_for(self.step) / "model.pt"
+        if not saved.is_file():
+            self.export(final)
+        elif self.env.is_main:
+            final.parent.mkdir(parents=True, exist_ok=True)
+            partial = final.with_name(final.name + ".partial")
+            shutil.copyfile(saved, partial)
+            os.replace(partial, final)
+
     def run_meta(self) -> dict:
         return {"step": self.step, "tokens_seen": self.step * self.cfg.train.tokens_per_step,
                 "samples_seen": self.step * self.cfg.sequences_per_step, "git_sha": self.git_sha,
@@ -264,7 +281,7 @@ class Trainer:
             if env.is_main:
                 print(f"already at step {self.step} >= train.max_steps={cfg.train.max_steps}",
                       flush=True)
-            self.export(self.out_dir / "final" / "model.pt")
+            self.publish_final()
             return 0
         logger = MetricsLogger(self.out_dir, env.rank, cfg.logging, config_to_dict(cfg))
         on_gpu = self.device.type == "cuda"
@@ -302,7 +319,7 @@ class Trainer:
         finally:
             bar.close()
             logger.close()
-        self.export(self.out_dir / "final" / "model.pt")
+        self.publish_final()
         if env.is_main:
             print(f"done: {self.step} steps, {self.step * cfg.train.tokens_per_step:,} tokens; "
                   f"weights in {self.out_dir / 'final' / 'model.pt'}", flush=True)
@@ -338,4 +355,3 @@ def quiet_third_party_logs() -> None:
     """DeepSpeed logs every config key at INFO on every rank; keep warnings and errors."""
     deepspeed.utils.logger.setLevel(logging.WARNING)
     warnings.filterwarnings("ignore", category=FutureWarning, module="torch.distributed")
-    sys.stdout.reconfigure(line_buffering=True)
