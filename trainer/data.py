@@ -82,21 +82,34 @@ def local_manifest_dir(cfg: RunConfig, location: str, dist_env: DistEnv) -> Path
 
 
 def check_data(cfg: RunConfig, dist_env: DistEnv) -> dict[str, dict]:
-    """Every manifest used, by location; UsageError if one is missing or made for another model."""
+    """Every manifest used, by location; UsageError if one is missing, made for another model, or
+    too small to fill a micro-batch on every rank."""
+    needed: dict[str, list[str]] = {}
+    for location, _ in training_locations(cfg):
+        needed.setdefault(location, []).append("train")
+    if cfg.eval.every:
+        needed.setdefault(validation_location(cfg), []).append("val")
     manifests = {}
-    locations = [loc for loc, _ in training_locations(cfg)] + [validation_location(cfg)]
-    for location in dict.fromkeys(locations):
+    for location, splits in needed.items():
         manifest = read_manifest(local_manifest_dir(cfg, location, dist_env))
         check_compatible(manifest, cfg.model.block_size)
-        splits = ("train", "val") if location == validation_location(cfg) else ("train",)
         for split in splits:
-            if split not in manifest.get("splits", {}):
+            if split not in manifest["splits"]:
                 raise UsageError(f"{location} has no {split!r} split (it has "
-                                 f"{', '.join(manifest.get('splits', {})) or 'none'}): "
+                                 f"{', '.join(manifest['splits']) or 'none'}): "
                                  "build it with data_prep/owt_to_mds.py")
             if not is_remote(location):
                 split_path(location, split)
         manifests[location] = manifest
+    per_step = cfg.train.micro_batch_size * dist_env.world_size
+    train_samples = sum(manifests[loc]["splits"]["train"].get("samples", per_step)
+                        for loc, _ in training_locations(cfg))
+    if train_samples < per_step:
+        raise UsageError(f"the training data holds {train_samples} samples, fewer than one "
+                         f"micro-batch on every rank ({per_step}): use more data")
+    if cfg.eval.every and not manifests[validation_location(cfg)]["splits"]["val"].get("samples", 1):
+        raise UsageError(f"the val split of {validation_location(cfg)} is empty: rebuild with "
+                         "--val-fraction > 0, or set eval.every=0")
     return manifests
 
 

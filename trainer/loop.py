@@ -102,7 +102,8 @@ class Trainer:
         self.eval_sampler = OrderSampler(OrderConfig(kind="uniform"), cfg.model.block_size,
                                          EVAL_ORDER_SEED)
         self.batches = TrainBatches(cfg, plan.manifests, dist_env, self.device)
-        self.val_loader = validation_loader(cfg, plan.manifests, dist_env, self.device)
+        self.val_loader = (validation_loader(cfg, plan.manifests, dist_env, self.device)
+                           if cfg.eval.every else None)
         self._eval_model: AOGPT | None = None
         self.step = self.resume(plan.resume_tag) if plan.resume_tag else 0
 

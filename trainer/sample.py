@@ -69,6 +69,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     add("--out", type=Path, default=None, metavar="FILE.jsonl", help="write the samples here")
     add("--show", type=int, default=4, help="samples printed to the terminal (default 4)")
     add("--judge", default=None, help="also score the samples: local HF GPT-2 folder or checkpoint")
+    add("--judge-weights", choices=("ema", "raw"), default="ema",
+        help="weights of a project-checkpoint judge (default ema)")
     add("--judge-batch-size", type=int, default=8)
     add("--device", default="auto", help="auto (cuda if available), cpu, cuda, cuda:N")
     add("--dtype", choices=("auto", *DTYPES), default="auto", help="auto: bf16 on a GPU, else fp32")
@@ -186,7 +188,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"wrote {args.out}")
     if args.judge:
         del model, sampler  # make room for the judge
-        judge = Judge(args.judge, device)
+        judge = Judge(args.judge, device, args.judge_weights)
         report = generative_perplexity([r["tokens"] for r in records], judge,
                                        args.judge_batch_size)
         print(format_report(report))

@@ -42,7 +42,7 @@ def small_data(tmp_path_factory):
 def config(repo, data, *overrides):
     return load_config(repo / "configs" / "tiny.yaml",
                        [f"data.path={data}", f"model.block_size={SEQ_LEN}", "train.micro_batch_size=8",
-                        "train.tokens_per_step=512", "data.num_workers=1", *overrides])
+                        "train.tokens_per_step=512", "data.num_workers=1", "eval.every=0", *overrides])
 
 
 def batches_for(cfg):
@@ -121,7 +121,7 @@ def test_streams_are_mixed_by_proportion(repo, small_data, text_data):
 
 
 def test_validation_batches_are_the_same_at_every_evaluation(repo, text_data):
-    cfg = config(repo, text_data)
+    cfg = config(repo, text_data, "eval.every=10")
     env = setup_distributed_env()
     loader = validation_loader(cfg, check_data(cfg, env), env, CPU)
     first = [rows(b) for _, b in zip(range(3), loader, strict=False)]
@@ -149,3 +149,14 @@ def test_data_of_another_tokenizer_is_a_usage_error(repo, text_data, tmp_path):
     (other / "manifest.json").write_text(json.dumps(manifest))
     with pytest.raises(UsageError, match="tokenized with 'llama'"):
         check_data(config(repo, other), setup_distributed_env())
+
+
+def test_too_little_training_data_for_one_micro_batch_per_rank_is_a_usage_error(repo, small_data):
+    cfg = config(repo, small_data, "train.micro_batch_size=512", "train.tokens_per_step=32768")
+    with pytest.raises(UsageError, match="fewer than one micro-batch on every rank .512."):
+        check_data(cfg, setup_distributed_env())
+
+
+def test_periodic_validation_needs_a_val_split(repo, small_data):
+    with pytest.raises(UsageError, match="val split of .* is empty: .* or set eval.every=0"):
+        check_data(config(repo, small_data, "eval.every=10"), setup_distributed_env())
