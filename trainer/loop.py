@@ -138,7 +138,9 @@ class Trainer:
             f"{env.world_size} ({env.local_world_size} per node) | per step: "
             f"{cfg.train.micro_batch_size} sequences x {self.accum} accumulation x "
             f"{env.world_size} ranks = {cfg.sequences_per_step} x {cfg.model.block_size} tokens | "
-            f"orders: {cfg.order.kind} | EMA: "
+            f"orders: {cfg.order.kind}"
+            f"{f' (p_left_to_right {cfg.order.p_left_to_right})' if cfg.order.kind == 'mixture' else ''}"
+            f" | EMA: "
             f"{cfg.ema.decay if cfg.ema.enabled else 'off'} | out_dir: {self.out_dir}"
         )
 
@@ -205,6 +207,7 @@ class Trainer:
         autocast = torch.autocast("cuda", dtype=torch.bfloat16) if use_bf16 else nullcontext()
         sums = torch.zeros(4, dtype=torch.float64, device=self.device)
         micro = cfg.train.micro_batch_size
+        num_orders = cfg.eval.num_orders if cfg.model.target_injection != "none" else 0  # l2r only
         with autocast:
             for batch_index, idx in enumerate(self.val_loader):
                 if batch_index == cfg.eval.batches:
@@ -214,7 +217,7 @@ class Trainer:
                 sample_indices = torch.arange(first, first + idx.shape[0], device=self.device)
                 sums[0] += model(idx).double().sum()
                 sums[1] += idx.numel()
-                for k in range(cfg.eval.num_orders):
+                for k in range(num_orders):
                     orders, _ = self.eval_sampler(k, sample_indices)
                     sums[2] += model(idx, orders).double().sum()
                     sums[3] += idx.numel()
