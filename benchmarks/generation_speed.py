@@ -1,0 +1,162 @@
+"""Generation time: the decoder's KV-cache sampler against an encoder-style masked-diffusion sampler.
+
+    python benchmarks/generation_speed.py [--preset small] [--batch-size B] [--seq-len N]
+        [--steps 16,64,256,N] [--json OUT]
+
+In one process, on the same network, weights and device, for each number of steps S:
+- decoder: model/sampler.py, the paper's AO-GPT sampler (KV cache, Lemma 1, CUDA graphs on a GPU);
+- encoder: what SEDD/MDLM do at every step: a full bidirectional forward over all n slots (the
+  same network run without the causal mask, masked positions fed as [None]), logits at every
+  position, then the step's tokens drawn. Its outputs are meaningless for a decoder's weights: it
+  is a cost model, with the same per-token cost as the decoder.
+Both draw the same numbers of tokens per step (the paper's deterministic linear schedule) with the
+same sampling code. Prints both times, their ratio and the token rows each pushed through the
+network per sequence (the decoder's stay near 2n at any S, the encoder's are S x n).
+Defaults: the paper's setting on a GPU (small model, batch 32, n = 1024); a smaller one on a CPU
+(batch 8, n = 128); bf16 weights on both (CPUs with AVX512-BF16 or AMX run it fastest; use
+--dtype fp32 on others). Each sampler is warmed up before it is timed; their timed runs are
+interleaved so that load from other processes hits both alike.
+"""
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+from aogpt import UsageError, cli_entry
+from aogpt.model import AOGPT
+from aogpt.model.config import medium, small, tiny
+from aogpt.model.sampler import (
+    KVCacheSampler,
+    SamplingConfig,
+    draw_orders,
+    reveal_counts,
+    sample_from_logits,
+    token_uniforms,
+)
+
+PRESETS = {"tiny": tiny, "small": small, "medium": medium}
+GPU_DEFAULTS = {"batch_size": 32, "seq_len": 1024, "steps": "16,64,256,1024"}
+CPU_DEFAULTS = {"batch_size": 8, "seq_len": 128, "steps": "16,64,128"}
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--preset", default="small", choices=sorted(PRESETS))
+    parser.add_argument("--device", default="auto", help="auto (cuda if available), cpu, cuda")
+    parser.add_argument("--batch-size", type=int, help="sequences per batch (GPU 32, CPU 8)")
+    parser.add_argument("--dtype", choices=("bf16", "fp32"), default="bf16", help="default bf16")
+    parser.add_argument("--seq-len", type=int, help="tokens per sequence (GPU 1024, CPU 128)")
+    parser.add_argument("--steps", help="comma list of step counts (GPU 16,64,256,1024; CPU 16,64,128)")
+    parser.add_argument("--repeats", type=int, default=1, help="timed runs per sampler, best kept")
+    parser.add_argument("--no-cuda-graphs", action="store_true", help="eager decoder steps on a GPU")
+    parser.add_argument("--json", type=Path, help="also write the results here")
+    return parser.parse_args(argv)
+
+
+class EncoderSampler:
+    """The encoder MDM's generation loop (SEDD/MDLM style) on the decoder's network."""
+
+    def __init__(self, model: AOGPT, seq_len: int, config: SamplingConfig):
+        self.model, self.seq_len, self.config = model, seq_len, config
+
+    @torch.no_grad()
+    def generate(self, sample_ids: torch.Tensor) -> int:
+        """Runs the whole loop for these samples; returns the token rows per sequence."""
+        model, n, config = self.model, self.seq_len, self.config
+        b, device = len(sample_ids), sample_ids.device
+        nothing_given = torch.zeros(b, n, dtype=torch.bool, device=device)
+        orders = draw_orders(config, nothing_given, sample_ids)
+        counts = reveal_counts(config, nothing_given.sum(dim=1), n, sample_ids)[0].tolist()
+        tokens = torch.zeros(b, n, dtype=torch.long, device=device)
+        known = nothing_given.clone()
+        positions = torch.arange(n, device=device).expand(b, n)
+        uniforms = token_uniforms(config, sample_ids, n)
+        bidirectional = torch.ones(n, n, dtype=torch.bool, device=device)
+        for c, hi in zip(counts[:-1], counts[1:], strict=True):
+            inputs = torch.where(known, positions, -1)  # masked slots read as [None]
+            logits = model.lm_head(model.forward_stream(tokens, inputs, positions, bidirectional))
+            targets = orders[:, c:hi]  # (b, r): the positions revealed at this step
+            chosen = logits.gather(1, targets[..., None].expand(-1, -1, logits.size(-1))).float()
+            tokens.scatter_(1, targets, sample_from_logits(chosen, config, uniforms.gather(1, targets)))
+            known.scatter_(1, targets, True)
+        return len(counts[1:]) * n
+
+
+def timed(run, device: torch.device) -> tuple[float, object]:
+    """Seconds of one run (synchronized on a GPU) and its result."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    start = time.perf_counter()
+    result = run()
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    return time.perf_counter() - start, result
+
+
+def measure(model: AOGPT, steps: int, args: argparse.Namespace, device: torch.device) -> dict:
+    config = SamplingConfig(steps=steps, seed=0)
+    b, n = args.batch_size, args.seq_len
+    ids = torch.arange(b, device=device)
+    graphs = device.type == "cuda" and not args.no_cuda_graphs
+    decoder = KVCacheSampler(model, b, n, config, cuda_graphs=graphs)
+    decoder.generate(ids + b)  # warm-up: the same step shapes (graphs captured) on other samples
+    encoder = EncoderSampler(model, n, config)
+    EncoderSampler(model, n, SamplingConfig(steps=2)).generate(ids)  # warm-up: the same shapes
+    # interleaved runs, the shortest of each kept: load from elsewhere only ever adds time
+    decoder_s = encoder_s = float("inf")
+    for _ in range(args.repeats):
+        seconds, generation = timed(lambda: decoder.generate(ids), device)
+        decoder_s = min(decoder_s, seconds)
+        seconds, encoder_rows = timed(lambda: encoder.generate(ids), device)
+        encoder_s = min(encoder_s, seconds)
+    return {"steps": steps, "decoder_s": decoder_s, "encoder_s": encoder_s,
+            "ratio": encoder_s / decoder_s, "decoder_rows": generation.rows,
+            "encoder_rows": encoder_rows, "network_calls": generation.network_calls}
+
+
+@cli_entry
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    device = torch.device("cuda" if args.device == "auto" and torch.cuda.is_available()
+                          else "cpu" if args.device == "auto" else args.device)
+    defaults = GPU_DEFAULTS if device.type == "cuda" else CPU_DEFAULTS
+    args.batch_size = args.batch_size or defaults["batch_size"]
+    args.seq_len = args.seq_len or defaults["seq_len"]
+    try:
+        steps = [int(s) for s in (args.steps or defaults["steps"]).split(",")]
+    except ValueError as err:
+        raise UsageError(f"--steps must be a comma list of integers: {err}") from err
+    if any(not 1 <= s <= args.seq_len for s in steps):
+        raise UsageError(f"--steps must each be in 1..{args.seq_len} (the sequence length)")
+    config = PRESETS[args.preset]()
+    if args.seq_len > config.block_size:
+        raise UsageError(f"--seq-len {args.seq_len} exceeds the {args.preset} block size {config.block_size}")
+    torch.manual_seed(0)
+    dtype = torch.bfloat16 if args.dtype == "bf16" else torch.float32
+    model = AOGPT(config).to(device=device, dtype=dtype).eval()
+    name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
+    print(f"{args.preset}: {model.num_params() / 1e6:.1f}M params on {name} ({dtype}), batch "
+          f"{args.batch_size}, n = {args.seq_len}, best of {args.repeats}")
+    print(f"{'steps':>6}{'decoder s':>11}{'encoder s':>11}{'ratio':>8}{'decoder rows':>14}"
+          f"{'encoder rows':>14}")
+    results = []
+    for s in steps:
+        row = measure(model, s, args, device)
+        results.append(row)
+        print(f"{s:>6}{row['decoder_s']:>11.3f}{row['encoder_s']:>11.3f}{row['ratio']:>7.1f}x"
+              f"{row['decoder_rows']:>14}{row['encoder_rows']:>14}", flush=True)
+    if args.json:
+        tmp = args.json.with_name(f".{args.json.name}.tmp")
+        tmp.write_text(json.dumps({"preset": args.preset, "device": name, "dtype": str(dtype),
+                                   "batch_size": args.batch_size, "seq_len": args.seq_len,
+                                   "results": results}, indent=2))
+        tmp.replace(args.json)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,28 @@
+"""benchmarks/generation_speed.py runs end to end on a tiny size and reports both samplers."""
+
+import json
+
+from conftest import run_cli
+
+
+def test_generation_benchmark_times_decoder_and_encoder_per_step_count(tmp_path):
+    out = tmp_path / "speed.json"
+    result = run_cli("benchmarks/generation_speed.py", "--preset", "tiny", "--device", "cpu",
+                     "--batch-size", "1", "--seq-len", "8", "--steps", "2,8", "--dtype", "fp32",
+                     "--json", str(out))
+    assert result.returncode == 0, result.stderr
+    assert "ratio" in result.stdout
+    rows = json.loads(out.read_text())["results"]
+    assert [r["steps"] for r in rows] == [2, 8]
+    for r in rows:
+        assert r["decoder_s"] > 0 and r["encoder_s"] > 0
+        assert r["ratio"] == r["encoder_s"] / r["decoder_s"]
+        assert r["encoder_rows"] == r["steps"] * 8
+    # the decoder feeds each token once plus one copy per parallel target: below 2n rows
+    assert rows[0]["decoder_rows"] == 4 + 7 and rows[1]["decoder_rows"] == 8
+
+
+def test_generation_benchmark_rejects_more_steps_than_tokens():
+    result = run_cli("benchmarks/generation_speed.py", "--preset", "tiny", "--device", "cpu",
+                     "--seq-len", "8", "--steps", "16")
+    assert result.returncode == 2 and "--steps must each be in 1..8" in result.stderr
