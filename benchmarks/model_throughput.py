@@ -23,22 +23,16 @@ from torch.profiler import ProfilerActivity, profile
 from aogpt import UsageError, cli_entry
 from aogpt.model import AOGPT
 from aogpt.model.config import medium, small, tiny
+from aogpt.trainer import metrics as trainer_metrics
 
 PRESETS = {"tiny": tiny, "small": small, "medium": medium}
 # (batch, seq_len) when not given: the paper's shape on a GPU, a minute's work on a CPU
 GPU_SHAPE = (16, 1024)
 CPU_SHAPES = {"tiny": (8, 128), "small": (4, 128), "medium": (2, 128)}
-# Dense bf16 tensor-core peaks (FLOP/s), matched in this order against the CUDA device name.
-PEAK_BF16_FLOPS = [("H100 PCIe", 756e12), ("H100 NVL", 835e12), ("H100", 989e12),
-                   ("GH200", 989e12), ("H200", 989e12), ("B200", 2250e12), ("A100", 312e12),
-                   ("L40S", 362e12), ("A10", 125e12)]
 
 
 def peak_flops(device: torch.device) -> float | None:
-    if device.type != "cuda":
-        return None
-    name = torch.cuda.get_device_name(device)
-    return next((flops for key, flops in PEAK_BF16_FLOPS if key in name), None)
+    return trainer_metrics.peak_flops(torch.cuda.get_device_name(device)) if device.type == "cuda" else None
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:

@@ -66,14 +66,20 @@ def _to_cpu(state_dict: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
 
 
 def resolve_checkpoint_file(path: str | os.PathLike) -> Path:
-    """The model.pt that `path` means: the file itself, DIR/model.pt, or OUT_DIR/final/model.pt."""
+    """The model.pt that `path` means: the file itself, DIR/model.pt, OUT_DIR/final/model.pt, or,
+    for a run without final/ yet (still training, preempted), the checkpoint `latest` points to."""
     path = Path(path)
-    for candidate in (path, path / "model.pt", path / "final" / "model.pt"):
+    candidates = [path, path / "model.pt", path / "final" / "model.pt"]
+    for checkpoints in (path / "checkpoints", path):
+        latest = checkpoints / "latest"  # DeepSpeed's pointer: the newest complete tag's name
+        if latest.is_file():
+            candidates.append(checkpoints / latest.read_text().strip() / "model.pt")
+    for candidate in candidates:
         if candidate.is_file():
             return candidate
     raise UsageError(
         f"no checkpoint at {path}: give a consolidated model.pt, a folder holding model.pt, "
-        "or a training out_dir that has final/model.pt"
+        "or a training out_dir (final/model.pt, else its latest checkpoint)"
     )
 
 

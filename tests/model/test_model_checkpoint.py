@@ -37,6 +37,17 @@ def test_load_checkpoint_reads_every_path_form(tmp_path, form):
     torch.testing.assert_close(load_checkpoint(path, weights="raw")(IDX), raw.eval()(IDX))
 
 
+def test_a_run_without_final_loads_its_latest_checkpoint(tmp_path):
+    config = tiny_config()
+    old, new = two_weight_sets(config)
+    for tag, weights in (("step_00000004", old), ("step_00000008", new)):
+        save_consolidated(tmp_path / "checkpoints" / tag / "model.pt", config,
+                          weights.state_dict(), None)
+    (tmp_path / "checkpoints" / "latest").write_text("step_00000008")
+    for path in (tmp_path, tmp_path / "checkpoints"):
+        torch.testing.assert_close(load_checkpoint(path, weights="raw")(IDX), new.eval()(IDX))
+
+
 def test_checkpoint_file_holds_the_contract_layout(tmp_path):
     config = tiny_config()
     raw, _ = two_weight_sets(config)
