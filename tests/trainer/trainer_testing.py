@@ -44,8 +44,9 @@ def real_documents() -> list[str]:
         articles = WIKITEXT.read_text(encoding="utf-8").split("\n = ")
         return [a.strip() for a in articles if len(a.strip()) > 200]
     # The interpreter ships its reference manual's topics as English prose: real text, offline.
+    docs = [inspect.getdoc(module) for module in (json, os, socket, subprocess, signal)]
     return [text for text in pydoc_data.topics.topics.values() if len(text) > 200] + [
-        inspect.getdoc(module) for module in (json, os, socket, subprocess, signal)]
+        doc for doc in docs if doc]  # a module without a docstring has None
 
 
 def build_data(out: Path, documents: list[str], val_fraction: float = 0.05) -> Path:
