@@ -196,12 +196,13 @@ def token_uniforms(config: SamplingConfig, sample_ids: torch.Tensor, seq_len: in
 
 def sample_from_logits(logits: torch.Tensor, config: SamplingConfig,
                        uniforms: torch.Tensor) -> torch.Tensor:
-    """One token per row of logits (b, r, vocab): (b, r) int64, by inverse-CDF sampling in
-    float64 with the given uniforms (b, r) (see token_uniforms)."""
+    """One token per row of logits (b, r, vocab): (b, r) int64, by inverse-CDF sampling with
+    the given uniforms (b, r) (see token_uniforms)."""
     logits = filter_logits(logits, config)
     if config.temperature == 0:
         return logits.argmax(dim=-1)
-    cdf = logits.double().softmax(dim=-1).cumsum(dim=-1)  # excluded tokens add nothing
+    # excluded tokens add nothing; summing 50k probabilities needs float64
+    cdf = logits.float().softmax(dim=-1).cumsum(dim=-1, dtype=torch.float64)
     u = uniforms
     total = cdf[..., -1]
     point = torch.minimum(u * total, torch.nextafter(total, torch.zeros_like(total)))  # < total
@@ -221,19 +222,19 @@ class StaticKVCache:
     def __init__(self, n_layer: int, batch: int, n_head: int, slots: int, head_dim: int,
                  dtype: torch.dtype, device: torch.device):
         self.kv = torch.zeros(n_layer, 2, batch, n_head, slots, head_dim, dtype=dtype, device=device)
-        self.index: torch.Tensor | None = None
+        self.rows = torch.arange(batch, device=device)[:, None]  # (b, 1)
+        self.write_slots: torch.Tensor | None = None
         self.visible = slots
 
     def prepare(self, write_slots: torch.Tensor, visible: int) -> None:
         """write_slots (b, s): the slot of each new row; visible: slots 0..visible-1 are attended."""
-        b, h, _, hd = self.kv.shape[2:]
-        self.index = write_slots[:, None, :, None].expand(b, h, write_slots.size(1), hd)
-        self.visible = visible
+        self.write_slots, self.visible = write_slots, visible
 
     def update(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         keys, values = self.kv[layer]
-        keys.scatter_(2, self.index, k)
-        values.scatter_(2, self.index, v)
+        # indexing (b, s) pairs moves them first: the values go in as (b, s_new, h, hd)
+        keys[self.rows, :, self.write_slots] = k.transpose(1, 2)
+        values[self.rows, :, self.write_slots] = v.transpose(1, 2)
         return keys[:, :, :self.visible], values[:, :, :self.visible]
 
 
