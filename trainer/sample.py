@@ -177,7 +177,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"\n=== sample {record['sample']} ({seq_len} tokens, {record['network_calls']} "
               f"network calls) ===\n{readable(record['text'])}")
     eos = sum(r["tokens"].count(EOS) for r in records)
-    print(f"\n{len(records)} samples of {seq_len} tokens in {elapsed:.1f} s "
+    print(f"\n{len(records)} samples of {seq_len} tokens in {elapsed:.2f} s "
           f"({len(records) * to_generate / elapsed:,.0f} generated tokens/s), {steps} steps, "
           f"{eos} end-of-text tokens")
     if args.out:
