@@ -4,6 +4,7 @@ from aogpt.model.checkpoint import load_checkpoint, save_consolidated
 from aogpt.model.config import ModelConfig
 from aogpt.model.gpt import AOGPT
 from aogpt.model.orders import OrderConfig, OrderSampler, shuffle, unshuffle
+from aogpt.model.sampler import KVCacheSampler, SamplingConfig
 
-__all__ = ["AOGPT", "ModelConfig", "OrderConfig", "OrderSampler", "load_checkpoint",
-           "save_consolidated", "shuffle", "unshuffle"]
+__all__ = ["AOGPT", "KVCacheSampler", "ModelConfig", "OrderConfig", "OrderSampler", "SamplingConfig",
+           "load_checkpoint", "save_consolidated", "shuffle", "unshuffle"]
