@@ -5,6 +5,9 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
+
+from aogpt.model import AOGPT, ModelConfig
 
 REPO = Path(__file__).resolve().parent.parent
 SHARED_DATA = REPO.parent / "shared" / "data"
@@ -27,3 +30,17 @@ def shared_text() -> Path:
 def run_cli(*args: str, env: dict | None = None, cwd: Path = REPO) -> subprocess.CompletedProcess:
     """Runs a command of this repo with the test's interpreter and captures its output."""
     return subprocess.run([sys.executable, *args], capture_output=True, text=True, cwd=cwd, env=env)
+
+
+def perturbed_float64_model(config: ModelConfig, seed: int = 0) -> AOGPT:
+    """A float64 model in eval mode whose norms, biases and AdaLN are moved away from their init
+    values (ones, zeros, near zero), so tests of exact equalities exercise them."""
+    torch.manual_seed(seed)
+    model = AOGPT(config).double().eval()
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if p.dim() == 1:
+                p.add_(0.1 * torch.randn_like(p))
+            if "adaLN" in name:
+                p.mul_(10)
+    return model

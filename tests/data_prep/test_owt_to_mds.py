@@ -229,25 +229,16 @@ def _resume_matches_a_clean_build(tmp_path, corpus, args, out):
     assert not (out / ".partial").exists()
 
 
+def _resumable_args(out, corpus, workers: int, docs_per_chunk: int) -> list[str]:
+    return ["--out", str(out), "--source", str(corpus), "--seq-len", str(SEQ_LEN),
+            "--workers", str(workers), "--val-fraction", "0.1",
+            "--docs-per-chunk", str(docs_per_chunk), "--samples-per-shard", SAMPLES_PER_SHARD]
+
+
 def test_killed_while_tokenizing_resumes_to_the_same_result(tmp_path, documents):
     corpus = write_jsonl(tmp_path / "docs.jsonl", documents)
     out = tmp_path / "out"
-    args = [
-        "--out",
-        str(out),
-        "--source",
-        str(corpus),
-        "--seq-len",
-        str(SEQ_LEN),
-        "--workers",
-        "1",
-        "--val-fraction",
-        "0.1",
-        "--docs-per-chunk",
-        "1",
-        "--samples-per-shard",
-        SAMPLES_PER_SHARD,
-    ]
+    args = _resumable_args(out, corpus, workers=1, docs_per_chunk=1)
     chunks = out / ".partial" / "work" / "chunks"
     returncode, _ = _kill_when(args, lambda: any(chunks.glob("*.json")))
     assert returncode == -signal.SIGKILL
@@ -259,22 +250,7 @@ def test_killed_while_tokenizing_resumes_to_the_same_result(tmp_path, documents)
 def test_killed_while_writing_shards_resumes_to_the_same_result(tmp_path, documents):
     corpus = write_jsonl(tmp_path / "docs.jsonl", documents)
     out = tmp_path / "out"
-    args = [
-        "--out",
-        str(out),
-        "--source",
-        str(corpus),
-        "--seq-len",
-        str(SEQ_LEN),
-        "--workers",
-        "2",
-        "--val-fraction",
-        "0.1",
-        "--docs-per-chunk",
-        "5",
-        "--samples-per-shard",
-        SAMPLES_PER_SHARD,
-    ]
+    args = _resumable_args(out, corpus, workers=2, docs_per_chunk=5)
     written = out / ".partial" / "work" / "shards" / "train"
     returncode, workers = _kill_when(args, lambda: any(written.glob("*.json")))
     assert returncode == -signal.SIGKILL and not (out / "manifest.json").exists()

@@ -3,6 +3,7 @@ conditionals at every step, a cache that matches training, and the controls user
 
 import pytest
 import torch
+from conftest import perturbed_float64_model
 
 from aogpt import UsageError
 from aogpt.model import AOGPT
@@ -23,15 +24,7 @@ def tiny_config(**changes) -> ModelConfig:
 
 
 def make_model(config: ModelConfig | None = None, seed: int = 0) -> AOGPT:
-    torch.manual_seed(seed)
-    model = AOGPT(config or tiny_config()).double().eval()
-    with torch.no_grad():  # norms, biases and AdaLN away from their init, so they matter
-        for name, p in model.named_parameters():
-            if p.dim() == 1:
-                p.add_(0.1 * torch.randn_like(p))
-            if "adaLN" in name:
-                p.mul_(10)
-    return model
+    return perturbed_float64_model(config or tiny_config(), seed)
 
 
 def generate(model, steps=N, b=B, n=N, ids=None, on_step=None, given=None, **settings):

@@ -5,6 +5,7 @@ import math
 import pytest
 import torch
 import torch.nn.functional as F
+from conftest import perturbed_float64_model
 
 from aogpt import UsageError
 from aogpt.model import AOGPT, shuffle, unshuffle
@@ -18,15 +19,7 @@ def tiny_config(**changes) -> ModelConfig:
 
 
 def make_model(config: ModelConfig | None = None, seed: int = 0) -> AOGPT:
-    torch.manual_seed(seed)
-    model = AOGPT(config or tiny_config()).double().eval()
-    with torch.no_grad():  # norms and biases away from their init values, so they are exercised
-        for name, p in model.named_parameters():
-            if p.dim() == 1:
-                p.add_(0.1 * torch.randn_like(p))
-            if "adaLN" in name:
-                p.mul_(10)
-    return model
+    return perturbed_float64_model(config or tiny_config(), seed)
 
 
 def random_batch(b: int = 3, t: int = T, seed: int = 1):
