@@ -77,6 +77,7 @@ def test_bad_overrides_name_the_problem(repo, override, message):
     ("train.micro_batch_size=16", 4, "not divisible by micro_batch_size x world size"),
     ("order.schedule=linear", 1, "needs order.schedule_steps"),
     ("data.path=''", 1, "data.path is empty"),
+    ("data.num_workers=-1", 1, "data.num_workers must be >= 0, got -1"),
 ])
 def test_cross_field_rules(repo, override, world, message):
     cfg = load_config(repo / "configs" / "tiny.yaml", [override])

@@ -124,11 +124,12 @@ class RunConfig:
             "eval.num_orders": self.eval.num_orders,
             "optim.lr": self.optim.lr,
             "order.block_size": self.order.block_size,
-            "data.num_workers": self.data.num_workers + 1,
         }
         for name, value in positive.items():
             if value <= 0:
                 raise UsageError(f"{name} must be positive, got {value}")
+        if self.data.num_workers < 0:
+            raise UsageError(f"data.num_workers must be >= 0, got {self.data.num_workers}")
         if self.eval.every < 0:
             raise UsageError(f"eval.every must be >= 0 (0 = off), got {self.eval.every}")
         if not 0 <= self.optim.min_lr <= self.optim.lr:
