@@ -1,0 +1,54 @@
+"""experiments/run.py end to end in miniature: train, evaluate, time, report; a re-run resumes."""
+
+import json
+
+import pytest
+from conftest import run_cli
+from findings_testing import build_mini_data
+
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+MINIATURE = ["--only", "l2r,mixture10", "--seeds", "1337", "--steps", "2",
+             "--set", "optim.warmup_steps=1", "--set", "train.tokens_per_step=1024",
+             "--set", "train.log_every=1", "--eval-samples", "4", "--speed-steps", "2,4"]
+
+
+@pytest.mark.slow
+def test_suite_trains_evaluates_reports_and_a_rerun_only_redoes_what_is_missing(tmp_path):
+    data = build_mini_data(tmp_path / "data")
+    out = tmp_path / "findings"
+    suite = ["experiments/run.py", "--suite", "findings", "--out", str(out), "--data", str(data)]
+    result = run_cli(*suite, *MINIATURE)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    assert "jobs to run: 6 (0 done already)" in result.stdout
+
+    record = json.loads((out / "suite.json").read_text())
+    assert list(record["runs"]) == ["l2r-s1337", "mixture10-s1337"]
+    for run in record["runs"].values():
+        assert run["done"] and run["wall_s"] > 0 and run["config"]["train"]["max_steps"] == 2
+        steps = [json.loads(line)["step"] for line in open(f"{run['out_dir']}/metrics.jsonl")]
+        assert steps == [1, 2]
+    assert record["seeds"] == [1337] and record["hardware"]["cores"] >= 1
+    assert record["git_commit"] and record["wall_s"] > 0
+    ensemble = json.loads((out / "evals" / "mixture10-s1337.ensemble.json").read_text())
+    assert list(ensemble["results"][0]["ensemble"]["by_members"]) == ["1", "2", "4", "8", "16"]
+    assert [row["steps"] for row in json.loads((out / "speed.json").read_text())["results"]] == [2, 4]
+    report = (out / "report.md").read_text()
+    assert "## Finding 5: Context-order ensembles lower the perplexity" in report
+    assert "Not run: needs the arm(s) uniform." in report  # Finding 1 without its other arm
+    for figure in ("finding5.png", "sampling_speed.png"):
+        assert (out / figure).read_bytes().startswith(PNG_MAGIC)
+    assert "finding 5" in result.stdout and "report: " in result.stdout
+
+    # finished runs are not trained again; a missing evaluation is redone alone
+    (out / "evals" / "l2r-s1337.json").unlink()
+    again = run_cli(*suite, *MINIATURE)
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert "jobs to run: 1 (5 done already)" in again.stdout
+    assert (out / "evals" / "l2r-s1337.json").is_file()
+    assert (out / "runs" / "l2r-s1337" / "train.log").read_text().count("\n$ ") == 1
+
+    # other settings into the same folder would mix two experiments: refused
+    changed = run_cli(*suite, *MINIATURE, "--steps", "3")
+    assert changed.returncode == 2
+    assert "was started with other settings (optim.decay_steps=2, optim.decay_steps=3" in (
+        changed.stderr)

@@ -1,0 +1,131 @@
+"""The report's verdicts: a difference counts only beyond the seed spread; synthetic runs end to end."""
+
+import json
+import math
+
+import findings_testing  # noqa: F401  (puts experiments/ on the import path)
+import pytest
+from report import (
+    AS_CLAIMED,
+    NOT_REPRODUCED,
+    OPPOSITE,
+    REPRODUCED,
+    WITHIN_NOISE,
+    curve_summary,
+    falls_with_size,
+    noise_for,
+    outcome,
+    speed_comparisons,
+    verdict,
+    write_report,
+)
+
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+
+
+def test_a_difference_beyond_the_seed_spread_holds_or_contradicts_the_claim():
+    assert outcome(lower=[4.0, 4.1], higher=[4.5, 4.6], noise=0.1) == AS_CLAIMED
+    assert outcome(lower=[4.5, 4.6], higher=[4.0, 4.1], noise=0.1) == OPPOSITE
+
+
+def test_a_difference_within_the_seed_spread_is_noise():
+    assert outcome(lower=[4.0, 4.2], higher=[4.1, 4.25], noise=0.2) == WITHIN_NOISE
+
+
+def test_verdict_needs_every_comparison_as_claimed():
+    assert verdict([AS_CLAIMED, AS_CLAIMED]) == REPRODUCED
+    assert verdict([AS_CLAIMED, OPPOSITE, WITHIN_NOISE]) == NOT_REPRODUCED
+    assert verdict([AS_CLAIMED, WITHIN_NOISE]) == "inconclusive (within seed noise)"
+    assert verdict([]) == "not run"
+
+
+def test_arms_with_one_seed_borrow_the_largest_spread_of_the_others():
+    values = {"l2r": [4.0, 4.05], "uniform": [5.0, 5.2], "fixed_random": [6.0], "blockwise8": [5.5]}
+    assert noise_for(values, ("l2r", "blockwise8")) == (pytest.approx(0.05), "seed spread of l2r")
+    noise, source = noise_for(values, ("blockwise8", "fixed_random"))
+    assert noise == pytest.approx(0.2) and "l2r, uniform" in source
+    assert noise_for({"a": [1.0], "b": [2.0]}, ("a", "b"))[0] == 0.0
+
+
+def test_final_loss_is_the_mean_of_the_last_tenth_and_auc_the_mean_height():
+    records = [{"step": s, "loss": 10.0 - s / 10} for s in range(1, 101)]
+    records.insert(5, {"step": 6, "loss": None})  # a step with no such samples is skipped
+    summary = curve_summary(records)
+    assert summary["final"] == pytest.approx(10.0 - 95.5 / 10)  # steps 91..100
+    assert summary["auc"] == pytest.approx(10.0 - 50.5 / 10)  # a line: its mean height
+    assert curve_summary([{"step": 1, "loss_l2r": None}], "loss_l2r") is None
+
+
+def test_ensemble_falls_with_size_unless_a_size_rises_beyond_the_noise():
+    falling = {1337: {1: 4.0, 2: 3.9, 4: 3.85, 8: 3.84, 16: 3.845},
+               1338: {1: 4.1, 2: 4.0, 4: 3.95, 8: 3.94, 16: 3.94}}
+    comparisons = falls_with_size(falling, standard_error=0.01)
+    assert [c.outcome for c in comparisons] == [AS_CLAIMED]  # the plateau at 8 -> 16 is fine
+    rising = {1337: {1: 4.0, 2: 3.9, 4: 4.2}}
+    assert verdict([c.outcome for c in falls_with_size(rising, 0.01)]) == NOT_REPRODUCED
+
+
+def test_sampling_speed_shape_of_fig4():
+    flat_decoder = [{"steps": 16, "decoder_s": 1.0, "encoder_s": 2.0},
+                    {"steps": 128, "decoder_s": 1.05, "encoder_s": 16.0}]
+    assert verdict([c.outcome for c in speed_comparisons(flat_decoder)]) == REPRODUCED
+    both_grow = [{"steps": 16, "decoder_s": 1.0, "encoder_s": 1.0},
+                 {"steps": 128, "decoder_s": 8.0, "encoder_s": 8.2}]
+    assert verdict([c.outcome for c in speed_comparisons(both_grow)], "timing noise") == (
+        "inconclusive (within timing noise)")
+
+
+# ---- the report from synthetic metric files ------------------------------------------------------
+
+
+def write_suite(out, arm_offsets: dict[str, list[float]], steps: int = 200):
+    """A suite folder as run.py leaves it: one run per (arm, seed) whose training loss is
+    offset + 4 / sqrt(step), and suite.json."""
+    runs = {}
+    for arm, offsets in arm_offsets.items():
+        for seed, offset in zip((1337, 1338), offsets, strict=False):
+            name = f"{arm}-s{seed}"
+            run_dir = out / "runs" / name
+            run_dir.mkdir(parents=True)
+            lines = [json.dumps({"step": s, "tokens_seen": 1024 * s,
+                                 "loss": offset + 4 / math.sqrt(s)}) for s in range(1, steps + 1)]
+            (run_dir / "metrics.jsonl").write_text("\n".join(lines) + "\n")
+            runs[name] = {"arm": arm, "label": arm, "seed": seed, "out_dir": str(run_dir),
+                          "overrides": [f"train.seed={seed}"], "max_steps": steps,
+                          "tokens_per_step": 1024, "done": True, "wall_s": 60.0}
+    suite = {"suite": "findings", "scale": "cpu", "seeds": [1337, 1338], "runs": runs,
+             "steps_text": f"{steps} steps", "git_commit": "abc123",
+             "hardware": {"summary": "a CPU"}, "software": "python", "wall_s": 600.0,
+             "data": {"path": "data", "description": "text"}, "base_config": "base_cpu.yaml",
+             "eval_command": "evaluate", "ensemble_command": "ensemble", "speed_command": "speed"}
+    (out / "suite.json").write_text(json.dumps(suite))
+
+
+def test_report_reproduces_finding_1_when_the_gap_exceeds_the_seed_spread(tmp_path):
+    write_suite(tmp_path, {"l2r": [3.0, 3.02], "uniform": [3.5, 3.53]})
+    report, findings = write_report(tmp_path)
+    by_key = {f.key: f for f in findings}
+    assert by_key["1"].verdict == REPRODUCED
+    assert by_key["2"].verdict == "not run" and by_key["5"].verdict == "not run"
+    text = report.read_text()
+    assert "| 1 | AO-GPT converges slower than the same decoder trained left to right | " \
+           "**reproduced** |" in text
+    assert "difference +0.5050 > 0.0300 (seed spread of l2r, uniform)" in text
+    assert (tmp_path / "finding1.png").read_bytes().startswith(PNG_MAGIC)
+    assert not list(tmp_path.glob(".*partial*"))
+
+
+def test_report_is_inconclusive_when_the_gap_is_within_the_seed_spread(tmp_path):
+    write_suite(tmp_path, {"l2r": [3.0, 3.2], "uniform": [3.05, 3.25]})
+    _, findings = write_report(tmp_path)
+    assert findings[0].verdict == "inconclusive (within seed noise)"
+
+
+def test_finding_2_orders_fixed_orders_with_the_pooled_spread(tmp_path):
+    write_suite(tmp_path, {"l2r": [3.0, 3.01], "blockwise8": [3.2], "blockwise32": [3.3],
+                           "fixed_random": [3.6]})
+    _, findings = write_report(tmp_path)
+    finding_2 = findings[1]
+    assert finding_2.verdict == REPRODUCED
+    assert len(finding_2.comparisons) == 8  # 4 pairs x (final, AUC)
+    assert all("l2r" in c.noise_source for c in finding_2.comparisons)
