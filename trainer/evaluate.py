@@ -3,6 +3,7 @@
     python trainer/evaluate.py --ckpt PATH --data DIR [--data DIR2 ...] [--orders l2r,random]
         [--num-orders K] [--ensemble M[,M2,...]] [--ensemble-targets N] [--weights ema|raw]
         [--json OUT] [--batch-size B] [--max-samples N] [--seed S] [--precision fp32|bf16]
+        [--unigram-from PRETRAIN_DIR]
     torchrun --nproc_per_node 8 trainer/evaluate.py ...      (or deepspeed, or srun)
 
 --ckpt is a training out_dir (its final/ weights), a checkpoint folder, a consolidated model.pt,
@@ -14,6 +15,7 @@ Prints a table (nll in nats per token, ppl, tokens, cost) and writes the same as
      "settings": {...}, "results": [{"data", "dataset", "split", "samples", "seq_len",
         "l2r": {"nll", "ppl", "tokens", "forwards", "token_forwards", "wall_s"},
         "random": {... same, "num_orders", "nll_std" (over the orders), "nll_per_order"},
+        "unigram": {"nll", "ppl", "tokens", "counted_tokens", "counts_from"} (--unigram-from),
         "ensemble": {"base", "members", "targets_per_sequence", "tokens", "scored_targets",
                      "by_members": {"M": {"nll", "ppl", "nll_se"}}, "forwards",
                      "token_forwards", "paper_token_forwards", "wall_s"}}, ...]}
@@ -46,6 +48,7 @@ from aogpt.trainer.evaluation import (
     EvalSettings,
     Evaluator,
     format_table,
+    unigram_reference,
 )
 
 MODEL_KINDS = {"adaln": "AO-GPT", "sigma_sum": "sigma-GPT", "none": "left-to-right GPT"}
@@ -70,6 +73,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     add("--ensemble-base", choices=ORDER_KINDS, default="random",
         help="the order whose contexts are re-permuted (default random, as the paper)")
     add("--weights", choices=("ema", "raw"), default="ema", help="default ema (as the paper)")
+    add("--unigram-from", type=Path, default=None, metavar="DIR",
+        help="also score a context-free reference: the token frequencies of this pretraining "
+        "folder's train split (the level a model reaches before it uses any context)")
     add("--json", type=Path, default=None, metavar="OUT", help="also write the results here")
     add("--batch-size", type=int, default=8,
         help="sequences per forward; ensemble forwards hold as many slots (default 8)")
@@ -157,7 +163,9 @@ def preflight(args: argparse.Namespace, dist_env: DistEnv):
     settings = settings_from_args(args, model.config.target_injection)
     settings.validate(model)
     data = [EvalData(folder, model.config.block_size, settings.max_samples) for folder in args.data]
-    return device, model.to(device), settings, data
+    unigrams = [None if args.unigram_from is None else unigram_reference(args.unigram_from, folder)
+                for folder in data]
+    return device, model.to(device), settings, data, unigrams
 
 
 @cli_entry
@@ -165,7 +173,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     dist_env = setup_distributed_env()
     try:
-        device, model, settings, data = preflight(args, dist_env)
+        device, model, settings, data, unigrams = preflight(args, dist_env)
     except UsageError:
         if dist_env.rank != 0:
             return 2  # every rank sees the same problem: rank 0 alone says it
@@ -183,6 +191,9 @@ def main(argv: list[str] | None = None) -> int:
               f"({PRECISIONS[settings.precision]}), seed {settings.seed}", flush=True)
     evaluator = Evaluator(model, settings, device, dist_env.rank, dist_env.world_size)
     results = [evaluator.run(folder, progress=main_rank) for folder in data]
+    for result, unigram in zip(results, unigrams, strict=True):
+        if unigram is not None:
+            result["unigram"] = unigram
     if main_rank:
         print(format_table(results))
         costs = report_costs(results)

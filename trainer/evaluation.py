@@ -155,6 +155,35 @@ class EvalData:
         return math.ceil(len(range(rank, self.num_samples, world_size)) / batch_size)
 
 
+def unigram_reference(counts_from: str | Path, data: EvalData,
+                      max_count_samples: int = 200_000) -> dict:
+    """The score of a model that ignores all context, for scale: each token of `data` costs
+    -log of its frequency in the train split of the pretraining folder `counts_from` (its first
+    `max_count_samples` samples, add-1/2 smoothing over the tokenizer's vocabulary). A model at
+    this level has learned token frequencies only, which is where any-order training of a tiny
+    model sits for its first million or so tokens."""
+    manifest = read_manifest(counts_from)
+    if manifest["kind"] != "pretrain":
+        raise UsageError(f"--unigram-from {counts_from}: needs a pretraining folder (with a train "
+                         f"split), not an eval set")
+    check_compatible(manifest, manifest["seq_len"])
+    train = streaming.LocalDataset(str(split_path(counts_from, "train")))
+    vocab = manifest["tokenizer"]["n_vocab"]
+    counts = np.full(vocab, 0.5)
+    for i in range(min(len(train), max_count_samples)):
+        sample = train[i]
+        counts += np.bincount(sample["tokens"][:int(sample.get("length", len(sample["tokens"])))],
+                              minlength=vocab)
+    log_p = np.log(counts) - np.log(counts.sum())
+    nll, tokens = 0.0, 0
+    for _, idx, lengths in data.batches(rank=0, world_size=1, batch_size=256):
+        real = torch.arange(idx.shape[1]) < lengths[:, None]  # (b, n): not padding
+        nll -= log_p[idx[real].numpy()].sum()
+        tokens += int(real.sum())
+    return {**_score(nll / tokens), "tokens": tokens, "counted_tokens": int(counts.sum() - 0.5 * vocab),
+            "counts_from": str(counts_from)}
+
+
 # ---- orders ----------------------------------------------------------------------------------------
 
 def real_first(orders: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
@@ -468,10 +497,14 @@ def format_table(results: list[dict]) -> str:
     lines = [header, "-" * len(header)]
     for result in results:
         name = result["dataset"]
-        for kind in ("l2r", "random", "ensemble"):
+        for kind in ("unigram", "l2r", "random", "ensemble"):
             if kind not in result:
                 continue
             row = result[kind]
+            if kind == "unigram":
+                lines.append(_line(name, "unigram (ref)", row["nll"], row["ppl"], None,
+                                   row["tokens"], ""))
+                continue
             cost = (f"{row['forwards']:>10,} {row['token_forwards']:>13,} {row['wall_s']:>8.1f}")
             if kind == "ensemble":
                 for m, score in row["by_members"].items():
@@ -484,7 +517,8 @@ def format_table(results: list[dict]) -> str:
             lines.append(_line(name, label, row["nll"], row["ppl"], spread, row["tokens"], cost))
     lines.append("nll: nats per token. random and ensemble average over orders: their ppl is an "
                  "upper bound. ±: std over the orders (random), standard error of the target "
-                 "sampling (ensemble)")
+                 "sampling (ensemble). unigram (ref): token frequencies of the training data, no "
+                 "context")
     return "\n".join(lines)
 
 

@@ -4,6 +4,7 @@ import json
 import os
 import shutil
 
+import numpy as np
 import pytest
 import torch
 from conftest import REPO, run_cli
@@ -217,5 +218,32 @@ def test_help_lists_every_flag(capsys):
     assert exit_.value.code == 0
     out = capsys.readouterr().out
     for flag in ("--ckpt", "--data", "--orders", "--num-orders", "--ensemble", "--ensemble-targets",
-                 "--weights", "--json", "--batch-size", "--max-samples", "--seed", "--precision"):
+                 "--weights", "--json", "--batch-size", "--max-samples", "--seed", "--precision",
+                 "--unigram-from"):
         assert flag in out
+
+
+def test_unigram_reference_scores_the_training_split_token_frequencies(folders, tmp_path, evaluate):
+    text = "".join(wikitext_lines(300))
+    source = tmp_path / "docs.jsonl"
+    source.write_text("".join(json.dumps({"text": doc}) + "\n"
+                              for doc in text.split(" \n = ") if doc.strip()))
+    pretrain = tmp_path / "owt"
+    assert owt_to_mds(["--source", str(source), "--out", str(pretrain), "--seq-len", "16",
+                       "--val-fraction", "0.3", "--workers", "1"]) == 0
+    code, out, err = evaluate("--ckpt", folders["adaln"], "--data", folders["data"], "--orders",
+                              "l2r", "--unigram-from", pretrain, "--json", tmp_path / "r.json")
+    assert code == 0, err
+    assert "unigram (ref)" in out
+    counts = np.bincount(read_folder(pretrain / "train")["tokens"].ravel(), minlength=50257) + 0.5
+    tokens = read_folder(folders["data"])["tokens"].ravel()
+    expected = -np.log(counts[tokens] / counts.sum()).mean()
+    unigram = results(tmp_path / "r.json")["unigram"]
+    assert unigram["nll"] == pytest.approx(expected, rel=1e-9)
+    assert unigram["tokens"] == tokens.size
+
+
+def test_unigram_reference_needs_a_pretraining_folder(folders, evaluate):
+    code, _, err = evaluate("--ckpt", folders["adaln"], "--data", folders["data"],
+                            "--unigram-from", folders["data"])
+    assert code == 2 and "needs a pretraining folder" in err
