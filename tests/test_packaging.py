@@ -28,12 +28,14 @@ def test_demo_runs_the_main_job_end_to_end(tmp_path):
                      "train.log_every=1", "eval.every=0", "checkpoint.every=2",
                      "optim.warmup_steps=2")
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
-    assert "held-out l2r    perplexity" in result.stdout
-    steps = [json.loads(line)["step"] for line in (out / "train" / "metrics.jsonl").open()]
+    for name in ("left to right", "any order (bound)", "unigram reference"):
+        assert f"held-out {name}" in result.stdout
+    assert "a sample: " in result.stdout
+    steps = [json.loads(line)["step"] for line in (out / "ao_gpt_tiny" / "metrics.jsonl").open()]
     assert steps == [1, 2, 3, 4]
     manifest = json.loads((out / "data" / "manifest.json").read_text())
     assert manifest["dataset"] == "shakespeare" and manifest["splits"]["val"]["samples"] > 0
     samples = [json.loads(line) for line in (out / "samples.jsonl").open()]
     assert len(samples) == 4 and all(len(s["tokens"]) == 128 for s in samples)
     assert (out / "curves.png").stat().st_size > 10_000
-    assert (out / "train" / "final" / "model.pt").is_file()
+    assert (out / "ao_gpt_tiny" / "final" / "model.pt").is_file()
