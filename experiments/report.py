@@ -461,6 +461,7 @@ def plot_ensemble(r: SuiteResults, filename: str) -> list[str]:
                       yerr=[s["ppl"] * s["nll_se"] for s in by_members.values()],
                       marker="o", capsize=3, label=name)
     axis.set_xscale("log", base=2)
+    axis.set_xticks(_ensemble_sizes(r), [str(m) for m in _ensemble_sizes(r)])
     axis.set(title="Finding 5: context-order ensemble", xlabel="ensemble size M",
              ylabel="perplexity (upper bound)")
     axis.grid(alpha=0.3)
@@ -476,6 +477,7 @@ def plot_speed(r: SuiteResults, filename: str) -> list[str]:
     steps = [row["steps"] for row in rows]
     axis.plot(steps, [row["decoder_s"] for row in rows], "-o", label="decoder, KV cache (AO-GPT)")
     axis.plot(steps, [row["encoder_s"] for row in rows], "-s", label="encoder-style (full forwards)")
+    axis.set_ylim(bottom=0)
     axis.set(title="Sampling time vs steps", xlabel="sampling steps", ylabel="seconds per batch")
     axis.grid(alpha=0.3)
     axis.legend(fontsize=8)

@@ -25,6 +25,7 @@ in DIR/evals/. Ctrl-C (or SIGTERM) stops the runs at a checkpoint; re-run the sa
 from __future__ import annotations
 
 import argparse
+import contextlib
 import datetime
 import importlib.metadata
 import json
@@ -163,7 +164,9 @@ def run_jobs(jobs: list[Job], parallel: int, env: dict[str, str]) -> dict[str, i
                     continue
                 pending.remove(job)
                 running[job.name] = (job, launch(job, env), time.time())
-            time.sleep(POLL_S if running else 0)
+            if pending and not running:  # then nothing could ever end the waits of the rest
+                raise RuntimeError(f"jobs wait for jobs that are not in the list: {pending}")
+            time.sleep(POLL_S)
             for name, (job, proc, launched) in list(running.items()):
                 if proc.poll() is None:
                     continue
@@ -180,12 +183,14 @@ def run_jobs(jobs: list[Job], parallel: int, env: dict[str, str]) -> dict[str, i
     except KeyboardInterrupt:
         bar.write(f"stopping {len(running)} running job(s) at a checkpoint ...")
         for _, proc, _ in running.values():
-            os.killpg(proc.pid, signal.SIGTERM)
+            with contextlib.suppress(ProcessLookupError):  # it may have just ended
+                os.killpg(proc.pid, signal.SIGTERM)
         for job, proc, launched in running.values():
             try:
                 proc.wait(timeout=STOP_GRACE_S)
             except subprocess.TimeoutExpired:
-                os.killpg(proc.pid, signal.SIGKILL)
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(proc.pid, signal.SIGKILL)
                 proc.wait()
             if job.finished:
                 job.finished(proc.returncode, time.time() - launched)
@@ -367,7 +372,7 @@ class Suite:
         payload = {
             "suite": self.args.suite, "scale": self.scale, "created": previous.get("created", now()),
             "updated": now(), "seeds": plan.parse_seeds(self.args.seeds),
-            "git_commit": git_sha(), "hardware": hardware(), "software": software(),
+            "git_commit": git_sha(), "hardware": hardware(self.scale), "software": software(),
             "base_config": str(plan.base_config(self.scale).relative_to(plan.REPO)),
             "steps_text": f"{'/'.join(map(str, steps))} steps x {'/'.join(f'{t:,}' for t in tokens)} "
                           f"tokens ({steps[-1] * tokens[-1] / 1e6:.2f}M tokens per run)",
@@ -388,7 +393,8 @@ def now() -> str:
     return datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
 
 
-def hardware() -> dict:
+def hardware(scale: str) -> dict:
+    """The CPU model and core count; the GPUs, which the CPU suite does not use."""
     import torch
 
     cpu = platform.processor() or platform.machine()
@@ -399,7 +405,9 @@ def hardware() -> dict:
         cpu = names[0] if names else cpu
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
     gpus = [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())]
-    summary = f"{cpu} ({cores} cores), " + (f"{len(gpus)} x {gpus[0]}" if gpus else "no GPU")
+    summary = f"{cpu} ({cores} cores)"
+    if scale == "gpu":
+        summary += f", {len(gpus)} x {gpus[0]}" if gpus else ", no GPU visible"
     return {"cpu": cpu, "cores": cores, "gpus": gpus, "summary": summary}
 
 
