@@ -233,9 +233,13 @@ def run_state(run: plan.Run) -> dict:
         "overrides": run.overrides, "launches": [], "done": False}
 
 
-def check_unchanged(run: plan.Run) -> None:
+def claim_run_dir(run: plan.Run) -> None:
+    """Records the run's settings in its folder, or checks that they are the ones recorded there:
+    resuming a run with other settings would mix two experiments in one curve."""
     state = run_state(run)
-    if state["overrides"] != run.overrides:
+    if not (run.out_dir / RUN_STATE).is_file():
+        write_json_atomic(state, run.out_dir / RUN_STATE)
+    elif state["overrides"] != run.overrides:
         changed = sorted(set(state["overrides"]) ^ set(run.overrides))
         raise UsageError(f"{run.out_dir} was started with other settings ({', '.join(changed)}): "
                          f"use another --out, or delete {run.out_dir} to train it again")
@@ -359,7 +363,7 @@ class Suite:
             invocations.append({"ended": now(), "wall_s": round(time.time() - started, 1),
                                 "argv": sys.argv[1:]})
         first = self.runs[0]
-        runs = {}
+        runs = previous.get("runs", {})  # runs of earlier invocations (--only) stay in the report
         for run in self.runs:
             state = run_state(run)
             runs[run.name] = {**run.to_json(), "done": is_trained(run),
@@ -384,9 +388,14 @@ class Suite:
             "speed_command": plan.show(plan.speed_command(self.scale, self.args.speed_steps,
                                                           self.out / "speed.json")),
             "wall_s": round(sum(i["wall_s"] for i in invocations), 1),
-            "invocations": invocations, "runs": runs,
+            "invocations": invocations, "runs": dict(sorted(runs.items(), key=run_order)),
         }
         write_json_atomic(payload, self.out / "suite.json")
+
+
+def run_order(item: tuple[str, dict]) -> tuple[int, int]:
+    """Runs in the order of the arms, then of the seeds."""
+    return list(plan.ARMS_BY_NAME).index(item[1]["arm"]), item[1]["seed"]
 
 
 def now() -> str:
@@ -494,7 +503,7 @@ def main(argv: list[str] | None = None) -> int:
         print_dry_run(suite)
         return 0
     for run in runs:
-        check_unchanged(run)
+        claim_run_dir(run)
     jobs, cached = suite.jobs()
     print(f"findings suite ({args.scale}): {len(runs)} runs of {runs[0].config.train.max_steps} "
           f"steps, jobs to run: {len(jobs)} ({cached} done already), {args.parallel} at a time; "
