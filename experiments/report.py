@@ -16,7 +16,6 @@ import json
 import math
 import os
 import statistics
-import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -27,9 +26,7 @@ matplotlib.use("Agg")  # files only: runs on a node without a display
 import matplotlib.pyplot as plt  # noqa: E402
 
 from aogpt import UsageError  # noqa: E402
-
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tools"))
-from plot_metrics import run_records, series  # noqa: E402
+from aogpt.trainer.metrics import curve, run_records  # noqa: E402
 
 TAIL = 0.1  # "final" loss: the mean over the last 10% of the steps
 SMOOTH = 0.8  # exponential smoothing of plotted training curves
@@ -408,7 +405,7 @@ def plot_training(r: SuiteResults, arms: tuple[str, ...], filename: str, title: 
     figure, axes = plt.subplots(1, 2, figsize=(12, 4.5))
     zoom_values, last_step = [], max(r.records[name][-1]["step"] for name, _, _ in runs)
     for name, run, colour in runs:
-        xs, ys = series(r.records[name], "loss", "step", SMOOTH)
+        xs, ys = curve(r.records[name], "loss", "step", SMOOTH)
         style = "-" if run["seed"] == r.suite["seeds"][0] else "--"
         for axis in axes:
             axis.plot(xs, ys, style, color=colours[colour], label=f"{name}")
@@ -438,7 +435,7 @@ def plot_validation(r: SuiteResults, arms: tuple[str, ...], filename: str) -> li
     for axis, key, label in zip(axes, ("val_loss_l2r", "val_loss_ao"),
                                 ("left-to-right", "any-order"), strict=True):
         for name, run, colour in runs:
-            xs, ys = series(r.records[name], key, "step", 0.0)
+            xs, ys = curve(r.records[name], key, "step", 0.0)
             style = "-o" if run["seed"] == r.suite["seeds"][0] else "--s"
             axis.plot(xs, ys, style, color=colours[colour], markersize=3, label=name)
         axis.set(title=f"validation {label} loss during training", xlabel="step",

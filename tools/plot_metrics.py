@@ -21,7 +21,7 @@ matplotlib.use("Agg")  # files only: works on a cluster node without a display
 import matplotlib.pyplot as plt  # noqa: E402
 
 from aogpt import UsageError, cli_entry  # noqa: E402
-from aogpt.trainer.metrics import read_metrics  # noqa: E402
+from aogpt.trainer.metrics import curve, run_records  # noqa: E402
 
 PANELS = (
     ("training loss", (("loss_l2r", "left to right", "-"), ("loss_ao", "any order", "--"))),
@@ -45,37 +45,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     return args
 
 
-def run_records(out_dir: Path) -> list[dict]:
-    """The run's records in step order, the last one of each step (a resumed run repeats some)."""
-    path = out_dir / "metrics.jsonl"
-    if not path.is_file():
-        raise UsageError(f"{path} does not exist: --run takes a training out_dir")
-    by_step = {record["step"]: record for record in read_metrics(path) if "step" in record}
-    if not by_step:
-        raise UsageError(f"{path} holds no records yet")
-    return [by_step[step] for step in sorted(by_step)]
-
-
-def series(records: list[dict], key: str, x: str, smooth: float) -> tuple[list[float], list[float]]:
-    """(x, y) of the records that have `key` (loss_l2r is null in steps without such samples)."""
-    xs, ys, average = [], [], None
-    for record in records:
-        value = record.get(key)
-        if value is None:
-            continue
-        average = value if average is None else smooth * average + (1 - smooth) * value
-        xs.append(record["tokens_seen"] if x == "tokens" else record["step"])
-        ys.append(average)
-    return xs, ys
-
-
 def plot(runs: dict[str, list[dict]], x: str, smooth: float, out: Path) -> None:
     figure, axes = plt.subplots(1, len(PANELS), figsize=(12, 4.5))
     colours = plt.rcParams["axes.prop_cycle"].by_key()["color"]
     for axis, (title, curves) in zip(axes, PANELS, strict=True):
         for colour, (name, records) in zip(colours * len(runs), runs.items(), strict=False):
             for key, label, style in curves:
-                xs, ys = series(records, key, x, smooth if title == "training loss" else 0.0)
+                xs, ys = curve(records, key, x, smooth if title == "training loss" else 0.0)
                 if xs:
                     axis.plot(xs, ys, style, color=colour, label=f"{name}: {label}")
         axis.set(title=title, xlabel="tokens" if x == "tokens" else "step", ylabel="loss (nats/token)")

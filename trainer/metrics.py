@@ -96,6 +96,33 @@ def read_metrics(path: str | os.PathLike) -> list[dict]:
     return records
 
 
+def run_records(out_dir: str | os.PathLike) -> list[dict]:
+    """A training run's records in step order, the last one of each step (a resumed run repeats
+    the steps after its checkpoint)."""
+    path = Path(out_dir) / "metrics.jsonl"
+    if not path.is_file():
+        raise UsageError(f"{path} does not exist: give a training out_dir")
+    by_step = {record["step"]: record for record in read_metrics(path) if "step" in record}
+    if not by_step:
+        raise UsageError(f"{path} holds no records yet")
+    return [by_step[step] for step in sorted(by_step)]
+
+
+def curve(records: list[dict], key: str, x: str = "step",
+          smooth: float = 0.0) -> tuple[list[float], list[float]]:
+    """(x, y) of the records that have `key` (loss_l2r is null in steps without such samples),
+    x = "step" or "tokens", exponentially smoothed by `smooth` in [0, 1)."""
+    xs, ys, average = [], [], None
+    for record in records:
+        value = record.get(key)
+        if value is None:
+            continue
+        average = value if average is None else smooth * average + (1 - smooth) * value
+        xs.append(record["tokens_seen"] if x == "tokens" else record["step"])
+        ys.append(average)
+    return xs, ys
+
+
 def progress(rank: int, **kwargs) -> tqdm:
     """A tqdm bar shown on rank 0 only (all other ranks get a disabled one with the same API)."""
     return tqdm(disable=rank != 0, dynamic_ncols=True, **kwargs)
