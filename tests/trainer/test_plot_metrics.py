@@ -43,4 +43,4 @@ def test_several_runs_overlay_into_one_file(tmp_path):
 def test_run_without_metrics_is_one_line_and_status_2(tmp_path):
     result = run_cli("tools/plot_metrics.py", "--run", str(tmp_path))
     assert result.returncode == 2
-    assert result.stderr.strip() == f"error: {tmp_path / 'metrics.jsonl'} does not exist: --run takes a training out_dir"
+    assert result.stderr.strip() == f"error: {tmp_path / 'metrics.jsonl'} does not exist: give a training out_dir"
