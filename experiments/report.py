@@ -26,6 +26,8 @@ matplotlib.use("Agg")  # files only: runs on a node without a display
 import matplotlib.pyplot as plt  # noqa: E402
 
 from aogpt import UsageError  # noqa: E402
+from aogpt.data_prep.manifest import read_manifest  # noqa: E402
+from aogpt.trainer.evaluation import EvalData, unigram_reference  # noqa: E402
 from aogpt.trainer.metrics import curve, run_records  # noqa: E402
 
 TAIL = 0.1  # "final" loss: the mean over the last 10% of the steps
@@ -190,6 +192,7 @@ class SuiteResults:
     evals: dict[str, dict] = field(default_factory=dict)  # run name -> evaluate.py's result
     ensembles: dict[str, dict] = field(default_factory=dict)
     speed: dict | None = None
+    unigram_nll: float | None = None  # the context-free reference on the evaluated samples
 
     @property
     def runs(self) -> dict[str, dict]:
@@ -232,7 +235,18 @@ def load_results(out: Path) -> SuiteResults:
             if payload is not None:
                 store[name] = payload["results"][0]
     results.speed = read_json(out / "speed.json")
+    results.unigram_nll = unigram_nll(Path(suite["data"]["path"]), results.evals)
     return results
+
+
+def unigram_nll(data: Path, evals: dict[str, dict]) -> float | None:
+    """The unigram reference (train-split token frequencies) on the samples the evaluations
+    scored: where a model that has learned no use of context stands."""
+    if not evals or not (data / "manifest.json").is_file():
+        return None
+    samples = next(iter(evals.values()))["samples"]
+    seq_len = read_manifest(data)["seq_len"]
+    return unigram_reference(data, EvalData(data, seq_len, samples))["nll"]
 
 
 # ---- the findings ----------------------------------------------------------------------------------
@@ -376,6 +390,9 @@ def arm_table(r: SuiteResults, arms: tuple[str, ...]) -> list[str]:
         if run["arm"] in arms:
             rows.append(f"| {name} | {_num(r.curve(name, 'final'))} | {_num(r.curve(name, 'auc'))} "
                         f"| {_num(r.eval_nll(name, 'l2r'))} | {_num(r.eval_nll(name, 'random'))} |")
+    if r.unigram_nll is not None:
+        rows.append(f"| unigram reference (token frequencies, no context) | | | "
+                    f"{_num(r.unigram_nll)} | {_num(r.unigram_nll)} |")
     return rows
 
 

@@ -1,10 +1,12 @@
 """experiments/run.py end to end in miniature: train, evaluate, time, report; a re-run resumes."""
 
 import json
+import math
 
 import pytest
 from conftest import run_cli
 from findings_testing import build_mini_data
+from report import load_results
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 MINIATURE = ["--only", "l2r,mixture10", "--seeds", "1337", "--steps", "2",
@@ -38,6 +40,11 @@ def test_suite_trains_evaluates_reports_and_a_rerun_only_redoes_what_is_missing(
     for figure in ("finding5.png", "sampling_speed.png"):
         assert (out / figure).read_bytes().startswith(PNG_MAGIC)
     assert "finding 5" in result.stdout and "report: " in result.stdout
+    # the context-free reference is on the held-out samples evaluated: above a trained model's
+    # ceiling of log(vocab) it cannot be, below the 2-step models it should be
+    results = load_results(out)
+    unigram = results.unigram_nll
+    assert unigram < math.log(50257) and unigram < results.evals["l2r-s1337"]["l2r"]["nll"]
 
     # finished runs are not trained again; a missing evaluation is redone alone
     (out / "evals" / "l2r-s1337.json").unlink()
