@@ -98,7 +98,7 @@ def main(argv: list[str] | None = None) -> int:
     stage("6/6 plot the training curves")
     curves = out / "curves.png"
     run([python, "tools/plot_metrics.py", "--run", str(train_dir), "--out", str(curves),
-         "--smooth", "0.9"])
+         "--smooth", "0.6"])
 
     stage(f"done in {time.time() - started:.0f} s")
     for result in json.loads(eval_json.read_text())["results"]:
