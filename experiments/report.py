@@ -407,6 +407,15 @@ def save_figure(figure, path: Path) -> None:
     os.replace(partial, path)
 
 
+def finish(figure, axes, path: Path) -> None:
+    """Grid and legend on every panel, then the figure saved to `path`."""
+    for axis in axes:
+        axis.grid(alpha=0.3)
+        axis.legend(fontsize=8)
+    figure.tight_layout()
+    save_figure(figure, path)
+
+
 def _arm_runs(r: SuiteResults, arms: tuple[str, ...]) -> list[tuple[str, dict, int]]:
     """(run name, run, colour index) of the runs of these arms that have metrics."""
     return [(name, run, arms.index(run["arm"])) for name, run in r.runs.items()
@@ -434,10 +443,7 @@ def plot_training(r: SuiteResults, arms: tuple[str, ...], filename: str, title: 
     for axis, subtitle in zip(axes, ("all steps", "second half"), strict=True):
         axis.set(title=f"{title}: {subtitle}", xlabel="step",
                  ylabel="training loss, own orders (nats/token)")
-        axis.grid(alpha=0.3)
-        axis.legend(fontsize=8)
-    figure.tight_layout()
-    save_figure(figure, r.out / filename)
+    finish(figure, axes, r.out / filename)
     return [f"![{title}]({filename})", "",
             f"Training loss smoothed (EMA {SMOOTH}); solid: seed {r.suite['seeds'][0]}, "
             "dashed: other seeds."]
@@ -457,10 +463,7 @@ def plot_validation(r: SuiteResults, arms: tuple[str, ...], filename: str) -> li
             axis.plot(xs, ys, style, color=colours[colour], markersize=3, label=name)
         axis.set(title=f"validation {label} loss during training", xlabel="step",
                  ylabel="nats/token (EMA weights)")
-        axis.grid(alpha=0.3)
-        axis.legend(fontsize=8)
-    figure.tight_layout()
-    save_figure(figure, r.out / filename)
+    finish(figure, axes, r.out / filename)
     return [f"![validation losses]({filename})", "",
             "In-training validation (EMA weights, a few batches); the verdict uses the final "
             "held-out evaluation in the table below."]
@@ -478,10 +481,7 @@ def plot_ensemble(r: SuiteResults, filename: str) -> list[str]:
     axis.set_xticks(_ensemble_sizes(r), [str(m) for m in _ensemble_sizes(r)])
     axis.set(title="Finding 5: context-order ensemble", xlabel="ensemble size M",
              ylabel="perplexity (upper bound)")
-    axis.grid(alpha=0.3)
-    axis.legend(fontsize=8)
-    figure.tight_layout()
-    save_figure(figure, r.out / filename)
+    finish(figure, [axis], r.out / filename)
     return [f"![ensemble perplexity]({filename})", ""]
 
 
@@ -493,10 +493,7 @@ def plot_speed(r: SuiteResults, filename: str) -> list[str]:
     axis.plot(steps, [row["encoder_s"] for row in rows], "-s", label="encoder-style (full forwards)")
     axis.set_ylim(bottom=0)
     axis.set(title="Sampling time vs steps", xlabel="sampling steps", ylabel="seconds per batch")
-    axis.grid(alpha=0.3)
-    axis.legend(fontsize=8)
-    figure.tight_layout()
-    save_figure(figure, r.out / filename)
+    finish(figure, [axis], r.out / filename)
     return [f"![sampling time]({filename})", ""]
 
 
