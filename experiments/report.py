@@ -275,15 +275,21 @@ def not_run(key: str, title: str, r: SuiteResults, arms: tuple[str, ...]) -> Fin
     return Finding(key, title, "", [], [f"Not run: needs the arm(s) {', '.join(missing)}."])
 
 
+def training_loss_comparisons(r: SuiteResults, pairs: list[tuple[str, str]]) -> list[Comparison]:
+    """lower < higher on the final and the mean (area under the curve) training loss."""
+    comparisons = []
+    for stat, label in (("final", "final training loss"), ("auc", "mean training loss (AUC)")):
+        values = r.per_arm(lambda name, stat=stat: r.curve(name, stat))
+        comparisons += compare_chain(label, values, pairs)
+    return comparisons
+
+
 def finding_1(r: SuiteResults) -> Finding:
     arms = ("l2r", "uniform")
     title = "AO-GPT converges slower than the same decoder trained left to right"
     if skipped := not_run("1", title, r, arms):
         return skipped
-    comparisons = []
-    for stat, label in (("final", "final training loss"), ("auc", "mean training loss (AUC)")):
-        values = r.per_arm(lambda name, stat=stat: r.curve(name, stat))
-        comparisons += compare_chain(label, values, [arms])
+    comparisons = training_loss_comparisons(r, [arms])
     figure = plot_training(r, arms, "finding1.png", "Finding 1: left to right vs any order")
     return Finding("1", title,
                    "Trained on uniformly random orders, the decoder's (any-order) training loss "
@@ -298,10 +304,7 @@ def finding_2(r: SuiteResults) -> Finding:
     if skipped := not_run("2", title, r, arms):
         return skipped
     pairs = [("l2r", b) for b in blocks] + [(b, "fixed_random") for b in blocks]
-    comparisons = []
-    for stat, label in (("final", "final training loss"), ("auc", "mean training loss (AUC)")):
-        values = r.per_arm(lambda name, stat=stat: r.curve(name, stat))
-        comparisons += compare_chain(label, values, pairs)
+    comparisons = training_loss_comparisons(r, pairs)
     figure = plot_training(r, arms, "finding2.png", "Finding 2: one fixed order per arm")
     return Finding("2", title,
                    "Each trained on one fixed order, the training loss (in the arm's own order) "
