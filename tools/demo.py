@@ -14,7 +14,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -22,6 +21,7 @@ from pathlib import Path
 
 from aogpt import UsageError, cli_entry
 from aogpt.data_prep.corpora import shakespeare_plays
+from aogpt.trainer.dist_env import free_port
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -36,12 +36,6 @@ def run(cmd: list[str], **kwargs) -> None:
     result = subprocess.run(cmd, cwd=REPO, **kwargs)
     if result.returncode != 0:
         raise UsageError(f"stage failed (exit {result.returncode}): {' '.join(cmd[:3])} ...")
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def gpu_count() -> int:

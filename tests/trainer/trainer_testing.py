@@ -19,6 +19,7 @@ from pathlib import Path
 
 import psutil
 
+from aogpt.trainer.dist_env import free_port
 from aogpt.trainer.metrics import read_metrics
 
 REPO = Path(__file__).resolve().parents[2]
@@ -59,12 +60,6 @@ def build_data(out: Path, documents: list[str], val_fraction: float = 0.05) -> P
         capture_output=True, text=True)
     assert result.returncode == 0, result.stderr
     return out
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 class Launcher:
