@@ -46,7 +46,7 @@ from tqdm import tqdm
 from aogpt import UsageError, cli_entry
 from aogpt.data_prep.corpora import shakespeare_plays
 from aogpt.data_prep.manifest import read_manifest
-from aogpt.trainer.checkpoint import git_sha
+from aogpt.trainer.checkpoint import git_sha, write_json_atomic
 from aogpt.trainer.config import config_to_dict
 from aogpt.trainer.metrics import read_metrics
 
@@ -217,13 +217,6 @@ def last_line(path: Path) -> str:
 
 
 # ---- the state of each run -----------------------------------------------------------------------
-
-
-def write_json_atomic(payload: dict, path: Path) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    partial = path.with_name(f".{path.name}.partial")
-    partial.write_text(json.dumps(payload, indent=1) + "\n")
-    os.replace(partial, path)
 
 
 def run_state(run: plan.Run) -> dict:

@@ -133,9 +133,11 @@ def save_torch_atomic(obj, path: Path) -> None:
 
 
 def write_json_atomic(obj: dict, path: Path) -> None:
-    partial = path.with_name(path.name + ".partial")
-    partial.write_text(json.dumps(obj, indent=1))
-    partial.replace(path)
+    """Strict JSON (no NaN) at `path`, never half-written: a temp file in its folder, renamed."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    partial = path.with_name(f".{path.name}.partial-{os.getpid()}")
+    partial.write_text(json.dumps(obj, indent=1, allow_nan=False) + "\n")
+    os.replace(partial, path)
 
 
 def git_sha() -> str | None:

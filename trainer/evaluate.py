@@ -29,8 +29,6 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import datetime
-import json
-import os
 import sys
 from pathlib import Path
 
@@ -40,6 +38,7 @@ import torch.distributed as dist
 import aogpt
 from aogpt import UsageError, cli_entry
 from aogpt.model import load_checkpoint
+from aogpt.trainer.checkpoint import write_json_atomic
 from aogpt.trainer.dist_env import DistEnv, setup_distributed_env
 from aogpt.trainer.evaluation import (
     ORDER_KINDS,
@@ -136,13 +135,6 @@ def describe_model(model, weights: str) -> str:
             f"{c.block_size}, {model.num_params() / 1e6:.2f}M parameters, {weights} weights")
 
 
-def write_json_atomic(path: Path, payload: dict) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    partial = path.with_name(f".{path.name}.partial-{os.getpid()}")
-    partial.write_text(json.dumps(payload, indent=2, allow_nan=False) + "\n")
-    os.replace(partial, path)
-
-
 def report_costs(results: list[dict]) -> str:
     lines = []
     for result in results:
@@ -201,7 +193,7 @@ def main(argv: list[str] | None = None) -> int:
             print(costs)
         if args.json is not None:
             c = model.config
-            write_json_atomic(args.json, {
+            write_json_atomic({
                 "checkpoint": str(args.ckpt), "weights": args.weights,
                 "model": {"kind": MODEL_KINDS[c.target_injection], **{
                     name: getattr(c, name) for name in
@@ -212,7 +204,7 @@ def main(argv: list[str] | None = None) -> int:
                 "settings": dataclasses.asdict(settings), "results": results,
                 "aogpt_version": aogpt.__version__,
                 "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-            })
+            }, args.json)
             print(f"wrote {args.json}")
     if dist.is_initialized():
         dist.destroy_process_group()
