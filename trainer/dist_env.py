@@ -6,6 +6,9 @@
     srun (no launcher)   sets only SLURM_*: mapped to the torch names when RANK is unset;
                          MASTER_ADDR and MASTER_PORT must then be exported by the job script
     plain python         a world of one on 127.0.0.1 and a free port
+
+Each process takes the GPU at its LOCAL_RANK when it sees all of the node's, or the only one it
+sees when the launcher gave it one (srun --gpus-per-task=1): see local_gpu_index.
 """
 
 from __future__ import annotations
@@ -35,8 +38,30 @@ class DistEnv:
     @property
     def device(self) -> torch.device:
         if torch.cuda.is_available():
-            return torch.device("cuda", self.local_rank)
+            index = local_gpu_index(self.local_rank, self.local_world_size, torch.cuda.device_count(),
+                                    os.environ.get("CUDA_VISIBLE_DEVICES", "unset"))
+            return torch.device("cuda", index)
         return torch.device("cpu")
+
+
+def local_gpu_index(local_rank: int, local_world_size: int, device_count: int,
+                    visible_devices: str = "unset") -> int:
+    """The CUDA device this process trains on, from what the launcher gave it.
+
+    torchrun, deepspeed and `srun --gpus-per-node` show every process all of the node's GPUs: it
+    takes the one at its LOCAL_RANK. `srun --gpus-per-task=1` (or one GPU in CUDA_VISIBLE_DEVICES)
+    shows each process only its own: device 0. Anything else cannot be mapped one GPU per process.
+    visible_devices (CUDA_VISIBLE_DEVICES) only goes into the error message.
+    """
+    if local_rank < device_count and device_count >= local_world_size:
+        return local_rank
+    if device_count == 1:
+        return 0
+    raise UsageError(
+        f"LOCAL_RANK {local_rank} of {local_world_size} processes on this node, but this process "
+        f"sees {device_count} GPUs (CUDA_VISIBLE_DEVICES={visible_devices}): give each task one "
+        "GPU (srun --gpus-per-task=1) or all of the node's"
+    )
 
 
 def setup_distributed_env(environ: os._Environ | dict | None = None) -> DistEnv:

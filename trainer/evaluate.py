@@ -125,7 +125,7 @@ def pick_device(name: str, dist_env: DistEnv) -> torch.device:
     if device.type == "cuda" and not torch.cuda.is_available():
         raise UsageError(f"--device {name}: no CUDA GPU is visible here; use --device cpu")
     if device.type == "cuda" and device.index is None:
-        device = torch.device("cuda", dist_env.local_rank)
+        device = dist_env.device  # the process's own GPU: its LOCAL_RANK, or the only one it sees
     return device
 
 

@@ -20,7 +20,7 @@ from aogpt.trainer.checkpoint import (
 )
 from aogpt.trainer.config import OptimConfig, StreamConfig, load_config
 from aogpt.trainer.data import training_locations
-from aogpt.trainer.dist_env import setup_distributed_env
+from aogpt.trainer.dist_env import DistEnv, local_gpu_index, setup_distributed_env
 from aogpt.trainer.ds_config import load_ds_config, resolve_ds_config, zero_stage
 from aogpt.trainer.lr_schedule import learning_rate
 from aogpt.trainer.metrics import peak_flops, read_metrics, truncate_metrics
@@ -134,6 +134,40 @@ def test_plain_python_is_a_world_of_one_on_a_free_port():
     dist_env = setup_distributed_env(env)
     assert (dist_env.rank, dist_env.world_size) == (0, 1)
     assert env["MASTER_ADDR"] == "127.0.0.1" and int(env["MASTER_PORT"]) > 0
+
+
+@pytest.mark.parametrize("local_world_size", [1, 2, 4, 8])
+def test_a_process_that_sees_all_local_gpus_takes_its_local_rank(local_world_size):
+    for device_count in (local_world_size, 8):
+        for local_rank in range(local_world_size):
+            assert local_gpu_index(local_rank, local_world_size, device_count) == local_rank
+
+
+@pytest.mark.parametrize("local_rank", [0, 1, 3, 7])
+def test_a_process_given_one_gpu_takes_device_zero(local_rank):
+    assert local_gpu_index(local_rank, 8, device_count=1) == 0
+
+
+@pytest.mark.parametrize(("local_rank", "local_world_size", "device_count"),
+                         [(3, 4, 2), (0, 8, 4), (5, 8, 7), (2, 2, 2)])
+def test_gpus_that_cannot_be_shared_one_per_process_are_a_usage_error(local_rank, local_world_size,
+                                                                       device_count):
+    with pytest.raises(UsageError) as err:
+        local_gpu_index(local_rank, local_world_size, device_count, visible_devices="2,3")
+    message = str(err.value)
+    assert f"LOCAL_RANK {local_rank}" in message and f"sees {device_count} GPUs" in message
+    assert "CUDA_VISIBLE_DEVICES=2,3" in message and "--gpus-per-task=1" in message
+    assert "\n" not in message
+
+
+def test_plain_srun_with_one_gpu_per_task_trains_on_device_zero(monkeypatch):
+    """srun --gpus-per-task=1: CUDA_VISIBLE_DEVICES holds one GPU, LOCAL_RANK goes up to 3."""
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    env = DistEnv(rank=7, local_rank=3, world_size=8, local_world_size=4)
+    assert env.device == torch.device("cuda", 0)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 4)
+    assert env.device == torch.device("cuda", 3)
 
 
 # ---- checkpoints -----------------------------------------------------------------------------------
