@@ -110,11 +110,13 @@ def model_config_from_dict(values: dict) -> ModelConfig:
 
 
 def load_checkpoint(path: str | os.PathLike, weights: Literal["ema", "raw"] = "ema",
-                    map_location: str | torch.device = "cpu") -> AOGPT:
+                    map_location: str | torch.device = "cpu", attn_impl: str = "auto") -> AOGPT:
     """An AOGPT in eval mode from a consolidated file, a folder holding model.pt, or an out_dir.
 
     weights="ema" (the default, as the paper evaluates) or "raw". A checkpoint without EMA
     weights is an error for "ema", never a silent fallback to the raw ones.
+    attn_impl: the attention kernel to run with. The one saved in model_config is what training
+    ran with, not a property of the weights: a model trained with flash-attn loads on a CPU.
     """
     if weights not in ("ema", "raw"):
         raise UsageError(f"weights must be 'ema' or 'raw', got {weights!r}")
@@ -125,7 +127,7 @@ def load_checkpoint(path: str | os.PathLike, weights: Literal["ema", "raw"] = "e
             f"{resolve_checkpoint_file(path)} holds no EMA weights (trained without EMA): "
             'load it with weights="raw"'
         )
-    config = model_config_from_dict(ckpt["model_config"])
+    config = dataclasses.replace(model_config_from_dict(ckpt["model_config"]), attn_impl=attn_impl)
     with torch.device("meta"):  # no time spent initializing weights that are overwritten
         model = AOGPT(config)
     try:

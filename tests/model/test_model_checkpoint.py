@@ -1,5 +1,7 @@
 """Consolidated checkpoints round-trip from every path form, with EMA or raw weights."""
 
+import dataclasses
+
 import pytest
 import torch
 
@@ -57,6 +59,23 @@ def test_checkpoint_file_holds_the_contract_layout(tmp_path):
     assert ckpt["model_config"]["n_embd"] == 16 and ckpt["weights"]["ema"] is None
     assert ckpt["meta"] == {"step": 3, "git_sha": "abc"}
     assert list(tmp_path.iterdir()) == [tmp_path / "model.pt"]  # no temp file left behind
+
+
+def test_a_checkpoint_trained_with_flash_attn_loads_on_a_cpu_without_it(tmp_path):
+    """The kernel is a runtime choice: the saved attn_impl never stops a model from loading."""
+    trained = dataclasses.replace(tiny_config(), attn_impl="flash_attn")
+    raw, _ = two_weight_sets(tiny_config())  # the same weights, on a kernel that runs here
+    save_consolidated(tmp_path / "model.pt", trained, raw.state_dict(), None)
+    saved = torch.load(tmp_path / "model.pt", weights_only=True)["model_config"]
+    assert saved["attn_impl"] == "flash_attn"
+    expected = raw.float().eval()(IDX)
+    loaded = load_checkpoint(tmp_path, weights="raw")
+    assert loaded.config.attn_impl == "auto"
+    assert next(loaded.parameters()).dtype == torch.float32
+    torch.testing.assert_close(loaded(IDX), expected)
+    chosen = load_checkpoint(tmp_path, weights="raw", attn_impl="math")
+    assert chosen.config.attn_impl == "math"
+    torch.testing.assert_close(chosen(IDX), expected)
 
 
 def test_asking_for_ema_weights_that_are_absent_says_to_use_raw(tmp_path):
