@@ -1,0 +1,42 @@
+"""auto precision: bf16 only where the hardware runs it natively, read from /proc/cpuinfo."""
+
+import pytest
+import torch
+
+from aogpt.model.precision import auto_dtype, cpu_has_native_bf16
+
+COMMON = "fpu vme de pse tsc msr pae mce cx8 apic sep mtrr sse sse2 ssse3 sse4_1 sse4_2 avx f16c"
+FLAGS = {
+    "avx2": f"{COMMON} fma avx2 bmi1 bmi2",
+    "avx512_bf16": f"{COMMON} avx2 avx512f avx512dq avx512bw avx512vl avx512_vnni avx512_bf16",
+    "amx": f"{COMMON} avx2 avx512f avx512_fp16 amx_bf16 amx_tile amx_int8",
+}
+
+
+def write_cpuinfo(tmp_path, flags: str, processors: int = 2):
+    blocks = [f"processor\t: {i}\nvendor_id\t: GenuineIntel\nmodel name\t: Some CPU\n"
+              f"flags\t\t: {flags}\nbugs\t\t: spectre_v1\n" for i in range(processors)]
+    path = tmp_path / "cpuinfo"
+    path.write_text("\n".join(blocks))
+    return path
+
+
+@pytest.mark.parametrize(("cpu", "native"), [("avx2", False), ("avx512_bf16", True), ("amx", True)])
+def test_native_bf16_is_read_from_the_cpu_flags(tmp_path, cpu, native):
+    assert cpu_has_native_bf16(write_cpuinfo(tmp_path, FLAGS[cpu])) is native
+
+
+def test_unknown_cpu_flags_mean_no_native_bf16(tmp_path):
+    assert cpu_has_native_bf16(tmp_path / "absent") is False
+    (tmp_path / "aarch64").write_text("processor\t: 0\nFeatures\t: fp asimd bf16\n")
+    assert cpu_has_native_bf16(tmp_path / "aarch64") is False
+
+
+@pytest.mark.parametrize(("cpu", "dtype"), [("avx2", torch.float32), ("avx512_bf16", torch.bfloat16),
+                                            ("amx", torch.bfloat16)])
+def test_auto_dtype_on_a_cpu_is_bf16_only_with_native_bf16(tmp_path, cpu, dtype):
+    assert auto_dtype(torch.device("cpu"), write_cpuinfo(tmp_path, FLAGS[cpu])) == dtype
+
+
+def test_auto_dtype_on_a_gpu_is_bf16(tmp_path):
+    assert auto_dtype(torch.device("cuda", 0), write_cpuinfo(tmp_path, FLAGS["avx2"])) == torch.bfloat16
