@@ -29,6 +29,7 @@ import torch
 from aogpt import UsageError, cli_entry
 from aogpt.model import AOGPT
 from aogpt.model.config import medium, small, tiny
+from aogpt.model.precision import auto_dtype
 from aogpt.model.sampler import (
     KVCacheSampler,
     SamplingConfig,
@@ -48,7 +49,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--preset", default="small", choices=sorted(PRESETS))
     parser.add_argument("--device", default="auto", help="auto (cuda if available), cpu, cuda")
     parser.add_argument("--batch-size", type=int, help="sequences per batch (GPU 32, CPU 8)")
-    parser.add_argument("--dtype", choices=("bf16", "fp32"), default="bf16", help="default bf16")
+    parser.add_argument("--dtype", choices=("auto", "bf16", "fp32"), default="auto",
+                        help="auto (default): bf16 on a GPU or a CPU with AVX512-BF16/AMX, else fp32")
     parser.add_argument("--seq-len", type=int, help="tokens per sequence (GPU 1024, CPU 128)")
     parser.add_argument("--steps", help="comma list of step counts (GPU 16,64,256,1024; CPU 16,64,128)")
     parser.add_argument("--repeats", type=int, default=1, help="timed runs per sampler, best kept")
@@ -136,7 +138,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.seq_len > config.block_size:
         raise UsageError(f"--seq-len {args.seq_len} exceeds the {args.preset} block size {config.block_size}")
     torch.manual_seed(0)
-    dtype = torch.bfloat16 if args.dtype == "bf16" else torch.float32
+    dtype = (auto_dtype(device) if args.dtype == "auto"
+             else torch.bfloat16 if args.dtype == "bf16" else torch.float32)
     model = AOGPT(config).to(device=device, dtype=dtype).eval()
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
     print(f"{args.preset}: {model.num_params() / 1e6:.1f}M params on {name} ({dtype}), batch "

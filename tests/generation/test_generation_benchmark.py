@@ -2,7 +2,10 @@
 
 import json
 
+import torch
 from conftest import run_cli
+
+from aogpt.model.precision import cpu_has_native_bf16
 
 
 def test_generation_benchmark_times_decoder_and_encoder_per_step_count(tmp_path):
@@ -26,3 +29,13 @@ def test_generation_benchmark_rejects_more_steps_than_tokens():
     result = run_cli("benchmarks/generation_speed.py", "--preset", "tiny", "--device", "cpu",
                      "--seq-len", "8", "--steps", "16")
     assert result.returncode == 2 and "--steps must each be in 1..8" in result.stderr
+
+
+def test_generation_benchmark_defaults_to_bf16_only_where_the_cpu_runs_it_natively(tmp_path):
+    """An AVX2-only CPU emulates bf16 matmuls ~50x slower: the default there is fp32."""
+    out = tmp_path / "speed.json"
+    result = run_cli("benchmarks/generation_speed.py", "--preset", "tiny", "--device", "cpu",
+                     "--batch-size", "1", "--seq-len", "8", "--steps", "8", "--json", str(out))
+    assert result.returncode == 0, result.stderr
+    expected = torch.bfloat16 if cpu_has_native_bf16() else torch.float32
+    assert json.loads(out.read_text())["dtype"] == str(expected)
