@@ -87,11 +87,18 @@ def _mix(z: torch.Tensor) -> torch.Tensor:
 
 
 def counter_hash(*counters: int | torch.Tensor) -> torch.Tensor:
-    """A 64-bit pseudo-random key per combination of the (broadcast) integer counters."""
-    z = torch.zeros((), dtype=torch.int64)
+    """A 64-bit pseudo-random key per combination of the (broadcast) integer counters.
+
+    The result lives on the device of the tensor counters (the CPU if all are Python ints), and
+    Python ints never become tensors: no host-to-device copy, whatever their place in the list.
+    """
+    device = next((c.device for c in counters if isinstance(c, torch.Tensor)), None)
+    z = torch.zeros((), dtype=torch.int64, device=device)
     for counter in counters:
-        counter = torch.as_tensor(counter, dtype=torch.int64)
-        z = _mix(z.to(counter.device) + (counter + 1) * _GOLDEN)
+        if isinstance(counter, torch.Tensor):
+            z = _mix(z + (counter.to(torch.int64) + 1) * _GOLDEN)
+        else:  # (counter + 1) * golden, wrapped to int64 as the tensor product wraps
+            z = _mix(z + _int64(((counter + 1) * _GOLDEN) % (1 << 64)))
     return z
 
 
