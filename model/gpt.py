@@ -32,7 +32,7 @@ from torch.utils.checkpoint import checkpoint
 from aogpt import UsageError
 from aogpt.model.attention import KVCache, attend, check_backend, resolve_backend
 from aogpt.model.config import ModelConfig
-from aogpt.model.loss import linear_cross_entropy
+from aogpt.model.loss import compile_chunk_math, linear_cross_entropy
 from aogpt.model.orders import shuffle
 
 
@@ -151,10 +151,10 @@ class LMHead(nn.Linear):
     chunks (model/loss.py); inside this module's forward so that ZeRO-3 gathers its weights."""
 
     def forward(self, hidden: torch.Tensor, targets: torch.Tensor | None = None,
-                chunk_size: int = 0) -> torch.Tensor:
+                chunk_size: int = 0, return_mean: bool = False):
         if targets is None:
             return super().forward(hidden)
-        return linear_cross_entropy(hidden, self.weight, self.bias, targets, chunk_size)
+        return linear_cross_entropy(hidden, self.weight, self.bias, targets, chunk_size, return_mean)
 
 
 class AOGPT(nn.Module):
@@ -305,16 +305,30 @@ class AOGPT(nn.Module):
         positions = torch.cat([start, orders[:, :-1]], dim=1)
         return tokens, positions, orders, targets
 
-    def forward(self, idx: torch.Tensor, orders: torch.Tensor | None = None) -> torch.Tensor:
+    def forward(self, idx: torch.Tensor, orders: torch.Tensor | None = None,
+                return_mean: bool = False):
         """-log p of the k-th token of each order given the ones before it: (b, t) fp32 (fp64
         for a float64 model).
 
         idx (b, t) token ids; orders (b, t) permutations of 0..t-1 (None = left to right). The
-        training loss is the mean. The logits are made config.loss_chunk_size tokens at a time.
+        training loss is the mean: return_mean=True returns (nll, nll.mean()), whose mean
+        backpropagates without a device sync (model/loss.py). The logits are made
+        config.loss_chunk_size tokens at a time.
         """
         tokens, positions, target_positions, targets = self.training_stream(idx, orders)
         hidden = self.forward_stream(tokens, positions, target_positions)
-        return self.lm_head(hidden, targets, self.config.loss_chunk_size)
+        return self.lm_head(hidden, targets, self.config.loss_chunk_size, return_mean)
+
+    def compile_for_training(self) -> None:
+        """torch.compile the blocks and the loss's per-chunk softmax (model/loss.py).
+
+        Each block's forward is compiled, not its module call, so that hooks around it (ZeRO-3's
+        parameter gathering, activation checkpointing) stay eager. All blocks share one graph;
+        shapes are static, so a run compiles once per sequence shape and never again.
+        """
+        for block in self.transformer.h:
+            block.forward = torch.compile(block.forward, dynamic=False)
+        compile_chunk_math()
 
     def token_nll(self, idx: torch.Tensor, orders: torch.Tensor | None = None) -> torch.Tensor:
         """Same as calling the model (the name of the user-facing API)."""

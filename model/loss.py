@@ -9,10 +9,17 @@ softmax is at hand (as Liger-Kernel's fused linear cross-entropy does):
 
     d nll_i / d logits_i = softmax_i - onehot(target_i) =: E_i
     grad_h_i = g_i (E_i W)            kept unscaled, (n, d): exact for any incoming gradient g
-    grad_W   = sum_i g_i E_i^T h_i    kept for uniform g, which is what `nll.mean()` gives
+    grad_W   = sum_i g_i E_i^T h_i    kept for uniform g
 
-If the incoming gradient is not uniform over tokens (a weighted loss), the backward pass makes
-the chunks' logits again for grad_W and grad_b; correct either way, one head matmul slower.
+The function returns the per-token NLL and their mean. Training backpropagates the mean: its
+gradient g = grad / n is the same for every token by construction, so the backward pass only
+scales what the forward pass summed, with no device sync. If a caller backpropagates the
+per-token NLL instead (a weighted loss), the backward pass checks whether that gradient is
+uniform (one device sync) and otherwise makes the chunks' logits again for grad_W and grad_b.
+
+The softmax of a chunk (upcast, logsumexp, exp, minus the one-hot) is a few passes over
+(chunk x vocab) numbers that cost more memory traffic than the head's matmul itself; `compile_chunk_math`
+fuses them into a couple of kernels with torch.compile.
 """
 
 from __future__ import annotations
@@ -33,33 +40,57 @@ def _upcast(x: torch.Tensor) -> torch.Tensor:
     return x.to(torch.promote_types(x.dtype, torch.float32))
 
 
+def chunk_math(logits: torch.Tensor, targets: torch.Tensor, token_weights: torch.Tensor | None,
+               want_grad: bool, want_bias_grad: bool):
+    """One chunk's softmax work: logits (n, vocab) -> nll (n,) in >= fp32, and, if wanted,
+    token_weights * (softmax - onehot) in the logits' dtype and its column sum (the bias gradient)."""
+    logits32 = _upcast(logits)
+    lse = logits32.logsumexp(dim=-1)
+    nll = lse - logits32.gather(1, targets[:, None]).squeeze(1)
+    if not want_grad:
+        return nll, None, None
+    vocab = torch.arange(logits.size(-1), device=logits.device)
+    probs = (logits32 - lse[:, None]).exp()
+    grad_logits = torch.where(vocab == targets[:, None], probs - 1.0, probs)
+    if token_weights is not None:
+        grad_logits = grad_logits * token_weights[:, None]
+    grad_b = grad_logits.sum(dim=0) if want_bias_grad else None
+    return nll, grad_logits.to(logits.dtype), grad_b
+
+
+_chunk_math = chunk_math  # what _chunked_pass calls: the eager function, or its compiled form
+
+
+def compile_chunk_math(enabled: bool = True) -> None:
+    """Fuses each chunk's softmax work with torch.compile (process-wide; False restores eager).
+
+    Chunks all have the loss_chunk_size shape except possibly the last, so this compiles at most
+    twice per dtype and vocabulary; shapes are kept static for the best kernels.
+    """
+    global _chunk_math
+    _chunk_math = torch.compile(chunk_math, dynamic=False) if enabled else chunk_math
+
+
 def _chunked_pass(h: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None, targets: torch.Tensor,
                   chunk_size: int, want: tuple[bool, bool, bool],
                   token_weights: torch.Tensor | None = None):
-    """nll (n,) fp32 and, as `want` says, the gradients of sum_i token_weights_i * nll_i with
-    respect to h, w, b (token_weights None: all ones). h (n, d) and w, b in one compute dtype."""
+    """nll (n,) and, as `want` says, the gradients of sum_i token_weights_i * nll_i with respect
+    to h, w, b (token_weights None: all ones). h (n, d) and w, b in one compute dtype; the nll
+    and the weight and bias gradients in >= fp32."""
     want_h, want_w, want_b = want
     acc = torch.promote_types(h.dtype, torch.float32)  # softmax and sums over chunks
     nll = torch.empty(len(h), dtype=acc, device=h.device)
     grad_h = torch.empty_like(h) if want_h else None
     grad_w = torch.zeros(w.shape, dtype=acc, device=w.device) if want_w else None
     grad_b = torch.zeros(w.shape[0], dtype=acc, device=w.device) if want_b else None
-    rows = torch.arange(min(chunk_size, len(h)), device=h.device)
     with torch.autocast(h.device.type, enabled=False):
         for start in range(0, len(h), chunk_size):
             chunk = slice(start, start + chunk_size)
-            logits = _upcast(F.linear(h[chunk], w, b))  # (n_chunk, vocab): softmax in >= fp32
-            lse = logits.logsumexp(dim=-1)
-            nll[chunk] = lse - logits.gather(1, targets[chunk, None]).squeeze(1)
-            if not any(want):
-                continue
-            grad_logits = logits.sub_(lse[:, None]).exp_()  # softmax, in place
-            grad_logits[rows[: len(grad_logits)], targets[chunk]] -= 1.0
-            if token_weights is not None:
-                grad_logits.mul_(token_weights[chunk, None])
+            weights = None if token_weights is None else token_weights[chunk]
+            nll[chunk], grad_logits, grad_b_chunk = _chunk_math(
+                F.linear(h[chunk], w, b), targets[chunk], weights, any(want), want_b)
             if want_b:
-                grad_b += grad_logits.sum(dim=0)
-            grad_logits = grad_logits.to(h.dtype)
+                grad_b += grad_b_chunk
             if want_h:
                 torch.mm(grad_logits, w, out=grad_h[chunk])
             if want_w and grad_w.dtype == grad_logits.dtype:
@@ -77,19 +108,26 @@ class _ChunkedLinearCrossEntropy(torch.autograd.Function):
         nll, grad_h, grad_w, grad_b = _chunked_pass(h, w, b, targets, chunk_size, want)
         ctx.save_for_backward(hidden, weight, bias, targets, grad_h, grad_w, grad_b)
         ctx.chunk_size, ctx.want, ctx.dtype = chunk_size, want, h.dtype
-        return nll
+        ctx.set_materialize_grads(False)  # an output nobody differentiates gets None, not zeros
+        return nll, nll.mean()
 
     @staticmethod
-    def backward(ctx, grad_nll):
+    def backward(ctx, grad_nll, grad_mean):
         hidden, weight, bias, targets, grad_h, grad_w, grad_b = ctx.saved_tensors
-        g = _upcast(grad_nll)
+        n = len(hidden)
+        # d mean / d nll_i = 1/n for every token: uniform, known without looking at the device
+        g = None if grad_mean is None else _upcast(grad_mean) / n  # a 0-dim tensor
+        if grad_nll is not None:
+            per_token = _upcast(grad_nll)
+            g = per_token if g is None else per_token + g
+        uniform = g.dim() == 0 or bool((g == g[0]).all())  # the second test syncs the device
         if grad_h is not None:
-            grad_h = (_upcast(grad_h) * g[:, None]).to(hidden.dtype)
+            grad_h = (_upcast(grad_h) * (g if g.dim() == 0 else g[:, None])).to(hidden.dtype)
         if grad_w is not None or grad_b is not None:
-            # the usual mean or sum: scale what forward summed (costs one device sync)
-            if bool((g == g[0]).all()):
-                grad_w = None if grad_w is None else grad_w * g[0]
-                grad_b = None if grad_b is None else grad_b * g[0]
+            if uniform:  # scale what forward summed
+                scale = g if g.dim() == 0 else g[0]
+                grad_w = None if grad_w is None else grad_w * scale
+                grad_b = None if grad_b is None else grad_b * scale
             else:
                 h, w, b = (None if t is None else t.to(ctx.dtype) for t in (hidden, weight, bias))
                 want = (False, *ctx.want[1:])
@@ -100,9 +138,11 @@ class _ChunkedLinearCrossEntropy(torch.autograd.Function):
 
 
 def linear_cross_entropy(hidden: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
-                         targets: torch.Tensor, chunk_size: int) -> torch.Tensor:
+                         targets: torch.Tensor, chunk_size: int,
+                         return_mean: bool = False):
     """-log softmax(hidden @ weight.T + bias)[targets] per token, shaped like targets: fp32
-    (fp64 for a float64 model).
+    (fp64 for a float64 model). With return_mean, (nll, nll.mean()): backpropagate the mean,
+    the training loss, and the backward pass needs no device sync.
 
     hidden is (*targets.shape, d). chunk_size tokens at a time; 0 makes all logits at once (the
     straightforward path, kept as the baseline).
@@ -112,10 +152,14 @@ def linear_cross_entropy(hidden: torch.Tensor, weight: torch.Tensor, bias: torch
     if chunk_size == 0:
         logits = _upcast(F.linear(flat_hidden, weight, bias))
         nll = F.cross_entropy(logits, flat_targets, reduction="none")
+        mean = nll.mean()
     elif torch.is_grad_enabled() and any(t is not None and t.requires_grad
                                          for t in (hidden, weight, bias)):
-        nll = _ChunkedLinearCrossEntropy.apply(flat_hidden, weight, bias, flat_targets, chunk_size)
+        nll, mean = _ChunkedLinearCrossEntropy.apply(flat_hidden, weight, bias, flat_targets,
+                                                     chunk_size)
     else:
         nll = _chunked_pass(*_in_compute_dtype(flat_hidden, weight, bias), flat_targets,
                             chunk_size, want=(False, False, False))[0]
-    return nll.view_as(targets)
+        mean = nll.mean()
+    nll = nll.view_as(targets)
+    return (nll, mean) if return_mean else nll
