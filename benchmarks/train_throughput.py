@@ -25,7 +25,7 @@ import torch
 
 from aogpt import cli_entry
 from aogpt.trainer.dist_env import all_reduce_sum, setup_distributed_env
-from aogpt.trainer.ds_config import bf16_enabled, zero_stage
+from aogpt.trainer.ds_config import zero_stage
 from aogpt.trainer.loop import Trainer
 from aogpt.trainer.main import preflight
 from aogpt.trainer.metrics import peak_flops
@@ -100,11 +100,10 @@ def main(argv: list[str] | None = None) -> int:
     device = trainer.device
     peak = peak_flops(torch.cuda.get_device_name(device)) if device.type == "cuda" else None
     mfu = f"{trainer.flops_per_token * step_tokens / (peak * world):.1%}" if peak else "n/a (no GPU peak known)"
-    precision = "bf16" if bf16_enabled(trainer.ds_config) else "fp32"
     print(f"config: {args.config} {' '.join(user_overrides)}".rstrip())
     print(f"setup: {cfg.model.n_layer} layers x {cfg.model.n_embd} ({trainer.num_params / 1e6:.1f}M "
           f"parameters), seq {cfg.model.block_size}, {cfg.sequences_per_step} sequences/step, "
-          f"ZeRO-{zero_stage(trainer.ds_config)} {precision}, world {world}, "
+          f"ZeRO-{zero_stage(trainer.ds_config)} {cfg.train.precision}{', compiled' if cfg.train.compile else ''}, world {world}, "
           f"{torch.cuda.get_device_name(device) if device.type == 'cuda' else 'cpu'}, "
           f"attention {trainer.attention_backend}")
     print(f"training step: {step_tokens:,.0f} tokens/s ({step_tokens / world:,.0f} per device), "

@@ -44,6 +44,8 @@ def field_comments(cls: type) -> dict[str, str]:
 def type_name(hint) -> str:
     if typing.get_origin(hint) is typing.Literal:
         return " \\| ".join(str(v) for v in typing.get_args(hint))
+    if typing.get_origin(hint) is typing.Union and type(None) not in typing.get_args(hint):
+        return " \\| ".join(type_name(option) for option in typing.get_args(hint))
     return getattr(hint, "__name__", str(hint)).replace("typing.", "").replace("|", "\\|")
 
 

@@ -55,6 +55,14 @@ class TrainConfig:
     tokens_per_step: int = 1_048_576  # global batch in tokens, fixed whatever the world size
     micro_batch_size: int = 16  # sequences per GPU per forward; accumulation is derived
     log_every: int = 10
+    # autocast_bf16: fp32 weights and residual stream, bf16 matmuls under torch.autocast (how the
+    # paper trained); bf16: DeepSpeed's bf16 mode, weights and activations in bf16 (AdaLN's
+    # near-zero gates at init make block updates smaller than bf16's resolution of the residual
+    # stream); fp32. auto: autocast_bf16 on a GPU, fp32 on a CPU (most CPUs emulate bf16).
+    precision: Literal["auto", "autocast_bf16", "bf16", "fp32"] = "auto"
+    # torch.compile the blocks and the loss's softmax; auto: on a GPU only (on a CPU the
+    # compilation takes longer than short runs gain).
+    compile: bool | Literal["auto"] = "auto"
 
 
 @dataclass
@@ -193,6 +201,15 @@ def load_config(path: str | os.PathLike, overrides: list[str] = ()) -> RunConfig
             raise UsageError(f"override {override!r} is not of the form key.sub=value")
         _set_dotted(tree, key.strip(), yaml.safe_load(raw) if raw.strip() else None)
     return _build(RunConfig, tree, prefix="")
+
+
+def resolve_device_choices(cfg: RunConfig, device_type: str) -> None:
+    """Replaces the "auto" of train.precision and train.compile with this device type's choice."""
+    on_gpu = device_type == "cuda"
+    if cfg.train.precision == "auto":
+        cfg.train.precision = "autocast_bf16" if on_gpu else "fp32"
+    if cfg.train.compile == "auto":
+        cfg.train.compile = on_gpu
 
 
 def config_to_dict(cfg: Any) -> dict:

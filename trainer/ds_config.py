@@ -1,9 +1,9 @@
 """The DeepSpeed JSON and the YAML run config, reconciled in one place.
 
 The YAML owns everything about the optimization (batch sizes, accumulation, clipping, the
-optimizer and its schedule); the JSON owns how DeepSpeed runs it (ZeRO stage, precision,
-buckets). A YAML-owned key in the JSON is either "auto" (filled here) or a value that agrees
-with the YAML: anything else, or an optimizer/scheduler block, is a UsageError before any heavy
+optimizer and its schedule, the precision); the JSON owns how DeepSpeed runs it (ZeRO stage,
+buckets, communication). A YAML-owned key in the JSON is either "auto" (filled here) or a
+value that agrees with the YAML: anything else, or an optimizer/scheduler block, is a UsageError before any heavy
 work starts, so the two files can never silently disagree.
 """
 
@@ -65,6 +65,7 @@ def resolve_ds_config(ds_config: dict, cfg: RunConfig, world_size: int) -> dict:
                 f"the DeepSpeed config sets {key}={given!r} but the YAML gives {value!r} "
                 f"(from {owner}): set {key} to \"auto\" in the JSON and change the YAML instead"
             )
+    _resolve_precision(resolved, cfg.train.precision)
     if resolved.get("fp16", {}).get("enabled"):
         raise UsageError("fp16 is not supported (no loss scaling here): use bf16 (zero*.json) "
                          "or fp32 (cpu.json)")
@@ -85,6 +86,24 @@ def resolve_ds_config(ds_config: dict, cfg: RunConfig, world_size: int) -> dict:
         raise UsageError(f"the DeepSpeed config has \"auto\" for {', '.join(leftover)}, which this "
                          "trainer does not fill: give a concrete value")
     return resolved
+
+
+def _resolve_precision(resolved: dict, precision: str) -> None:
+    """bf16.enabled follows train.precision: only DeepSpeed's own bf16 mode turns it on
+    (autocast_bf16 keeps fp32 weights in the engine and autocasts the forward pass)."""
+    if precision == "auto":
+        raise ValueError("resolve train.precision for the device first (resolve_device_choices)")
+    want = precision == "bf16"
+    block = resolved.setdefault("bf16", {})
+    given = block.get("enabled", AUTO)
+    if given == AUTO:
+        block["enabled"] = want
+    elif bool(given) != want:
+        raise UsageError(
+            f"the DeepSpeed config sets bf16.enabled={str(given).lower()} but train.precision is "
+            f"{precision} (which needs {str(want).lower()}): set bf16.enabled to \"auto\" in the JSON "
+            "and choose with train.precision (autocast_bf16, bf16 or fp32)"
+        )
 
 
 def zero_stage(ds_config: dict) -> int:

@@ -42,7 +42,7 @@ from aogpt.trainer.checkpoint import (
 from aogpt.trainer.config import RunConfig, config_to_dict, save_config
 from aogpt.trainer.data import TrainBatches, clean_stale_shared_memory, validation_loader
 from aogpt.trainer.dist_env import DistEnv, all_reduce_sum
-from aogpt.trainer.ds_config import bf16_enabled, zero_stage
+from aogpt.trainer.ds_config import zero_stage
 from aogpt.trainer.ema import ShardedEMA, gather_full_weights
 from aogpt.trainer.lr_schedule import learning_rate
 from aogpt.trainer.metrics import MetricsLogger, peak_flops, progress, truncate_metrics
@@ -90,6 +90,8 @@ class Trainer:
         self.num_params = model.num_params()
         self.flops_per_token = model.flops_per_token(cfg.model.block_size)
         self.attention_backend = model.attention_backend
+        if cfg.train.compile:
+            model.compile_for_training()
         optimizer = torch.optim.AdamW(
             model.param_groups(cfg.optim.weight_decay), lr=cfg.optim.lr,
             betas=(cfg.optim.beta1, cfg.optim.beta2), eps=cfg.optim.eps,
@@ -128,13 +130,20 @@ class Trainer:
             print(f"resumed from {self.checkpoints.root / tag} at step {client['step']}", flush=True)
         return client["step"]
 
+    def autocast(self):
+        """bf16 autocast around forward passes when train.precision says so (also bf16: the
+        engine's weights are bf16 already, autocast keeps the fp32 inputs of the softmax apart)."""
+        if self.cfg.train.precision == "fp32":
+            return nullcontext()
+        return torch.autocast(self.device.type, dtype=torch.bfloat16)
+
     def describe(self) -> str:
         cfg, env = self.cfg, self.env
-        precision = "bf16" if bf16_enabled(self.ds_config) else "fp32"
         return (
             f"model: {cfg.model.n_layer} layers x {cfg.model.n_embd}, "
-            f"{self.num_params / 1e6:.2f}M parameters, attention {self.attention_backend} | "
-            f"ZeRO-{zero_stage(self.ds_config)} {precision} on {self.device.type} | world size "
+            f"{self.num_params / 1e6:.2f}M parameters, attention {self.attention_backend}"
+            f"{', compiled' if cfg.train.compile else ''} | ZeRO-{zero_stage(self.ds_config)} "
+            f"{cfg.train.precision} on {self.device.type} | world size "
             f"{env.world_size} ({env.local_world_size} per node) | per step: "
             f"{cfg.train.micro_batch_size} sequences x {self.accum} accumulation x "
             f"{env.world_size} ranks = {cfg.sequences_per_step} x {cfg.model.block_size} tokens | "
@@ -167,8 +176,9 @@ class Trainer:
             first = micro_step * micro * env.world_size + env.rank * micro
             sample_indices = torch.arange(first, first + idx.shape[0], device=self.device)
             orders, is_l2r = self.sampler(update, sample_indices)
-            nll = self.engine(idx, orders)  # (micro, t)
-            self.engine.backward(nll.mean())
+            with self.autocast():
+                nll, loss = self.engine(idx, orders, return_mean=True)  # (micro, t), scalar
+            self.engine.backward(loss)
             self.engine.step()  # DeepSpeed steps the optimizer on the last micro-step only
             with torch.no_grad():
                 per_sample = nll.detach().double().sum(dim=1)  # (micro,)
@@ -203,12 +213,10 @@ class Trainer:
         """val_loss_l2r and val_loss_ao (mean over eval.num_orders fixed orders) on the val split."""
         cfg, env = self.cfg, self.env
         model = self.eval_model(self.full_weights(ema=True))
-        use_bf16 = bf16_enabled(self.ds_config) and self.device.type == "cuda"
-        autocast = torch.autocast("cuda", dtype=torch.bfloat16) if use_bf16 else nullcontext()
         sums = torch.zeros(4, dtype=torch.float64, device=self.device)
         micro = cfg.train.micro_batch_size
         num_orders = cfg.eval.num_orders if cfg.model.target_injection != "none" else 0  # l2r only
-        with autocast:
+        with self.autocast():
             for batch_index, idx in enumerate(self.val_loader):
                 if batch_index == cfg.eval.batches:
                     break

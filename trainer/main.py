@@ -18,7 +18,7 @@ import time
 
 from aogpt import UsageError, cli_entry
 from aogpt.trainer.checkpoint import CheckpointDir, check_resumable
-from aogpt.trainer.config import load_config
+from aogpt.trainer.config import load_config, resolve_device_choices
 from aogpt.trainer.data import check_data
 from aogpt.trainer.dist_env import DistEnv, setup_distributed_env
 from aogpt.trainer.ds_config import load_ds_config, resolve_ds_config, zero_stage
@@ -42,6 +42,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 def preflight(args: argparse.Namespace, dist_env: DistEnv) -> Plan:
     """Every check that can fail on user input, cheap and before any process group exists."""
     cfg = load_config(args.config, args.overrides)
+    resolve_device_choices(cfg, dist_env.device.type)
     cfg.validate(world_size=dist_env.world_size)
     ds_config = resolve_ds_config(load_ds_config(args.ds_config), cfg, dist_env.world_size)
     manifests = check_data(cfg, dist_env)

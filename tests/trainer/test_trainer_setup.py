@@ -18,7 +18,7 @@ from aogpt.trainer.checkpoint import (
     rng_states,
     tag_for,
 )
-from aogpt.trainer.config import OptimConfig, StreamConfig, load_config
+from aogpt.trainer.config import OptimConfig, StreamConfig, load_config, resolve_device_choices
 from aogpt.trainer.data import training_locations
 from aogpt.trainer.dist_env import DistEnv, local_gpu_index, setup_distributed_env
 from aogpt.trainer.ds_config import load_ds_config, resolve_ds_config, zero_stage
@@ -28,7 +28,9 @@ from aogpt.trainer.metrics import peak_flops, read_metrics, truncate_metrics
 
 @pytest.fixture
 def tiny(repo):
-    return load_config(repo / "configs" / "tiny.yaml")
+    cfg = load_config(repo / "configs" / "tiny.yaml")
+    resolve_device_choices(cfg, "cpu")
+    return cfg
 
 
 # ---- DeepSpeed JSON and YAML -----------------------------------------------------------------------
@@ -53,8 +55,34 @@ def test_concrete_json_values_that_agree_with_the_yaml_are_accepted(tiny):
 
 
 def test_bf16_gets_fp32_gradient_accumulation_when_unset(tiny):
+    tiny.train.precision = "bf16"
     ds = resolve_ds_config({"bf16": {"enabled": True}, "zero_optimization": {"stage": 1}}, tiny, 1)
     assert ds["data_types"]["grad_accum_dtype"] == "fp32"
+
+
+@pytest.mark.parametrize("device, precision, compiled", [("cuda", "autocast_bf16", True),
+                                                         ("cpu", "fp32", False)])
+def test_auto_precision_and_compile_follow_the_device(repo, device, precision, compiled):
+    cfg = load_config(repo / "configs" / "ao_gpt_small.yaml")
+    assert (cfg.train.precision, cfg.train.compile) == ("auto", "auto")
+    resolve_device_choices(cfg, device)
+    assert (cfg.train.precision, cfg.train.compile) == (precision, compiled)
+
+
+@pytest.mark.parametrize("precision, engine_bf16", [("autocast_bf16", False), ("bf16", True),
+                                                    ("fp32", False)])
+def test_train_precision_decides_deepspeeds_bf16_mode(repo, tiny, precision, engine_bf16):
+    tiny.train.precision = precision
+    for name in ("zero1", "zero2", "zero3", "cpu"):
+        ds = resolve_ds_config(load_ds_config(repo / "ds_configs" / f"{name}.json"), tiny, 2)
+        assert ds["bf16"]["enabled"] is engine_bf16
+
+
+def test_a_json_bf16_setting_against_train_precision_is_a_usage_error(tiny):
+    tiny.train.precision = "autocast_bf16"
+    with pytest.raises(UsageError, match=re.escape(
+            "sets bf16.enabled=true but train.precision is autocast_bf16")):
+        resolve_ds_config({"bf16": {"enabled": True}, "zero_optimization": {"stage": 1}}, tiny, 1)
 
 
 @pytest.mark.parametrize("ds, message", [
@@ -64,13 +92,14 @@ def test_bf16_gets_fp32_gradient_accumulation_when_unset(tiny):
     ({"train_batch_size": 64}, "sets train_batch_size=64 but the YAML gives 32"),
     ({"optimizer": {"type": "AdamW"}}, "has a \"optimizer\" block"),
     ({"scheduler": {"type": "WarmupCosineLR"}}, "has a \"scheduler\" block"),
-    ({"bf16": {"enabled": True}, "data_types": {"grad_accum_dtype": "bf16"}}, "grad_accum_dtype is 'bf16'"),
+    ({"data_types": {"grad_accum_dtype": "bf16"}}, "grad_accum_dtype is 'bf16'"),
     ({"fp16": {"enabled": True}}, "fp16 is not supported"),
     ({"zero_optimization": {"stage": 0}}, "zero_optimization.stage is 0"),
     ({"zero_optimization": {"stage": 1, "reduce_bucket_size": "auto"}}, "\"auto\" for zero_optimization.reduce_bucket_size"),
 ])
 def test_json_contradicting_the_yaml_is_a_usage_error(tiny, ds, message):
     ds.setdefault("zero_optimization", {"stage": 1})
+    tiny.train.precision = "bf16" if "data_types" in ds else tiny.train.precision
     with pytest.raises(UsageError, match=re.escape(message)):
         resolve_ds_config(ds, tiny, world_size=1)
 
