@@ -6,9 +6,11 @@
 In one process, on the same network, weights and device, for each number of steps S:
 - decoder: model/sampler.py, the paper's AO-GPT sampler (KV cache, Lemma 1, CUDA graphs on a GPU);
 - encoder: what SEDD/MDLM do at every step: a full bidirectional forward over all n slots (the
-  same network run without the causal mask, masked positions fed as [None]), logits at every
-  position, then the step's tokens drawn. Its outputs are meaningless for a decoder's weights: it
-  is a cost model, with the same per-token cost as the decoder.
+  same network run with full attention, masked positions fed as [None]), then the step's tokens
+  drawn from the logits of the positions revealed. Its outputs are meaningless for a decoder's
+  weights: it is a cost model, with the same per-token cost as the decoder, given its best
+  configuration (the attention kernels' unmasked path, head only where tokens are drawn, the
+  network call as a CUDA graph on a GPU).
 Both draw the same numbers of tokens per step (the paper's deterministic linear schedule) with the
 same sampling code. Prints both times, their ratio and the token rows each pushed through the
 network per sequence (the decoder's stay near 2n at any S, the encoder's are S x n).
@@ -28,6 +30,7 @@ import torch
 
 from aogpt import UsageError, cli_entry
 from aogpt.model import AOGPT
+from aogpt.model.attention import BIDIRECTIONAL
 from aogpt.model.config import medium, small, tiny
 from aogpt.model.precision import auto_dtype
 from aogpt.model.sampler import (
@@ -60,10 +63,42 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 
 class EncoderSampler:
-    """The encoder MDM's generation loop (SEDD/MDLM style) on the decoder's network."""
+    """The encoder MDM's generation loop (SEDD/MDLM style) on the decoder's network, in its best
+    configuration: full attention through the kernels' unmasked path (no mask tensor), the head
+    applied only to the positions revealed at each step, and on a GPU the network call (the
+    same shape at every step) replayed as a CUDA graph."""
 
-    def __init__(self, model: AOGPT, seq_len: int, config: SamplingConfig):
-        self.model, self.seq_len, self.config = model, seq_len, config
+    def __init__(self, model: AOGPT, batch_size: int, seq_len: int, config: SamplingConfig,
+                 cuda_graphs: bool):
+        self.model, self.seq_len, self.config, self.cuda_graphs = model, seq_len, config, cuda_graphs
+        device = model.lm_head.weight.device
+        # the network's inputs, at fixed addresses for the graph: known slots read their token
+        # at their position, masked ones read [None] (position -1)
+        self.tokens = torch.zeros(batch_size, seq_len, dtype=torch.long, device=device)
+        self.inputs = torch.full_like(self.tokens, -1)
+        self.positions = torch.arange(seq_len, device=device).expand(batch_size, -1).contiguous()
+        self._graph: tuple[torch.cuda.CUDAGraph, torch.Tensor] | None = None
+
+    def _network(self) -> torch.Tensor:
+        return self.model.forward_stream(self.tokens, self.inputs, self.positions, BIDIRECTIONAL)
+
+    def hidden(self) -> torch.Tensor:
+        """(b, n, d): the network on the current inputs."""
+        if not self.cuda_graphs:
+            return self._network()
+        if self._graph is None:
+            side = torch.cuda.Stream()
+            side.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(side):  # workspaces are set up outside the capture
+                self._network()
+            torch.cuda.current_stream().wait_stream(side)
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph):
+                out = self._network()
+            self._graph = (graph, out)
+        graph, out = self._graph
+        graph.replay()
+        return out
 
     @torch.no_grad()
     def generate(self, sample_ids: torch.Tensor) -> int:
@@ -73,18 +108,17 @@ class EncoderSampler:
         nothing_given = torch.zeros(b, n, dtype=torch.bool, device=device)
         orders = draw_orders(config, nothing_given, sample_ids)
         counts = reveal_counts(config, nothing_given.sum(dim=1), n, sample_ids)[0].tolist()
-        tokens = torch.zeros(b, n, dtype=torch.long, device=device)
-        known = nothing_given.clone()
-        positions = torch.arange(n, device=device).expand(b, n)
         uniforms = token_uniforms(config, sample_ids, n)
-        bidirectional = torch.ones(n, n, dtype=torch.bool, device=device)
+        self.tokens.zero_()
+        self.inputs.fill_(-1)
         for c, hi in zip(counts[:-1], counts[1:], strict=True):
-            inputs = torch.where(known, positions, -1)  # masked slots read as [None]
-            logits = model.lm_head(model.forward_stream(tokens, inputs, positions, bidirectional))
+            hidden = self.hidden()
             targets = orders[:, c:hi]  # (b, r): the positions revealed at this step
-            chosen = logits.gather(1, targets[..., None].expand(-1, -1, logits.size(-1))).float()
-            tokens.scatter_(1, targets, sample_from_logits(chosen, config, uniforms.gather(1, targets)))
-            known.scatter_(1, targets, True)
+            chosen = hidden.gather(1, targets[..., None].expand(-1, -1, hidden.size(-1)))
+            logits = model.lm_head(chosen).float()  # (b, r, vocab)
+            drawn = sample_from_logits(logits, config, uniforms.gather(1, targets))
+            self.tokens.scatter_(1, targets, drawn)
+            self.inputs.scatter_(1, targets, targets)  # now known, at their own positions
         return len(counts[1:]) * n
 
 
@@ -106,8 +140,8 @@ def measure(model: AOGPT, steps: int, args: argparse.Namespace, device: torch.de
     graphs = device.type == "cuda" and not args.no_cuda_graphs
     decoder = KVCacheSampler(model, b, n, config, cuda_graphs=graphs)
     decoder.generate(ids + b)  # warm-up: the same step shapes (graphs captured) on other samples
-    encoder = EncoderSampler(model, n, config)
-    EncoderSampler(model, n, SamplingConfig(steps=2)).generate(ids)  # warm-up: the same shapes
+    encoder = EncoderSampler(model, b, n, config, cuda_graphs=graphs)
+    EncoderSampler(model, b, n, SamplingConfig(steps=2), graphs).generate(ids)  # warm-up
     # interleaved runs, the shortest of each kept: load from elsewhere only ever adds time
     decoder_s = encoder_s = float("inf")
     for _ in range(args.repeats):

@@ -3,7 +3,8 @@
 All take q, k, v as (b, h, s, hd) and return (b, h, s_q, hd). Without a mask the attention is
 causal (slot i sees slots 0..i); with a boolean mask (True = may attend, broadcastable to
 (b, h, s_q, s_k)) it is whatever the mask says, which the KV-cache sampler uses for its
-"parallel generation" steps. Attention dropout is always 0, as in the paper.
+"parallel generation" steps; mask=BIDIRECTIONAL lets every slot see every slot (an encoder's
+attention, run by the kernels' unmasked paths). Attention dropout is always 0, as in the paper.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ except ImportError:  # not installed, or built for another torch/CUDA
     flash_attn_func = None
 
 BACKENDS = ("auto", "sdpa", "flash_attn", "math")
+BIDIRECTIONAL = "bidirectional"  # the `mask` of full attention, for which no mask tensor is made
 
 
 class KVCache(Protocol):
@@ -65,7 +67,7 @@ def resolve_backend(attn_impl: str, device: torch.device) -> str:
 
 
 def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, attn_impl: str,
-           mask: torch.Tensor | None = None) -> torch.Tensor:
+           mask: torch.Tensor | str | None = None) -> torch.Tensor:
     """Scaled dot-product attention with the chosen kernel; causal when mask is None."""
     backend = resolve_backend(attn_impl, q.device)
     if backend == "flash_attn":
@@ -75,14 +77,17 @@ def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, attn_impl: str,
                              "or set model.attn_impl=auto")
         if why_not:  # auto: flash-attn has no fp32 or masked kernel, SDPA has
             backend = "sdpa"
+    causal = mask is None
     if backend == "flash_attn":
         # flash-attn wants (b, s, h, hd); these transposes are views of the projection output
-        y = flash_attn_func(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), causal=True)
+        y = flash_attn_func(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), causal=causal)
         return y.transpose(1, 2)
     if backend == "sdpa":
-        if mask is None:
-            return F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        if causal or mask is BIDIRECTIONAL:
+            return F.scaled_dot_product_attention(q, k, v, is_causal=causal)
         return F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+    if mask is BIDIRECTIONAL:
+        mask = torch.ones(q.size(-2), k.size(-2), dtype=torch.bool, device=q.device)
     return math_attention(q, k, v, mask)
 
 
@@ -92,8 +97,8 @@ def _flash_attn_obstacle(q: torch.Tensor, mask: torch.Tensor | None) -> str:
         return f"the device {q.device} is not a CUDA GPU of compute capability 8.0+"
     if q.dtype not in (torch.bfloat16, torch.float16):
         return f"activations are {q.dtype}, it needs bf16/fp16: use bf16 autocast"
-    if mask is not None:
-        return "it computes only causal attention, not an explicit mask"
+    if mask is not None and mask is not BIDIRECTIONAL:
+        return "it computes only causal or full attention, not an explicit mask"
     return ""
 
 
