@@ -6,7 +6,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test lint install tokenizer clean
+.PHONY: demo test lint install tokenizer gpu-report clean
 
 install: $(STAMP)
 
@@ -32,6 +32,10 @@ test: $(STAMP) tokenizer lint
 
 demo: $(STAMP) tokenizer
 	$(PY) tools/demo.py
+
+# Every GPU measurement (training MFU, end-to-end run, generation, GPU tests) -> docs/gpu-report.md
+gpu-report: $(STAMP) tokenizer
+	$(PY) benchmarks/gpu_report.py
 
 clean:
 	rm -rf $(VENV) build *.egg-info

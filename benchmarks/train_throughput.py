@@ -25,6 +25,7 @@ import torch
 
 from aogpt import cli_entry
 from aogpt.trainer.dist_env import all_reduce_sum, setup_distributed_env
+from aogpt.trainer.checkpoint import write_json_atomic
 from aogpt.trainer.ds_config import zero_stage
 from aogpt.trainer.loop import Trainer
 from aogpt.trainer.main import preflight
@@ -42,6 +43,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--warmup", type=int, default=2, help="untimed steps first")
     parser.add_argument("--loader-batches", type=int, default=200,
                         help="micro-batches timed for the loader alone")
+    parser.add_argument("--json", type=Path, help="also write the results here (rank 0)")
+    parser.add_argument("--profile", type=Path,
+                        help="write a table of the GPU kernels of 2 more steps here (torch.profiler)")
     parser.add_argument("--local_rank", type=int, default=None, help=argparse.SUPPRESS)
     return parser.parse_args(argv)
 
@@ -61,6 +65,21 @@ def time_steps(trainer: Trainer, warmup: int, steps: int) -> tuple[float, float]
         data_wait += trainer.train_step(update)[1]
     synchronize(trainer.device)
     return time.perf_counter() - start, data_wait
+
+
+def profile_steps(trainer: Trainer, first_update: int, path: Path) -> None:
+    """The kernels (and host ops) of 2 optimizer steps, most time first, as a text table."""
+    from torch.profiler import ProfilerActivity, profile
+    activities = [ProfilerActivity.CPU]
+    if trainer.device.type == "cuda":
+        activities.append(ProfilerActivity.CUDA)
+    with profile(activities=activities) as prof:
+        for update in range(first_update, first_update + 2):
+            trainer.train_step(update)
+        synchronize(trainer.device)
+    sort = "cuda_time_total" if trainer.device.type == "cuda" else "cpu_time_total"
+    table = prof.key_averages().table(sort_by=sort, row_limit=40, max_name_column_width=80)
+    path.write_text(table)
 
 
 def time_loader(trainer: Trainer, batches: int) -> float:
@@ -88,6 +107,8 @@ def main(argv: list[str] | None = None) -> int:
     cfg, world = trainer.cfg, dist_env.world_size
 
     step_seconds, data_wait = time_steps(trainer, args.warmup, args.steps)
+    if args.profile and dist_env.is_main:
+        profile_steps(trainer, args.warmup + args.steps, args.profile)
     loader_seconds = time_loader(trainer, args.loader_batches)
     totals = all_reduce_sum([step_seconds, data_wait, loader_seconds], trainer.device)
     step_seconds, data_wait, loader_seconds = (float(t) / world for t in totals)  # rank means
@@ -113,6 +134,18 @@ def main(argv: list[str] | None = None) -> int:
           f"{cfg.data.num_workers} workers)")
     verdict = "ok" if ratio >= NEEDED_RATIO else f"TOO SLOW: needs >= {NEEDED_RATIO:.0f}x"
     print(f"loader / step: {ratio:,.1f}x ({verdict})")
+    if args.json:
+        memory = torch.cuda.max_memory_allocated(device) / 2**30 if device.type == "cuda" else None
+        write_json_atomic({
+            "config": args.config, "overrides": user_overrides, "world_size": world,
+            "zero_stage": zero_stage(trainer.ds_config), "precision": cfg.train.precision,
+            "compile": cfg.train.compile, "attention": trainer.attention_backend,
+            "micro_batch_size": cfg.train.micro_batch_size, "seq_len": cfg.model.block_size,
+            "params": trainer.num_params, "tokens_per_s": step_tokens,
+            "tokens_per_s_per_device": step_tokens / world, "step_s": step_seconds / args.steps,
+            "data_wait_fraction": data_wait / step_seconds,
+            "mfu": trainer.flops_per_token * step_tokens / (peak * world) if peak else None,
+            "peak_memory_gib": memory, "loader_ratio": ratio}, args.json)
     return 0
 
 

@@ -10,6 +10,17 @@ import torch
 from aogpt.model import AOGPT, ModelConfig
 
 REPO = Path(__file__).resolve().parent.parent
+
+
+def pytest_collection_modifyitems(config, items):
+    """Tests marked `gpu` skip, saying why, where there is no CUDA GPU (`pytest -m gpu` on a GPU
+    machine runs them: benchmarks/gpu_report.py does)."""
+    if torch.cuda.is_available():
+        return
+    skip = pytest.mark.skip(reason="needs a CUDA GPU")
+    for item in items:
+        if "gpu" in item.keywords:
+            item.add_marker(skip)
 SHARED_DATA = REPO.parent / "shared" / "data"
 
 

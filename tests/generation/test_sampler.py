@@ -233,7 +233,7 @@ def test_bad_settings_are_usage_errors():
         generate(model, n=17)
 
 
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a GPU")
+@pytest.mark.gpu
 @pytest.mark.parametrize("counts", ["deterministic", "binomial"])
 def test_cuda_graphs_give_the_same_samples_as_eager_steps(counts):
     model = make_model().cuda()
@@ -244,3 +244,16 @@ def test_cuda_graphs_give_the_same_samples_as_eager_steps(counts):
         outs.append([sampler.generate(torch.arange(B) + 3 * i).tokens for i in range(2)])
     for eager, graphed in zip(*outs, strict=True):
         assert torch.equal(eager, graphed)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("graphs", [False, True])
+def test_on_a_gpu_every_step_gives_the_full_forwards_logits(graphs):
+    model = make_model().cuda()  # float64: the comparison is exact up to summation order
+    calls, on_step = record_steps()
+    config = SamplingConfig(steps=N)
+    sampler = KVCacheSampler(model, batch_size=B, seq_len=N, config=config, cuda_graphs=graphs)
+    out = sampler.generate(torch.arange(B), on_step=on_step)
+    full = model.logits(out.tokens, out.orders)
+    for call, entry in enumerate(calls):
+        torch.testing.assert_close(entry["logits"][:, 0], full[:, call], rtol=1e-10, atol=1e-10)

@@ -60,6 +60,7 @@ NO_FLASH = ("flash-attn is not installed" if flash_attn_func is None
             else "")
 
 
+@pytest.mark.gpu
 @pytest.mark.skipif(bool(NO_FLASH), reason=NO_FLASH)
 def test_flash_attn_matches_sdpa_and_math_in_bf16():
     q, k, v = qkv(s=128, hd=64, dtype=torch.bfloat16, device="cuda")
