@@ -155,7 +155,8 @@ class OrderSampler:
         self.seq_len = seq_len
         self.seed = seed
         self._validate()
-        self._fixed = self._fixed_order()  # (seq_len,) for fixed kinds, else None
+        self._fixed = self._fixed_order()  # (seq_len,) on the CPU for fixed kinds, else None
+        self._fixed_on: dict[torch.device, torch.Tensor] = {}  # copied to each device once
 
     def _validate(self) -> None:
         c = self.config
@@ -202,7 +203,9 @@ class OrderSampler:
         if kind == "l2r":
             return identity.clone(), torch.ones(b, dtype=torch.bool, device=device)
         if self._fixed is not None:
-            orders = self._fixed.to(device).expand(b, -1).clone()
+            if device not in self._fixed_on:
+                self._fixed_on[device] = self._fixed.to(device)
+            orders = self._fixed_on[device].expand(b, -1).clone()
             return orders, (orders == identity).all(dim=1)
         orders = self._draw(kind, self.seed, step, sample_indices)
         if kind != "mixture":
