@@ -56,7 +56,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--smoke", action="store_true", help="tiny sizes, any device (CI)")
     parser.add_argument("--timeout", type=float, default=240, help="seconds per measurement")
     parser.add_argument("--merge", action="store_true",
-                        help="keep the parts not run now from the report's existing JSON")
+                        help="keep what is not measured now from the report's existing JSON")
+    parser.add_argument("--train-filter", action="append", default=[], metavar="KEY=VALUE",
+                        help="measure only the training rows with this setting, e.g. "
+                             "precision=autocast_bf16 (repeatable; with --merge the others stay)")
     args = parser.parse_args(argv)
     args.parts = [p.strip() for p in args.only.split(",") if p.strip()]
     unknown = sorted(set(args.parts) - set(PARTS))
@@ -129,6 +132,26 @@ def train_grid(smoke: bool) -> list[dict]:
             grid.append({"preset": preset, "zero": 2, "precision": "autocast_bf16",
                          "compile": True, "attn": attn})
     return grid
+
+
+SETTING = ("preset", "zero", "precision", "compile", "attn")
+
+
+def selected(grid: list[dict], filters: list[str]) -> list[dict]:
+    """The grid rows whose settings match every KEY=VALUE filter (compared as text)."""
+    wanted = [f.split("=", 1) for f in filters]
+    bad = [f for f, w in zip(filters, wanted, strict=True) if len(w) != 2 or w[0] not in SETTING]
+    if bad:
+        raise UsageError(f"--train-filter {bad[0]}: use KEY=VALUE with KEY in {', '.join(SETTING)}")
+    return [row for row in grid if all(str(row[k]) == v for k, v in wanted)]
+
+
+def merged_rows(kept: list[dict], new: list[dict]) -> list[dict]:
+    """The kept rows, each replaced by a new measurement of the same setting; new ones appended."""
+    key = lambda row: tuple(row[k] for k in SETTING)  # noqa: E731
+    fresh = {key(row): row for row in new}
+    rows = [fresh.pop(key(row), row) for row in kept]
+    return rows + list(fresh.values())
 
 
 def measure_training(grid: list[dict], data: Path, scratch: Path, args) -> list[dict]:
@@ -310,31 +333,37 @@ def markdown(report: dict) -> str:
     return "\n".join(lines)
 
 
+def save(report: dict, out: Path) -> None:
+    write_json_atomic(report, out.with_suffix(".json"))
+    partial = out.with_name(f".{out.name}.partial")
+    partial.write_text(markdown(report))
+    partial.replace(out)
+
+
 @cli_entry
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     report = {"smoke": args.smoke, "environment": environment()}
     previous = args.out.with_suffix(".json")
-    if args.merge and previous.is_file():
-        kept = json.loads(previous.read_text())
-        report.update({part: kept[part] for part in PARTS if part in kept and part not in args.parts})
+    kept = json.loads(previous.read_text()) if args.merge and previous.is_file() else {}
+    report.update({part: kept[part] for part in PARTS if part in kept and part not in args.parts})
+    grid = selected(train_grid(args.smoke), args.train_filter)
     print(f"GPU report on {report['environment']['device']}: {', '.join(args.parts)}", flush=True)
     with tempfile.TemporaryDirectory(prefix="aogpt_gpu_report_") as tmp:
         scratch = Path(tmp)
         if "train" in args.parts or "e2e" in args.parts:
             data = make_data(scratch, 128 if args.smoke else 1024)
-        if "train" in args.parts:
-            report["train"] = measure_training(train_grid(args.smoke), data, scratch, args)
-        if "e2e" in args.parts:
-            report["e2e"] = end_to_end(data, scratch, args)
-        if "generation" in args.parts:
-            report["generation"] = generation(scratch, args)
-        if "tests" in args.parts:
-            report["tests"] = gpu_tests(args)
-    write_json_atomic(report, args.out.with_suffix(".json"))
-    partial = args.out.with_name(f".{args.out.name}.partial")
-    partial.write_text(markdown(report))
-    partial.replace(args.out)
+        for part in args.parts:  # the report is rewritten after each part: a cut run keeps its rows
+            if part == "train":
+                report["train"] = merged_rows(kept.get("train", []),
+                                              measure_training(grid, data, scratch, args))
+            elif part == "e2e":
+                report["e2e"] = end_to_end(data, scratch, args)
+            elif part == "generation":
+                report["generation"] = generation(scratch, args)
+            else:
+                report["tests"] = gpu_tests(args)
+            save(report, args.out)
     print(f"report: {args.out} and {args.out.with_suffix('.json')}")
     failed = [part for part in args.parts
               if (part == "train" and any("error" in r for r in report["train"]))

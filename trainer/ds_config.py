@@ -89,21 +89,30 @@ def resolve_ds_config(ds_config: dict, cfg: RunConfig, world_size: int) -> dict:
 
 
 def _resolve_precision(resolved: dict, precision: str) -> None:
-    """bf16.enabled follows train.precision: only DeepSpeed's own bf16 mode turns it on
-    (autocast_bf16 keeps fp32 weights in the engine and autocasts the forward pass)."""
+    """The engine's precision follows train.precision. bf16: DeepSpeed's bf16 mode. autocast_bf16:
+    an fp32 engine with DeepSpeed's torch_autocast section, which runs the forward pass under
+    torch.autocast (the engine switches off any autocast opened around it, so it must be this
+    section); its gradients stay fp32 in communication unless the JSON names modules whose
+    gradients may travel in bf16 (lower_precision_safe_modules)."""
     if precision == "auto":
         raise ValueError("resolve train.precision for the device first (resolve_device_choices)")
-    want = precision == "bf16"
-    block = resolved.setdefault("bf16", {})
-    given = block.get("enabled", AUTO)
-    if given == AUTO:
-        block["enabled"] = want
-    elif bool(given) != want:
-        raise UsageError(
-            f"the DeepSpeed config sets bf16.enabled={str(given).lower()} but train.precision is "
-            f"{precision} (which needs {str(want).lower()}): set bf16.enabled to \"auto\" in the JSON "
-            "and choose with train.precision (autocast_bf16, bf16 or fp32)"
-        )
+    for section, want in (("bf16", precision == "bf16"),
+                          ("torch_autocast", precision == "autocast_bf16")):
+        block = resolved.setdefault(section, {})
+        given = block.get("enabled", AUTO)
+        if given == AUTO:
+            block["enabled"] = want
+        elif bool(given) != want:
+            raise UsageError(
+                f"the DeepSpeed config sets {section}.enabled={str(given).lower()} but "
+                f"train.precision is {precision} (which needs {str(want).lower()}): set "
+                f"{section}.enabled to \"auto\" in the JSON and choose with train.precision "
+                "(autocast_bf16, bf16 or fp32)"
+            )
+    autocast = resolved["torch_autocast"]
+    if autocast["enabled"]:
+        autocast.setdefault("dtype", "bfloat16")
+        autocast.setdefault("lower_precision_safe_modules", [])  # fp32 gradients, as the paper
 
 
 def zero_stage(ds_config: dict) -> int:

@@ -130,9 +130,9 @@ class Trainer:
             print(f"resumed from {self.checkpoints.root / tag} at step {client['step']}", flush=True)
         return client["step"]
 
-    def autocast(self):
-        """bf16 autocast around forward passes when train.precision says so (also bf16: the
-        engine's weights are bf16 already, autocast keeps the fp32 inputs of the softmax apart)."""
+    def eval_autocast(self):
+        """bf16 autocast for the evaluation copy of the network unless the run trains in fp32
+        (training forward passes get theirs from the engine: ds_config.py)."""
         if self.cfg.train.precision == "fp32":
             return nullcontext()
         return torch.autocast(self.device.type, dtype=torch.bfloat16)
@@ -176,8 +176,7 @@ class Trainer:
             first = micro_step * micro * env.world_size + env.rank * micro
             sample_indices = torch.arange(first, first + idx.shape[0], device=self.device)
             orders, is_l2r = self.sampler(update, sample_indices)
-            with self.autocast():
-                nll, loss = self.engine(idx, orders, return_mean=True)  # (micro, t), scalar
+            nll, loss = self.engine(idx, orders, return_mean=True)  # (micro, t), scalar
             self.engine.backward(loss)
             self.engine.step()  # DeepSpeed steps the optimizer on the last micro-step only
             with torch.no_grad():
@@ -216,7 +215,7 @@ class Trainer:
         sums = torch.zeros(4, dtype=torch.float64, device=self.device)
         micro = cfg.train.micro_batch_size
         num_orders = cfg.eval.num_orders if cfg.model.target_injection != "none" else 0  # l2r only
-        with self.autocast():
+        with self.eval_autocast():
             for batch_index, idx in enumerate(self.val_loader):
                 if batch_index == cfg.eval.batches:
                     break
