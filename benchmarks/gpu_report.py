@@ -255,6 +255,10 @@ def _pct(value: float | None) -> str:
     return "n/a" if value is None else f"{value:.1%}"
 
 
+def _num(value: float | None) -> str:
+    return "n/a" if value is None else f"{value:.3f}"
+
+
 def environment() -> dict:
     on_gpu = torch.cuda.is_available()
     return {
@@ -279,6 +283,9 @@ def markdown(report: dict) -> str:
              f"{env['device']}, torch {env['torch']}, CUDA {env['cuda']}, cuDNN {env['cudnn']}, "
              f"Python {env['python']}, {env['date']}, commit {env['git']}. Made by "
              "`python benchmarks/gpu_report.py` (see its docstring for what each part runs).", ""]
+    notes = report.get("notes", [])  # how a report put together from several runs was made
+    for note in notes:
+        lines += [f"Note: {note}", ""]
     if "train" in report:
         lines += [f"## Training throughput (one GPU, seq 1024, 16 sequences per micro-batch, "
                   f"{ACCUMULATION} micro-batches per step, the real trainer with EMA)", "",
@@ -303,7 +310,8 @@ def markdown(report: dict) -> str:
         lines += ["## End to end: `trainer/main.py`, the small recipe", "",
                   f"{'OK' if e['ok'] else 'FAILED'}: {e['steps']} steps of {e['tokens_per_step']:,} "
                   f"tokens in two launches ({e['first_launch_steps']} steps, then resumed to "
-                  f"{e['steps']}); loss {e['first_loss']} at step 1 -> {e['last_loss']} at step "
+                  f"{e['steps']}); loss {_num(e['first_loss'])} at step 1 -> "
+                  f"{_num(e['last_loss'])} at step "
                   f"{e['last_step']}; checkpoints {', '.join(e['checkpoints'])}; resumed: "
                   f"{e['resumed']}; final weights: {e['final_weights']}; "
                   f"{sum(e['seconds']):.0f} s in all."
