@@ -157,6 +157,17 @@ class LMHead(nn.Linear):
         return linear_cross_entropy(hidden, self.weight, self.bias, targets, chunk_size, return_mean)
 
 
+def _require_left_to_right(orders: torch.Tensor) -> None:
+    """A model without target positions (target_injection=none) reads left to right only."""
+    message = "model.target_injection=none only reads left to right: pass identity orders"
+    left_to_right = (orders == torch.arange(orders.size(1), device=orders.device)).all()
+    if orders.device.type == "cpu":
+        if not left_to_right:
+            raise UsageError(message)
+    else:  # asserted on the device without waiting for it: training passes orders every micro-step
+        torch._assert_async(left_to_right, message)
+
+
 class AOGPT(nn.Module):
     def __init__(self, config: ModelConfig):
         super().__init__()
@@ -296,9 +307,8 @@ class AOGPT(nn.Module):
             orders = torch.arange(t, device=idx.device).expand(b, t)
         elif orders.shape != idx.shape:
             raise UsageError(f"orders {tuple(orders.shape)} must have the shape of idx {(b, t)}")
-        elif self.config.target_injection == "none" and not torch.equal(  # (a device sync)
-                orders, torch.arange(t, device=orders.device).expand(b, t)):
-            raise UsageError("model.target_injection=none only reads left to right: pass identity orders")
+        elif self.config.target_injection == "none":
+            _require_left_to_right(orders)
         targets = shuffle(idx, orders)  # (b, t): slot k predicts the k-th token of the order
         start = torch.full_like(orders[:, :1], -1)  # the [None] slot
         tokens = torch.cat([start, targets[:, :-1]], dim=1)
