@@ -15,8 +15,8 @@ Both draw the same numbers of tokens per step (the paper's deterministic linear 
 same sampling code. Prints both times, their ratio and the token rows each pushed through the
 network per sequence (the decoder's stay near 2n at any S, the encoder's are S x n).
 Defaults: the paper's setting on a GPU (small model, batch 32, n = 1024); a smaller one on a CPU
-(batch 8, n = 128); bf16 weights on both (CPUs with AVX512-BF16 or AMX run it fastest; use
---dtype fp32 on others). Each sampler is warmed up before it is timed; their timed runs are
+(batch 8, n = 128); bf16 weights on a GPU and on CPUs with native bf16 (AVX512-BF16 or AMX),
+fp32 on others, where bf16 is emulated ~50x slower (--dtype overrides). Each sampler is warmed up before it is timed; their timed runs are
 interleaved so that load from other processes hits both alike.
 """
 
