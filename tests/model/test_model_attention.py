@@ -5,7 +5,7 @@ import torch
 
 from aogpt import UsageError
 from aogpt.model import AOGPT
-from aogpt.model.attention import attend, flash_attn_func, math_attention
+from aogpt.model.attention import BIDIRECTIONAL, attend, flash_attn_func, math_attention
 from aogpt.model.config import ModelConfig
 
 
@@ -30,6 +30,13 @@ def test_a_lower_triangular_mask_is_the_causal_attention():
     q, k, v = qkv()
     causal = torch.ones(9, 9, dtype=torch.bool).tril()
     torch.testing.assert_close(attend(q, k, v, "sdpa", causal), attend(q, k, v, "sdpa"))
+
+
+@pytest.mark.parametrize("impl", ["sdpa", "math"])
+def test_bidirectional_is_the_attention_of_an_all_true_mask(impl):
+    q, k, v = qkv()
+    everything = torch.ones(9, 9, dtype=torch.bool)
+    torch.testing.assert_close(attend(q, k, v, impl, BIDIRECTIONAL), attend(q, k, v, "math", everything))
 
 
 def test_models_with_sdpa_and_math_backends_give_the_same_nll():
