@@ -2,7 +2,7 @@
 
 The code lives in the top-level folders model/, data_prep/ and trainer/, installed as
 `aogpt.model`, `aogpt.data_prep` and `aogpt.trainer` (see setup.py). This root holds only what
-all of them share: the version and the error type for bad user input.
+all of them share: the version and the error types that commands print as one line.
 """
 
 import functools
@@ -20,8 +20,17 @@ class UsageError(Exception):
     """
 
 
+class RunFailure(Exception):
+    """A run that cannot go on for a reason outside the code (a corrupt shard, a full disk, a
+    non-finite loss): the message names the cause and what is still intact.
+
+    Command-line entry points print it as one line and exit 1.
+    """
+
+
 def cli_entry(main: Callable[..., int | None]) -> Callable[..., int]:
-    """Wraps a command's `main` so that a UsageError ends it with one line and exit status 2."""
+    """Wraps a command's `main`: a UsageError ends it with one line and exit status 2, a
+    RunFailure with one line and exit status 1."""
 
     @functools.wraps(main)
     def wrapper(*args, **kwargs) -> int:
@@ -30,6 +39,9 @@ def cli_entry(main: Callable[..., int | None]) -> Callable[..., int]:
         except UsageError as err:
             print(f"error: {err}", file=sys.stderr)
             return 2
+        except RunFailure as err:
+            print(f"error: {err}", file=sys.stderr)
+            return 1
         except KeyboardInterrupt:
             print("interrupted", file=sys.stderr)
             return 130
