@@ -1,17 +1,24 @@
-"""Checkpoint layout, atomic saves with a `latest` pointer, keep-last-K retention, preemption.
+"""Checkpoint layout, saves that are complete or absent, keep-last-K retention, preemption.
 
     out_dir/checkpoints/
-        latest                          the newest complete tag (DeepSpeed writes it last)
+        latest                          the newest complete tag, written last
         step_00001000/
             model.pt                    consolidated raw + EMA weights (aogpt.model.load_checkpoint)
             trainer_state.json          step, tokens, world size, model and run config, git SHA
             trainer_rank00000.pt ...    per rank: its EMA shard and RNG states
             mp_rank_00_model_states.pt  DeepSpeed's own files: module, optimizer partitions and
             *_optim_states.pt           client_state (loader position, step, configs)
+            complete.json               every file above with its size, written last
 
-A save writes everything of the tag first and DeepSpeed's `latest` last (after its commit), so
-`latest` never names a half-written tag; an interrupted save leaves a stray folder that the next
-save of that step replaces and that retention deletes.
+A save writes the tag into step_X.partial/. Every rank fsyncs the files it wrote; after a
+barrier rank 0 records the files and their sizes in complete.json, renames the folder to step_X
+and replaces `latest` (each step durable: fsync, rename, fsync of the folder). A node lost
+at any moment leaves either the new complete tag or the previous one, plus a .partial folder
+that the next save or retention removes. DeepSpeed's own `latest` is not used: it is written by
+rank 0 before the other ranks have finished their files.
+
+Resuming takes the tag `latest` names if complete.json matches its files, and otherwise the
+newest tag that is complete, saying what was wrong with the other.
 """
 
 from __future__ import annotations
@@ -35,6 +42,8 @@ from aogpt.model.config import ModelConfig
 LATEST = "latest"
 TAG_PATTERN = re.compile(r"step_(\d+)$")
 RUN_STATE = "trainer_state.json"
+COMPLETE = "complete.json"
+PARTIAL = ".partial"
 EXIT_PREEMPTED = 75  # sysexits' EX_TEMPFAIL: stopped by a signal after a checkpoint, re-run to resume
 
 # ModelConfig fields that may change between a run and its resumption: they do not change the
@@ -51,19 +60,70 @@ def rank_state_file(tag_dir: Path, rank: int) -> Path:
     return tag_dir / f"trainer_rank{rank:05d}.pt"
 
 
+def fsync_path(path: Path) -> None:
+    """Flushes a file's data, or a folder's entries (a rename), to the disk."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def rank_files(tag_dir: Path, rank: int) -> list[Path]:
+    """The files of a tag that `rank` writes: its own per-rank files (DeepSpeed's
+    *zero_pp_rank_R_* and ours), and for rank 0 also every file that belongs to no rank."""
+    own = re.compile(rf"(^|_)pp_rank_{rank}_|^trainer_rank{rank:05d}\.pt$")
+    anyone = re.compile(r"(^|_)pp_rank_\d+_|^trainer_rank\d+\.pt$")
+    return sorted(p for p in tag_dir.iterdir() if p.is_file() and (
+        own.search(p.name) or (rank == 0 and not anyone.search(p.name))))
+
+
 class CheckpointDir:
     def __init__(self, out_dir: str | os.PathLike):
         self.root = Path(out_dir) / "checkpoints"
 
-    def latest_tag(self) -> str | None:
+    # ---- reading --------------------------------------------------------------------------------
+
+    def problem(self, tag: str) -> str | None:
+        """Why `tag` is not a complete checkpoint (None when it is)."""
+        folder = self.root / tag
+        if not folder.is_dir():
+            return f"{folder} does not exist"
+        try:
+            record = json.loads((folder / COMPLETE).read_text())
+        except FileNotFoundError:
+            return f"{folder} has no {COMPLETE} (its save did not finish)"
+        except (OSError, json.JSONDecodeError) as err:
+            return f"{folder / COMPLETE} is unreadable ({err})"
+        for name, size in record["files"].items():
+            path = folder / name
+            if not path.is_file():
+                return f"{path} is missing"
+            if path.stat().st_size != size:
+                return f"{path} has {path.stat().st_size} bytes, {size} were written"
+        return None
+
+    def resume_tag(self) -> tuple[str | None, str | None]:
+        """(the tag to resume from, a warning when it is not the one `latest` names).
+
+        None when there is nothing to resume; a UsageError when checkpoints exist and none is
+        complete (starting over would overwrite the run's metrics)."""
         pointer = self.root / LATEST
-        if not pointer.is_file():
-            return None
-        tag = pointer.read_text().strip()
-        if not (self.root / tag).is_dir():
-            raise UsageError(f"{pointer} names {tag!r}, which is not in {self.root}: "
-                             "point it at an existing step_* folder or delete it to start over")
-        return tag
+        named = pointer.read_text().strip() if pointer.is_file() else None
+        complete = [tag for tag in reversed(self.tags()) if self.problem(tag) is None]
+        if named is not None and self.problem(named) is None:
+            return named, None
+        if named is None and not complete:
+            return None, None
+        if not complete:
+            raise UsageError(f"no complete checkpoint in {self.root} ({LATEST} names {named!r}: "
+                             f"{self.problem(named)}): delete {self.root} to start over")
+        why = f"{LATEST} names {named!r}: {self.problem(named)}" if named else f"no {LATEST} file"
+        return complete[0], f"{why}; resuming from {complete[0]}, the newest complete checkpoint"
+
+    def latest_tag(self) -> str | None:
+        """The tag a resume starts from (see resume_tag)."""
+        return self.resume_tag()[0]
 
     def run_state(self, tag: str) -> dict:
         path = self.root / tag / RUN_STATE
@@ -74,21 +134,55 @@ class CheckpointDir:
                              f"{self.root / LATEST} at an older step_* folder") from None
 
     def tags(self) -> list[str]:
-        """Every step_* folder, oldest first."""
+        """Every step_* folder (complete or not, never .partial), oldest first."""
         found = [p.name for p in self.root.glob("step_*") if TAG_PATTERN.match(p.name)]
         return sorted(found, key=lambda tag: int(TAG_PATTERN.match(tag).group(1)))
 
+    # ---- writing --------------------------------------------------------------------------------
+
+    def partial_dir(self, tag: str) -> Path:
+        """Where a save of `tag` writes until it is complete."""
+        return self.root / f"{tag}{PARTIAL}"
+
+    def commit(self, tag: str) -> None:
+        """Rank 0, after every rank has fsynced its files of partial_dir(tag): records them,
+        renames the folder to `tag` and points `latest` at it, each step durable."""
+        work, final = self.partial_dir(tag), self.root / tag
+        files = {p.name: p.stat().st_size for p in sorted(work.iterdir()) if p.is_file()}
+        record = work / COMPLETE
+        record.write_text(json.dumps({"tag": tag, "files": files}, indent=1) + "\n")
+        fsync_path(record)
+        fsync_path(work)
+        if final.exists():  # an incomplete tag of this step from an earlier, interrupted run
+            shutil.rmtree(final)
+        os.replace(work, final)
+        fsync_path(self.root)
+        pointer = self.root / f"{LATEST}{PARTIAL}"
+        pointer.write_text(tag)
+        fsync_path(pointer)
+        os.replace(pointer, self.root / LATEST)
+        fsync_path(self.root)
+
     def prune(self, keep_last: int) -> None:
-        """Deletes all but the newest `keep_last` tags up to `latest` (rank 0, after a save)."""
+        """Rank 0, after a save: keeps the newest `keep_last` complete tags up to `latest` (and
+        any complete one after it); deletes older ones, incomplete tags and the leftovers of
+        interrupted saves."""
         latest = self.latest_tag()
         if latest is None:
             return
         step_of = {tag: int(TAG_PATTERN.match(tag).group(1)) for tag in self.tags()}
-        committed = [tag for tag in step_of if step_of[tag] <= step_of.get(latest, -1)]
-        keep = set(committed[-keep_last:])
+        complete = [tag for tag in step_of if self.problem(tag) is None]
+        up_to_latest = [tag for tag in complete if step_of[tag] <= step_of[latest]]
+        keep = set(up_to_latest[-keep_last:]) | {latest} | {
+            tag for tag in complete if step_of[tag] > step_of[latest]}
         for tag in step_of:
             if tag not in keep:
                 shutil.rmtree(self.root / tag, ignore_errors=True)
+        for leftover in self.root.glob(f"*{PARTIAL}"):
+            if leftover.is_dir():
+                shutil.rmtree(leftover, ignore_errors=True)
+            else:
+                leftover.unlink(missing_ok=True)
 
 
 def check_resumable(state: dict, cfg_model: ModelConfig, world_size: int, zero_stage: int,

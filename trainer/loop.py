@@ -25,13 +25,16 @@ import deepspeed
 import deepspeed.comm as dist
 import torch
 
+from aogpt import RunFailure
 from aogpt.model import AOGPT, OrderConfig, OrderSampler, save_consolidated
 from aogpt.trainer.checkpoint import (
     EXIT_PREEMPTED,
     RUN_STATE,
     CheckpointDir,
     PreemptionFlag,
+    fsync_path,
     git_sha,
+    rank_files,
     rank_state_file,
     restore_rng_states,
     rng_states,
@@ -260,27 +263,50 @@ class Trainer:
                 "run_config": config_to_dict(self.cfg)}
 
     def save_checkpoint(self) -> None:
-        """Collective. DeepSpeed's files come last: its `latest` marks the tag complete."""
+        """Collective: the tag is complete or absent (trainer/checkpoint.py). A failed write (a
+        full disk) removes what it wrote and ends the run, naming the checkpoint still intact."""
         tag = tag_for(self.step)
-        tag_dir = self.checkpoints.root / tag
-        if self.env.is_main and tag_dir.exists():
-            shutil.rmtree(tag_dir)  # a save of this step that was interrupted earlier
+        if self.checkpoints.problem(tag) is None:
+            return  # resumed from this very step: nothing has changed since
+        work = self.checkpoints.partial_dir(tag)
+        if self.env.is_main and work.exists():
+            shutil.rmtree(work)  # a save of this step that was interrupted earlier
         dist.barrier()
-        self.export(tag_dir / "model.pt")
+        try:
+            self.write_tag(work)
+            for path in rank_files(work, self.env.rank):
+                fsync_path(path)
+        except OSError as err:
+            if self.env.is_main:
+                shutil.rmtree(work, ignore_errors=True)
+            intact = self.checkpoints.latest_tag()
+            raise RunFailure(
+                f"saving checkpoint {tag} failed ({err.strerror or err}): "
+                + (f"{self.checkpoints.root / intact} is intact, free space and re-run to resume "
+                   "from it" if intact else "no earlier checkpoint exists, free space and re-run")
+            ) from None
+        dist.barrier()  # every rank's files are on disk
+        if self.env.is_main:
+            self.checkpoints.commit(tag)
+            self.checkpoints.prune(self.cfg.checkpoint.keep_last)
+        dist.barrier()
+
+    def write_tag(self, folder: Path) -> None:
+        """Collective: every file of a checkpoint into `folder` (see trainer/checkpoint.py)."""
+        self.export(folder / "model.pt")
+        folder.mkdir(parents=True, exist_ok=True)
         rank_state = {"ema": self.ema.state_dict() if self.ema is not None else None,
                       "rng": rng_states()}
-        tag_dir.mkdir(parents=True, exist_ok=True)
-        save_torch_atomic(rank_state, rank_state_file(tag_dir, self.env.rank))
+        save_torch_atomic(rank_state, rank_state_file(folder, self.env.rank))
         if self.env.is_main:
             write_json_atomic({**self.run_meta(), "world_size": self.env.world_size,
                                "zero_stage": zero_stage(self.ds_config),
                                "model_config": dataclasses.asdict(self.cfg.model)},
-                              tag_dir / RUN_STATE)
+                              folder / RUN_STATE)
         client_state = {**self.run_meta(), "loader": self.batches.state_dict(),
                         "model_config": dataclasses.asdict(self.cfg.model)}
-        self.engine.save_checkpoint(str(self.checkpoints.root), tag=tag, client_state=client_state)
-        if self.env.is_main:
-            self.checkpoints.prune(self.cfg.checkpoint.keep_last)
+        self.engine.save_checkpoint(str(folder.parent), tag=folder.name,
+                                    client_state=client_state, save_latest=False)
 
     # ---- the loop ---------------------------------------------------------------------------------
 

@@ -47,7 +47,9 @@ def preflight(args: argparse.Namespace, dist_env: DistEnv) -> Plan:
     ds_config = resolve_ds_config(load_ds_config(args.ds_config), cfg, dist_env.world_size)
     manifests = check_data(cfg, dist_env)
     checkpoints = CheckpointDir(cfg.out_dir)
-    tag = checkpoints.latest_tag()
+    tag, warning = checkpoints.resume_tag()
+    if warning and dist_env.is_main:
+        print(f"warning: {warning}", file=sys.stderr, flush=True)
     if tag is not None:
         check_resumable(checkpoints.run_state(tag), cfg.model, dist_env.world_size,
                         zero_stage(ds_config), checkpoints.root / tag)

@@ -7,6 +7,8 @@ a run stopped by SIGTERM and re-run (the same run, step for step). Each launch c
 """
 
 import json
+import os
+import random
 import signal
 import subprocess
 import sys
@@ -25,7 +27,7 @@ from trainer_testing import (
 )
 
 from aogpt.model import load_checkpoint
-from aogpt.trainer.checkpoint import EXIT_PREEMPTED
+from aogpt.trainer.checkpoint import EXIT_PREEMPTED, CheckpointDir
 from aogpt.trainer.config import load_config
 from aogpt.trainer.main import main
 from aogpt.trainer.metrics import read_metrics
@@ -166,6 +168,35 @@ def test_sigterm_saves_a_checkpoint_and_the_rerun_continues_the_same_run(referen
         reference_weights = final_weights(out_ref, kind)
         for name, value in final_weights(out, kind).items():
             torch.testing.assert_close(value, reference_weights[name], rtol=0, atol=1e-6)
+
+
+def test_kill_9_at_any_moment_leaves_a_complete_checkpoint_and_the_same_run(reference, launcher,
+                                                                            text_data, tmp_path):
+    """A node lost mid-save (kill -9 of every process at random moments, with a save every step
+    so most kills land in one) never costs more than the steps after the last complete tag."""
+    out_ref, _ = reference
+    out = tmp_path / "killed"
+    args = run_args(text_data, out, "ds_configs/cpu.json", "checkpoint.every=1")
+    checkpoints, resumed_at = CheckpointDir(out), 0
+    for attempt, delay in enumerate(random.Random(0).uniform(0.0, 2.0) for _ in range(3)):
+        with (tmp_path / f"attempt{attempt}.log").open("w") as log:
+            proc = subprocess.Popen(launcher.command("deepspeed", args), cwd=REPO, stdout=log,
+                                    stderr=subprocess.STDOUT, start_new_session=True)
+            latest, deadline = checkpoints.root / "latest", time.monotonic() + 300
+            while not (latest.is_file() and int(latest.read_text()[5:]) > resumed_at):
+                assert proc.poll() is None and time.monotonic() < deadline, attempt
+                time.sleep(0.05)  # wait for a checkpoint of this launch, then kill at random
+            time.sleep(delay)
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(timeout=60)
+        tag, warning = checkpoints.resume_tag()
+        assert tag is not None and checkpoints.problem(tag) is None, (attempt, warning)
+        assert int(tag[5:]) > resumed_at  # never behind what was complete before
+        resumed_at = int(tag[5:])
+    rerun = launcher.run("deepspeed", args)
+    assert_ok(rerun)
+    for key in ("loss", "grad_norm", "val_loss_l2r"):
+        assert losses(out, key) == pytest.approx(losses(out_ref, key), abs=1e-6), key
 
 
 def test_sigusr1_stops_a_single_process_run_with_its_own_exit_status(text_data, tmp_path):
