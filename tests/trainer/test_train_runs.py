@@ -199,6 +199,40 @@ def test_kill_9_at_any_moment_leaves_a_complete_checkpoint_and_the_same_run(refe
         assert losses(out, key) == pytest.approx(losses(out_ref, key), abs=1e-6), key
 
 
+# A run whose disk fills up while it writes the checkpoint of step 4 (every write into that tag
+# fails the way a full disk fails), in one process.
+FULL_DISK_RUN = """
+import errno, sys, torch
+from aogpt.trainer.main import main
+real_save = torch.save
+def save(obj, f, *args, **kwargs):
+    if "step_00000004" in str(f):
+        raise OSError(errno.ENOSPC, "No space left on device")
+    return real_save(obj, f, *args, **kwargs)
+torch.save = save
+sys.exit(main(sys.argv[1:]))
+"""
+
+
+def test_a_full_disk_during_a_save_ends_the_run_and_keeps_the_last_checkpoint(text_data, tmp_path):
+    out = tmp_path / "full"
+    args = run_args(text_data, out, "ds_configs/cpu.json", "train.tokens_per_step=512",
+                    "checkpoint.every=2", "train.max_steps=6")
+    result = subprocess.run([sys.executable, "-c", FULL_DISK_RUN, *args], cwd=REPO,
+                            capture_output=True, text=True, timeout=300)
+    assert result.returncode == 1, result.stderr[-3000:]
+    intact = out / "checkpoints" / "step_00000002"
+    assert result.stderr.strip().splitlines()[-1] == (
+        "error: saving checkpoint step_00000004 failed (No space left on device): "
+        f"{intact} is intact, free space and re-run to resume from it")
+    assert CheckpointDir(out).tags() == [intact.name]  # step 4's partial folder is gone
+    assert not list((out / "checkpoints").glob("*.partial"))
+    rerun = subprocess.run([sys.executable, MAIN, *args], cwd=REPO, capture_output=True,
+                           text=True, timeout=300)
+    assert_ok(rerun)
+    assert f"resumed from {intact} at step 2" in rerun.stdout
+
+
 def test_sigusr1_stops_a_single_process_run_with_its_own_exit_status(text_data, tmp_path):
     out, log = tmp_path / "single", tmp_path / "single.log"
     args = [sys.executable, MAIN, *run_args(text_data, out, "ds_configs/cpu.json",
