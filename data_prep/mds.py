@@ -8,19 +8,27 @@ numpy buffer instead of a Python call per sample. The format (streaming's format
                (offsets are absolute byte positions; a sample of fixed-size columns is just their
                bytes, the columns in sorted name order)
     index.json {"version": 2, "shards": [shard config + samples, raw_data, zip_data, ...]}
+               raw_data/zip_data = {"basename", "bytes", "hashes": {algorithm: hex digest}}
 tests/data_prep/test_mds_shards.py checks shards and index against MDSWriter's. Compression (off by
 default) goes through streaming's own codecs, and only then is streaming imported.
+
+shard_problem() checks a shard file against its index entry (present, its size, its header, its
+hashes): data_prep/verify.py checks whole datasets with it, the trainer checks sizes before a run.
 """
 
+import hashlib
 import json
 import os
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 import xxhash
 
-HASHES = ["xxh3_64"]  # per shard file, in index.json: readers may verify them (validate_hash)
-_HASH_FUNCTIONS = {"xxh3_64": xxhash.xxh3_64}
+# Hashes of every shard file, in index.json (what MDSWriter(hashes=["xxh64"]) writes): checked by
+# data_prep/verify.py, and by streaming when a reader asks (StreamingDataset(validate_hash=...)).
+HASHES = ["xxh64"]
 
 
 def column_dtype(encoding: str) -> tuple[np.dtype, tuple[int, ...]]:
@@ -90,4 +98,108 @@ def write_index(folder: Path, entries: list[dict]) -> None:
 
 def _file_info(basename: str, data: bytes) -> dict:
     return {"basename": basename, "bytes": len(data),
-            "hashes": {name: _HASH_FUNCTIONS[name](data).hexdigest() for name in HASHES}}
+            "hashes": {name: new_hash(name, data).hexdigest() for name in HASHES}}
+
+
+def new_hash(name: str, data: bytes = b""):
+    """A hash object of any algorithm streaming accepts in an index (xxhash's, hashlib's)."""
+    if name in xxhash.algorithms_available:
+        return getattr(xxhash, name)(data)
+    return hashlib.new(name, data)
+
+
+# ---- checking shards against their index ---------------------------------------------------------
+
+READ_CHUNK = 1 << 24
+
+
+@dataclass(frozen=True)
+class ShardProblem:
+    path: Path  # the shard file (or index.json)
+    what: str  # what is wrong, e.g. "5,000 bytes, the index says 499,157 (truncated)"
+    first_unreadable_sample: int | None = None  # within the shard, when the file is cut short
+
+
+def read_index(folder: Path) -> list[dict]:
+    """The shard entries of folder/index.json (OSError or ValueError if it cannot be read)."""
+    index = json.loads((Path(folder) / "index.json").read_text())
+    if not isinstance(index, dict) or not isinstance(index.get("shards"), list):
+        raise ValueError("not an MDS index (no shard list)")
+    return index["shards"]
+
+
+def shard_problem(folder: Path, entry: dict, header: bool = True, hashes: bool = True,
+                  on_read: Callable[[int], object] | None = None) -> ShardProblem | None:
+    """What is wrong with a shard's files in `folder`, or None: present and of the size the index
+    records (one stat per file), then with `header` the sample count and offsets at the start of
+    the raw file, and with `hashes` the hashes the index records (reads every byte; `on_read`
+    gets the size of each piece read). A compressed shard is good when one of its files is
+    present and every present one is good (a local reader decompresses next to the .zstd file)."""
+    files = [(kind, entry[kind]) for kind in ("zip_data", "raw_data") if entry.get(kind)]
+    present = [(kind, info) for kind, info in files if (Path(folder) / info["basename"]).is_file()]
+    if not present:
+        return ShardProblem(Path(folder) / files[0][1]["basename"], "missing")
+    for kind, info in present:
+        path = Path(folder) / info["basename"]
+        problem = _file_problem(path, info, entry["samples"], kind == "raw_data", header)
+        if problem is None and hashes:
+            problem = _hash_problem(path, info, on_read)
+        if problem is not None:
+            return problem
+    return None
+
+
+def _file_problem(path: Path, info: dict, samples: int, raw: bool,
+                  header: bool) -> ShardProblem | None:
+    size = path.stat().st_size
+    if size < info["bytes"]:
+        first = first_unreadable_sample(path, samples) if raw else None
+        lost = f": samples {first:,} to {samples - 1:,} are cut off" if first is not None else ""
+        return ShardProblem(path, f"{size:,} bytes, the index says {info['bytes']:,} "
+                                  f"(truncated{lost})", first)
+    if size > info["bytes"]:
+        return ShardProblem(path, f"{size:,} bytes, the index says {info['bytes']:,} (longer than "
+                                  "written)")
+    if not (raw and header):
+        return None
+    with open(path, "rb") as file:
+        head = file.read(4 + 4 * (samples + 1))
+    if len(head) < 4 + 4 * (samples + 1):
+        return ShardProblem(path, "too short for its table of sample offsets")
+    count = int(np.frombuffer(head[:4], np.uint32)[0])
+    offsets = np.frombuffer(head[4:], np.uint32).astype(np.int64)
+    if count != samples:
+        return ShardProblem(path, f"its header counts {count:,} samples, the index {samples:,}")
+    if np.any(np.diff(offsets) < 0) or offsets[0] < len(head) or offsets[-1] != size:
+        return ShardProblem(path, "its table of sample offsets is damaged")
+    return None
+
+
+def first_unreadable_sample(path: Path, samples: int) -> int:
+    """The first sample of a raw MDS shard that its file does not hold in full (`samples` when
+    it holds them all)."""
+    size = path.stat().st_size
+    with open(path, "rb") as file:
+        table = file.read(4 + 4 * (samples + 1))[4:]
+    offsets = np.frombuffer(table[: len(table) // 4 * 4], np.uint32).astype(np.int64)
+    whole = offsets[1:] <= size  # sample i is whole when it ends (offsets[i + 1]) in the file
+    return int(np.argmin(whole)) if not whole.all() else len(whole)
+
+
+def _hash_problem(path: Path, info: dict,
+                  on_read: Callable[[int], object] | None) -> ShardProblem | None:
+    recorded = info.get("hashes") or {}
+    if not recorded:
+        return None
+    digests = {name: new_hash(name) for name in recorded}
+    with open(path, "rb") as file:
+        while chunk := file.read(READ_CHUNK):
+            for digest in digests.values():
+                digest.update(chunk)
+            if on_read is not None:
+                on_read(len(chunk))
+    for name, expected in recorded.items():
+        if digests[name].hexdigest() != expected:
+            return ShardProblem(path, f"its {name} hash differs from the index's: its bytes are "
+                                      "damaged")
+    return None
