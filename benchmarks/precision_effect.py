@@ -15,6 +15,9 @@ difference to fp32, and the wall time. What differs between the arms is only the
 
 AO-GPT's AdaLN gates start near 1e-3, so early block updates are far smaller than the bf16
 residual stream can resolve (its spacing is 2^-8 of the value); bf16 rounds many of them away.
+Before training, the benchmark measures that directly on AO-GPT small at init: the summed block
+updates (residual stream after the last block minus the embeddings) in each precision against
+float64 (--init-error-only: just that, a minute).
 
 On a CPU without native bf16 (AVX2 only) the two bf16 arms run ~8x slower than fp32: with the
 defaults here, about half an hour for all three on 2 cores. A finished arm's result is kept in its
@@ -24,6 +27,7 @@ folder and reused by a re-run into the same --out.
 from __future__ import annotations
 
 import argparse
+import copy
 import json
 import os
 import subprocess
@@ -31,8 +35,12 @@ import sys
 import time
 from pathlib import Path
 
+import torch
+
 from aogpt import UsageError, cli_entry
 from aogpt.data_prep.corpora import python_docs
+from aogpt.model import AOGPT
+from aogpt.model.config import small
 from aogpt.trainer.checkpoint import write_json_atomic
 from aogpt.trainer.metrics import read_metrics
 
@@ -48,6 +56,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--device", choices=("cpu", "gpu"), default="cpu",
                         help="cpu: gloo and ds_configs/cpu.json; gpu: ds_configs/zero1.json")
     parser.add_argument("--out", type=Path, default=REPO / "runs" / "precision_effect")
+    parser.add_argument("--init-error-only", action="store_true",
+                        help="only measure the block updates' error at init (no training)")
     args = parser.parse_args(argv)
     args.precisions = [p.strip() for p in args.precisions.split(",") if p.strip()]
     unknown = [p for p in args.precisions if p not in PRECISIONS]
@@ -56,6 +66,31 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     if args.steps < 10 or args.tokens_per_step % 128:
         raise UsageError("--steps must be >= 10 and --tokens-per-step a multiple of 128")
     return args
+
+
+@torch.no_grad()
+def block_update_errors(tokens: int = 1024) -> dict[str, float]:
+    """Relative error of AO-GPT small's summed block updates at init, per precision, vs float64."""
+    torch.manual_seed(0)
+    model = AOGPT(small()).eval()
+    t = 256
+    idx = torch.randint(0, 50257, (tokens // t, t))
+    orders = torch.stack([torch.randperm(t) for _ in range(len(idx))])
+    stream = model.training_stream(idx, orders)[:3]
+
+    def summed_updates(net: AOGPT, autocast: bool) -> torch.Tensor:
+        with torch.autocast("cpu", torch.bfloat16, enabled=autocast):
+            x, cond = net.embed(*stream)
+            start = x
+            for block in net.transformer.h:
+                x = block(x, cond)
+        return (x - start).double()
+
+    reference = summed_updates(copy.deepcopy(model).double(), autocast=False)
+    arms = {"fp32": (model, False), "autocast_bf16": (model, True),
+            "bf16": (copy.deepcopy(model).to(torch.bfloat16), False)}
+    return {name: ((summed_updates(net, autocast) - reference).norm() / reference.norm()).item()
+            for name, (net, autocast) in arms.items()}
 
 
 def prepare_data(out: Path) -> Path:
@@ -110,6 +145,11 @@ def train(precision: str, data: Path, args) -> dict:
 @cli_entry
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    errors = block_update_errors()
+    print("AO-GPT small at init, summed block updates vs float64: "
+          + ", ".join(f"{name} {error:.2%}" for name, error in errors.items()), flush=True)
+    if args.init_error_only:
+        return 0
     args.out.mkdir(parents=True, exist_ok=True)
     data = prepare_data(args.out)
     rows = []
@@ -125,7 +165,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{r['precision']:<15}{r['train_loss']:>12.4f}{r['val_loss_l2r']:>10.4f}"
               f"{r['val_loss_ao']:>10.4f}{delta:>11}{r['seconds']:>9.0f}")
     write_json_atomic({"steps": args.steps, "tokens_per_step": args.tokens_per_step,
-                       "device": args.device, "rows": rows}, args.out / "precision_effect.json")
+                       "device": args.device, "rows": rows, "init_block_update_error": errors},
+                      args.out / "precision_effect.json")
     print(f"\nresults: {args.out / 'precision_effect.json'}")
     return 0
 
