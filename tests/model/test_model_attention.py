@@ -19,6 +19,10 @@ def qkv(b=2, h=3, s=9, hd=8, dtype=torch.float32, device="cpu"):
 
 
 def test_sdpa_and_math_attention_agree_causal_and_masked():
+    # fp32 at assert_close's defaults (atol 1e-5 + rtol 1.3e-6): outputs are weighted means of
+    # |v| < 4 over 9 keys from 8-term scores, so another summation order (kernel, CPU, threads)
+    # moves them by ~(9 + 8) x 4 x 2^-24 ~ 4e-6 at worst (measured 2e-7); a wrong mask or scale
+    # moves them by O(0.1).
     q, k, v = qkv()
     torch.testing.assert_close(attend(q, k, v, "sdpa"), attend(q, k, v, "math"))
     mask = torch.rand(9, 9, generator=torch.Generator().manual_seed(1)) < 0.6
@@ -40,6 +44,8 @@ def test_bidirectional_is_the_attention_of_an_all_true_mask(impl):
 
 
 def test_models_with_sdpa_and_math_backends_give_the_same_nll():
+    # fp32 NLLs ~11 (ulp 1e-6) that differ only through the attention's rounding (~1e-7, damped
+    # by the 0.02-scale weights): defaults allow 2.4e-5
     idx = torch.randint(0, 50257, (2, 16))
     orders = torch.rand(2, 16).argsort(1)
     nll = {}
@@ -71,6 +77,8 @@ NO_FLASH = ("flash-attn is not installed" if flash_attn_func is None
 @pytest.mark.skipif(bool(NO_FLASH), reason=NO_FLASH)
 def test_flash_attn_matches_sdpa_and_math_in_bf16():
     q, k, v = qkv(s=128, hd=64, dtype=torch.bfloat16, device="cuda")
+    # bf16 inputs and outputs (unit 2^-8); the math path also rounds its scores (~N(0, 1)) and
+    # probabilities to bf16, a few units of the outputs (|y| < 1): 2e-2 is ~5 units
     flash = attend(q, k, v, "flash_attn")
     torch.testing.assert_close(flash, attend(q, k, v, "sdpa"), rtol=2e-2, atol=2e-2)
     torch.testing.assert_close(flash, math_attention(q, k, v), rtol=2e-2, atol=2e-2)

@@ -176,8 +176,18 @@ def test_chunked_loss_under_bf16_autocast_stays_close_to_full_logits():
         nll.mean().backward()
         results[chunk] = nll.detach(), model.lm_head.weight.grad, model.transformer.wte.weight.grad
     assert results[5][0].dtype == torch.float32
-    for chunked, full in zip(results[5], results[0], strict=True):
-        assert (chunked - full).abs().max() <= 0.02 * full.abs().max()
+    # bf16 keeps 8 bits (unit 2^-8); both paths share the trunk's bits and differ only in how
+    # the head's matmuls are split. A logit may round to the neighbouring bf16 value (|z| 2^-8)
+    # and the log-softmax is fp32, so an NLL moves by at most 2 max|z| 2^-8 (measured 4e-6,
+    # against a bound of 5e-3); a ragged chunk scored against shifted targets moves by ~|z|.
+    with torch.no_grad():
+        logit_size = model.logits(idx, orders).abs().max()
+    assert (results[5][0] - results[0][0]).abs().max() <= 2 * 2**-8 * logit_size
+    # The chunks' weight gradients are bf16 matmuls each rounded (2^-9) before their fp32 sum,
+    # the full one is rounded once: ~2^-8 of a row's size (measured 0.9 x 2^-8 for lm_head,
+    # 1.2 x 2^-8 for wte through grad_h); a chunk's gradient dropped or doubled is O(1).
+    for chunked, full in zip(results[5][1:], results[0][1:], strict=True):
+        assert (chunked - full).abs().max() <= 5 * 2**-8 * full.abs().max()
 
 
 def test_inference_without_grad_uses_the_chunked_loss_too():
