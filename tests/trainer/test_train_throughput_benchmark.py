@@ -1,5 +1,6 @@
 """benchmarks/train_throughput.py runs the real trainer on a tiny size and reports both rates."""
 
+import json
 import re
 
 from conftest import run_cli
@@ -8,12 +9,21 @@ from trainer_testing import SEQ_LEN, build_data, real_documents
 
 def test_benchmark_reports_step_and_loader_rates_and_their_ratio(tmp_path):
     data = build_data(tmp_path / "data", real_documents())
+    out = tmp_path / "throughput.json"
     result = run_cli("benchmarks/train_throughput.py", "--ds_config", "ds_configs/cpu.json",
                      "--config", "configs/tiny.yaml", "--steps", "2", "--warmup", "1",
                      "--loader-batches", "40", f"data.path={data}", f"model.block_size={SEQ_LEN}",
-                     "train.tokens_per_step=1024", "data.num_workers=1")
+                     "train.tokens_per_step=1024", "data.num_workers=1", "--json", str(out))
     assert result.returncode == 0, result.stderr[-3000:]
     assert re.search(r"training step: [\d,]+ tokens/s", result.stdout)
     assert re.search(r"data loader alone: [\d,]+ tokens/s per rank", result.stdout)
-    ratio = float(re.search(r"loader / step: ([\d,.]+)x", result.stdout).group(1).replace(",", ""))
-    assert ratio >= 10, result.stdout
+    # The rates are measured, never required here: how fast the loader is next to a step
+    # depends on the machine (cores, CPU model, load), so a test of it would fail on some. The
+    # report must state the ratio and judge it against the 10x a GPU run needs.
+    verdict = re.search(r"loader / step: ([\d,.]+)x \((ok|TOO SLOW: needs >= 10x)\)", result.stdout)
+    assert verdict, result.stdout
+    report = json.loads(out.read_text())
+    assert (report["world_size"], report["seq_len"]) == (1, SEQ_LEN)
+    assert report["tokens_per_s"] > 0 and report["step_s"] > 0 and report["loader_ratio"] > 0
+    assert verdict.group(1) == f"{report['loader_ratio']:,.1f}"
+    assert (verdict.group(2) == "ok") == (report["loader_ratio"] >= 10)
