@@ -63,6 +63,9 @@ class TrainConfig:
     # torch.compile the blocks and the loss's softmax; auto: on a GPU only (on a CPU the
     # compilation takes longer than short runs gain).
     compile: bool | Literal["auto"] = "auto"
+    # A collective (gradient reduction, barrier) that waits longer for another rank fails and
+    # ends the run (a dead or hung rank), instead of waiting forever.
+    collective_timeout_s: float = 600.0
 
 
 @dataclass
@@ -88,6 +91,10 @@ class EMAConfig:
 class CheckpointConfig:
     every: int = 10_000  # steps; also on SIGTERM/SIGUSR1
     keep_last: int = 3
+    # After SIGTERM/SIGUSR1, the run saves at the next step and exits; if it has not within this
+    # many seconds (no step can finish), it exits anyway, status 1, without a checkpoint. Keep it
+    # below the launcher's own grace (AOGPT_SIGNAL_GRACE, 240 s, in the SLURM templates).
+    signal_grace_s: float = 180.0
 
 
 @dataclass
@@ -131,6 +138,8 @@ class RunConfig:
             "eval.batches": self.eval.batches,
             "eval.num_orders": self.eval.num_orders,
             "optim.lr": self.optim.lr,
+            "train.collective_timeout_s": self.train.collective_timeout_s,
+            "checkpoint.signal_grace_s": self.checkpoint.signal_grace_s,
             "order.block_size": self.order.block_size,
         }
         for name, value in positive.items():

@@ -10,23 +10,31 @@ of one. Remote shards are copied to a cache on each node, data.local_cache (defa
 out_dir/data_cache); with data.local_cache set, a local folder is treated the same way, which
 keeps a shared filesystem out of the read path (stack-notes 0.9). Several datasets are mixed
 through data.streams with their proportions.
+
+A shard the loader cannot read ends the run with one line naming the file and the sample
+(loader_failure: aogpt.RunFailure, exit status 1); a local shard whose file is missing or of
+another size than its index records is refused before the run starts (check_shard_sizes).
+Loader workers outlive SIGTERM so that a step can finish and save; close() ends them.
 """
 
 from __future__ import annotations
 
 import hashlib
 import os
+import re
 import signal
 from pathlib import Path
 
 import numpy as np
 import torch
 
-from aogpt import UsageError
+from aogpt import RunFailure, UsageError
+from aogpt.data_prep import mds
 from aogpt.data_prep.manifest import check_compatible, read_manifest, split_path
 from aogpt.data_prep.streaming_compat import streaming
 from aogpt.trainer.config import RunConfig
 from aogpt.trainer.dist_env import DistEnv
+from aogpt.trainer.failsafe import silence_in_child
 
 TOKENS = "tokens"  # the one column of every sample (contracts.md section 1)
 
@@ -99,7 +107,7 @@ def check_data(cfg: RunConfig, dist_env: DistEnv) -> dict[str, dict]:
                                  f"{', '.join(manifest['splits']) or 'none'}): "
                                  "build it with data_prep/owt_to_mds.py")
             if not is_remote(location):
-                split_path(location, split)
+                check_shard_sizes(location, split)
         manifests[location] = manifest
     per_step = cfg.train.micro_batch_size * dist_env.world_size
     train_samples = sum(manifests[loc]["splits"]["train"].get("samples", per_step)
@@ -111,6 +119,80 @@ def check_data(cfg: RunConfig, dist_env: DistEnv) -> dict[str, dict]:
         raise UsageError(f"the val split of {validation_location(cfg)} is empty: rebuild with "
                          "--val-fraction > 0, or set eval.every=0")
     return manifests
+
+
+def how_to_fix(locations: list[str]) -> str:
+    local = [location for location in locations if not is_remote(location)]
+    check = f"; `python data_prep/verify.py {' '.join(local)}` checks every shard" if local else ""
+    return ("re-copy the file, or rebuild the dataset with data_prep/owt_to_mds.py --overwrite"
+            + check)
+
+
+def check_shard_sizes(location: str, split: str) -> None:
+    """UsageError naming the first shard of a local split that is missing or not of the size its
+    index records (a truncated copy, a full disk): one stat per shard, before any heavy work.
+    Damage that keeps the size is for data_prep/verify.py, which reads every byte."""
+    folder = split_path(location, split)
+    try:
+        entries = mds.read_index(folder)
+    except (OSError, ValueError) as err:
+        raise UsageError(f"{folder / 'index.json'} is unreadable ({err}): "
+                         f"{how_to_fix([location])}") from None
+    problems = [problem for entry in entries
+                if (problem := mds.shard_problem(folder, entry, header=False, hashes=False))]
+    if problems:
+        more = f" (and {len(problems) - 1} more damaged shards)" if len(problems) > 1 else ""
+        raise UsageError(f"shard {problems[0].path} is {problems[0].what}{more}: "
+                         f"{how_to_fix([location])}")
+
+
+# streaming's own message when a sample's bytes are past the end of its shard file
+SAMPLE_NOT_PRESENT = re.compile(r"Relative sample index (\d+) is not present in the (\S+) file")
+
+
+def loader_failure(err: Exception, dataset, which: str, locations: list[str]) -> RunFailure:
+    """A loader's exception as one line naming the shard file and the sample it could not read,
+    found by checking the dataset's shard files (sizes, headers) or named by streaming's message;
+    streaming's own words otherwise."""
+    text = str(err).strip()
+    last = text.splitlines()[-1].strip() if text else ""
+    detail = last if "Original Traceback" in text else f"{type(err).__name__}: {last}"
+    named = SAMPLE_NOT_PRESENT.search(text)
+    for stream in dataset.streams:
+        folder = Path(stream.local) / (stream.split or "")
+        try:
+            entries = mds.read_index(folder)
+        except (OSError, ValueError):
+            continue
+        for entry in entries:
+            problem = mds.shard_problem(folder, entry, hashes=False)
+            if problem is None or (stream.remote and problem.what == "missing"):  # not cached yet
+                continue
+            sample = problem.first_unreadable_sample
+            if named and named.group(2) == problem.path.name:
+                sample = int(named.group(1))
+            at = f"sample {sample:,} of " if sample is not None else ""
+            return RunFailure(f"the {which} data loader cannot read {at}shard {problem.path}: "
+                              f"{problem.what} ({detail}): {how_to_fix(locations)}")
+    if named:
+        return RunFailure(f"the {which} data loader cannot read sample {named.group(1)} of shard "
+                          f"{named.group(2)} ({detail}): {how_to_fix(locations)}")
+    return RunFailure(f"the {which} data loader failed: {detail}: {how_to_fix(locations)}")
+
+
+def shut_down_workers(loader) -> None:
+    """Ends a DataLoader's persistent worker processes now: asked to stop, then killed if they do
+    not (they ignore SIGTERM, see _ignore_preemption_signals)."""
+    workers = getattr(loader, "_iterator", None)  # where DataLoader keeps persistent workers
+    if workers is None or not hasattr(workers, "_shutdown_workers"):
+        return
+    processes = list(getattr(workers, "_workers", []))
+    workers._shutdown_workers()
+    for process in processes:
+        if process.is_alive():
+            process.kill()
+            process.join(timeout=5)
+    loader._iterator = None
 
 
 def _stream(cfg: RunConfig, location: str, manifest: dict, split: str, dist_env: DistEnv,
@@ -133,6 +215,7 @@ def _ignore_preemption_signals(worker_id: int) -> None:
     # trainer can still finish its step and checkpoint; it shuts them down itself afterwards.
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
     signal.signal(signal.SIGUSR1, signal.SIG_IGN)
+    silence_in_child()
 
 
 def _loader(dataset, cfg: RunConfig, num_workers: int, device: torch.device, drop_last: bool):
@@ -160,6 +243,7 @@ class TrainBatches:
         # drop_last: every micro-batch is full, so every optimizer step sees exactly
         # tokens_per_step tokens; an epoch's few leftover samples are skipped, never repeated.
         self.loader = _loader(self.dataset, cfg, cfg.data.num_workers, device, drop_last=True)
+        self.locations = [location for location, _ in training_locations(cfg)]
         self.device = device
         self._iterator = None
 
@@ -181,6 +265,13 @@ class TrainBatches:
                 if empty_epochs >= 2:
                     raise UsageError("the training split has fewer samples than one micro-batch "
                                      "per rank: use more data or a smaller micro batch") from None
+            except Exception as err:  # a shard that cannot be read, a worker that died
+                raise loader_failure(err, self.dataset, "training", self.locations) from None
+
+    def close(self) -> None:
+        """Ends the worker processes (the run is over, or failing)."""
+        shut_down_workers(self.loader)
+        self._iterator = None
 
     def state_dict(self) -> dict:
         """The position after the last batch handed out: take it at optimizer-step boundaries."""
@@ -191,15 +282,31 @@ class TrainBatches:
         self.loader.load_state_dict(state)
 
 
-def validation_loader(cfg: RunConfig, manifests: dict[str, dict], dist_env: DistEnv,
-                      device: torch.device):
+class ValidationBatches:
     """The val split, unshuffled, the same samples in the same order at every evaluation."""
-    location = validation_location(cfg)
-    dataset = streaming.StreamingDataset(
-        streams=[_stream(cfg, location, manifests[location], "val", dist_env)], shuffle=False,
-        batch_size=cfg.train.micro_batch_size,
-    )
-    return _loader(dataset, cfg, num_workers=0, device=device, drop_last=False)
+
+    def __init__(self, cfg: RunConfig, manifests: dict[str, dict], dist_env: DistEnv,
+                 device: torch.device):
+        self.location = validation_location(cfg)
+        self.dataset = streaming.StreamingDataset(
+            streams=[_stream(cfg, self.location, manifests[self.location], "val", dist_env)],
+            shuffle=False, batch_size=cfg.train.micro_batch_size,
+        )
+        self.loader = _loader(self.dataset, cfg, num_workers=0, device=device, drop_last=False)
+
+    def __iter__(self):
+        try:
+            yield from self.loader
+        except Exception as err:  # a shard that cannot be read
+            raise loader_failure(err, self.dataset, "validation", [self.location]) from None
+
+    def close(self) -> None:
+        shut_down_workers(self.loader)
+
+
+def validation_loader(cfg: RunConfig, manifests: dict[str, dict], dist_env: DistEnv,
+                      device: torch.device) -> ValidationBatches:
+    return ValidationBatches(cfg, manifests, dist_env, device)
 
 
 def clean_stale_shared_memory() -> None:

@@ -17,7 +17,9 @@ import os
 import re
 import socket
 from dataclasses import dataclass
+from datetime import timedelta
 
+import deepspeed
 import deepspeed.comm as dist
 import torch
 
@@ -112,6 +114,16 @@ def free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.bind(("127.0.0.1", 0))
         return sock.getsockname()[1]
+
+
+def init_process_group(timeout_s: float) -> None:
+    """The process group, every collective of which fails after timeout_s instead of waiting
+    forever for a dead or hung rank: the default group, and the groups DeepSpeed creates later
+    with new_group(), which would otherwise take torch's default (30 minutes, 10 for NCCL)."""
+    timeout = timedelta(seconds=timeout_s)
+    c10d = torch.distributed.distributed_c10d
+    c10d.default_pg_timeout = c10d.default_pg_nccl_timeout = timeout
+    deepspeed.init_distributed(timeout=timeout)
 
 
 def all_reduce_sum(values: list[float] | torch.Tensor, device: torch.device) -> torch.Tensor:

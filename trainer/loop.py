@@ -44,9 +44,10 @@ from aogpt.trainer.checkpoint import (
 )
 from aogpt.trainer.config import RunConfig, config_to_dict, save_config
 from aogpt.trainer.data import TrainBatches, clean_stale_shared_memory, validation_loader
-from aogpt.trainer.dist_env import DistEnv, all_reduce_sum
+from aogpt.trainer.dist_env import DistEnv, all_reduce_sum, init_process_group
 from aogpt.trainer.ds_config import zero_stage
 from aogpt.trainer.ema import ShardedEMA, gather_full_weights
+from aogpt.trainer.failsafe import EveryRankFailure, SignalWatchdog, step_flags
 from aogpt.trainer.lr_schedule import learning_rate
 from aogpt.trainer.metrics import MetricsLogger, peak_flops, progress, truncate_metrics
 
@@ -73,13 +74,14 @@ class Trainer:
         self.ds_config = plan.ds_config
         self.env = dist_env
         self.preemption = PreemptionFlag()
+        self.watchdog = SignalWatchdog(cfg.checkpoint.signal_grace_s, self.last_checkpoint)
         quiet_third_party_logs()
         self.device = dist_env.device
         if self.device.type == "cuda":  # before the process group, so NCCL binds the right GPU
             torch.cuda.set_device(self.device)
             torch.backends.cuda.matmul.allow_tf32 = True
             torch.backends.cudnn.allow_tf32 = True
-        deepspeed.init_distributed()
+        init_process_group(cfg.train.collective_timeout_s)  # a hung rank fails the others
         clean_stale_shared_memory()  # a killed run's leftovers would break the loader
         self.accum = cfg.gradient_accumulation_steps(dist_env.world_size)
         self.out_dir = Path(cfg.out_dir)
@@ -155,6 +157,17 @@ class Trainer:
             f" | EMA: "
             f"{cfg.ema.decay if cfg.ema.enabled else 'off'} | out_dir: {self.out_dir}"
         )
+
+    def last_checkpoint(self) -> str:
+        """The complete checkpoint a re-run resumes from, for messages."""
+        tag = self.checkpoints.latest_tag()
+        return str(self.checkpoints.root / tag) if tag else "none yet"
+
+    def close(self) -> None:
+        """Ends the loaders' worker processes: nothing of the run outlives it (trainer/main.py)."""
+        self.batches.close()
+        if self.val_loader is not None:
+            self.val_loader.close()
 
     # ---- one optimizer step -----------------------------------------------------------------------
 
@@ -344,10 +357,18 @@ class Trainer:
                     record.update(self.evaluate())
                 if record:
                     logger.log(self.step, **record)
-                preempted = all_reduce_sum([float(self.preemption.requested)], self.device).item() > 0
+                # The step's one sync: was any rank signalled, was the loss finite on every rank.
+                flags = step_flags(sums, self.preemption.requested)
+                preempted, non_finite = (n > 0 for n in all_reduce_sum(flags, self.device).tolist())
+                if non_finite:
+                    raise EveryRankFailure(
+                        f"the loss is not finite at step {self.step}: stopped without saving this "
+                        f"step; the last complete checkpoint is {self.last_checkpoint()} (lower "
+                        "optim.lr or raise optim.warmup_steps if it happens again)")
                 if self.step % cfg.checkpoint.every == 0 or last or preempted:
                     self.save_checkpoint()
                 if preempted:
+                    self.watchdog.saved()
                     if env.is_main:
                         bar.write(f"stopping at step {self.step} on "
                                   f"{self.preemption.received or 'a signal to another rank'}: "

@@ -5,9 +5,11 @@
 
 Also runs under torchrun, under srun without a launcher (SLURM_* variables are mapped, export
 MASTER_ADDR and MASTER_PORT), or as plain `python trainer/main.py` on one process. Re-running the
-same command resumes from out_dir/checkpoints/latest. Exit status: 0 done, 2 bad input (one
-line saying what and how to fix it, before any heavy work), 75 stopped by SIGTERM/SIGUSR1 after
-saving a checkpoint (re-run, or requeue, to continue).
+same command resumes from out_dir/checkpoints/latest. Exit status: 0 done; 1 the run failed
+while training (one line `error: ...` naming the cause: a shard the loader cannot read, a
+non-finite loss, a lost rank, no checkpoint within checkpoint.signal_grace_s of a signal); 2 bad
+input (one line saying what and how to fix it, before any heavy work); 75 stopped by
+SIGTERM/SIGUSR1 after saving a checkpoint (re-run, or requeue, to continue).
 """
 
 from __future__ import annotations
@@ -16,15 +18,23 @@ import argparse
 import sys
 import time
 
-from aogpt import UsageError, cli_entry
+from aogpt import RunFailure, UsageError, cli_entry
 from aogpt.trainer.checkpoint import CheckpointDir, check_resumable
 from aogpt.trainer.config import load_config, resolve_device_choices
 from aogpt.trainer.data import check_data
 from aogpt.trainer.dist_env import DistEnv, setup_distributed_env
 from aogpt.trainer.ds_config import load_ds_config, resolve_ds_config, zero_stage
+from aogpt.trainer.failsafe import (
+    EXIT_FAILED,
+    EveryRankFailure,
+    exit_deadline,
+    first_line,
+    is_collective_failure,
+)
 from aogpt.trainer.loop import Plan, Trainer
 
 RANK0_REPORTS_FIRST_S = 5
+EXIT_AFTER_FAILURE_S = 60  # a failing process is gone by then, whatever holds its exit
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -69,7 +79,22 @@ def main(argv: list[str] | None = None) -> int:
             time.sleep(RANK0_REPORTS_FIRST_S)
             return 2
         raise
-    return Trainer(plan, dist_env).fit()
+    trainer = Trainer(plan, dist_env)
+    try:
+        return trainer.fit()
+    except Exception as err:
+        exit_deadline(EXIT_AFTER_FAILURE_S)
+        trainer.close()  # loader workers ignore SIGTERM: they would hold the exit
+        if isinstance(err, EveryRankFailure) and dist_env.rank != 0:
+            time.sleep(RANK0_REPORTS_FIRST_S)  # rank 0 says it (see above)
+            return EXIT_FAILED
+        if is_collective_failure(err):  # another rank died or hung: it says why, if it can
+            raise RunFailure(f"rank {dist_env.rank} lost the other ranks at step {trainer.step + 1}"
+                             f" ({first_line(err)}); the last complete checkpoint is "
+                             f"{trainer.last_checkpoint()}") from None
+        raise
+    finally:
+        trainer.close()
 
 
 if __name__ == "__main__":

@@ -1,0 +1,361 @@
+"""A run never hangs: a damaged shard, a non-finite loss, a lost rank or a signal that no step can
+answer ends it with one line naming the cause, a non-zero status, within a bounded time, and no
+process of it left behind. Real runs of trainer/main.py on data built by owt_to_mds.py."""
+
+import gc
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+import torch
+from device_testing import META, DeviceCrossings
+from trainer_testing import MAIN, REPO, TINY_RUN, Launcher, build_data, losses, real_documents
+
+from aogpt import RunFailure
+from aogpt.data_prep.manifest import read_manifest
+from aogpt.trainer.checkpoint import EXIT_PREEMPTED
+from aogpt.trainer.config import load_config
+from aogpt.trainer.data import TrainBatches, validation_loader
+from aogpt.trainer.dist_env import free_port, setup_distributed_env
+from aogpt.trainer.failsafe import EXIT_FAILED, step_flags
+from aogpt.trainer.metrics import read_metrics
+
+CPU = torch.device("cpu")
+# one process, one micro-batch of 8 x 64 tokens per step
+ONE_PROCESS = [*TINY_RUN, "train.tokens_per_step=512", "eval.every=0", "checkpoint.every=100",
+               "train.max_steps=1000"]
+
+
+@pytest.fixture(scope="module")
+def text_data(tmp_path_factory):
+    return build_data(tmp_path_factory.mktemp("data") / "text", real_documents())
+
+
+@pytest.fixture
+def data(text_data, tmp_path):
+    """A copy of the data to damage."""
+    return shutil.copytree(text_data, tmp_path / "data")
+
+
+def train_command(data: Path, out: Path, *overrides: str) -> list[str]:
+    return [sys.executable, MAIN, "--ds_config", "ds_configs/cpu.json", "--config",
+            "configs/tiny.yaml", f"data.path={data}", f"out_dir={out}", *ONE_PROCESS, *overrides]
+
+
+def error_lines(output: str) -> list[str]:
+    """Every `error: ...` line (from where it starts: another rank's progress bar may precede it)."""
+    return [line[line.index("error: "):] for line in output.splitlines() if "error: " in line]
+
+
+def truncate(path: Path, size: int) -> None:
+    with open(path, "r+b") as file:
+        file.truncate(size)
+
+
+class Run:
+    """trainer/main.py in the background, its output in a file, its process tree remembered."""
+
+    def __init__(self, command: list[str], log: Path, env: dict | None = None):
+        self.log = log
+        with log.open("w") as sink:
+            self.proc = subprocess.Popen(command, cwd=REPO, stdout=sink, stderr=subprocess.STDOUT,
+                                         env=env)
+        self.process = psutil.Process(self.proc.pid)
+        self.tree: list[psutil.Process] = [self.process]
+
+    def wait_for(self, ready, what: str, timeout: float = 240) -> None:
+        deadline = time.monotonic() + timeout
+        while not ready():
+            assert self.proc.poll() is None, self.output()
+            assert time.monotonic() < deadline, f"never {what}: {self.output()}"
+            time.sleep(0.1)
+        self.tree = [self.process, *self.process.children(recursive=True)]
+
+    def wait_for_step(self, out: Path, step: int = 1) -> None:
+        metrics = out / "metrics.jsonl"
+        self.wait_for(lambda: metrics.is_file() and any(r["step"] >= step
+                                                        for r in read_metrics(metrics)),
+                      f"reached step {step}")
+
+    def loader_worker(self) -> psutil.Process:
+        """The training loader's worker: a fork of the trainer (the same command line)."""
+        found = []
+
+        def forked() -> bool:
+            found[:] = [child for child in self.process.children()
+                        if child.cmdline() == self.process.cmdline()]
+            return bool(found)
+
+        self.wait_for(forked, "started a loader worker")
+        return found[0]
+
+    def finish(self, timeout: float) -> tuple[int, float]:
+        """(exit status, seconds it took); every process of the run must be gone by then."""
+        start = time.monotonic()
+        try:
+            returncode = self.proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            for process in self.tree:  # a failed test leaves nothing running
+                if process.is_running():
+                    process.kill()
+            raise
+        _, alive = psutil.wait_procs(self.tree, timeout=10)
+        assert not alive, f"left behind: {alive}"
+        return returncode, time.monotonic() - start
+
+    def output(self) -> str:
+        return self.log.read_text()
+
+
+# ---- bad shards ---------------------------------------------------------------------------------
+
+
+def test_a_truncated_shard_is_refused_before_the_run_with_one_line(data, tmp_path):
+    """The user's report: `truncate -s 5000 train/shard.00000.mds`, as a full disk leaves it."""
+    shard = data / "train" / "shard.00000.mds"
+    size, samples = shard.stat().st_size, read_manifest(data)["splits"]["train"]["samples"]
+    truncate(shard, 5000)  # less than the table of sample offsets: no sample is whole
+    result = subprocess.run(train_command(data, tmp_path / "run"), cwd=REPO, capture_output=True,
+                            text=True, timeout=120)
+    assert result.returncode == 2, result.stdout + result.stderr
+    assert "Traceback" not in result.stdout + result.stderr
+    assert error_lines(result.stderr) == [
+        f"error: shard {shard} is 5,000 bytes, the index says {size:,} (truncated: samples 0 to "
+        f"{samples - 1:,} are cut off): re-copy the file, or rebuild the dataset with "
+        f"data_prep/owt_to_mds.py --overwrite; `python data_prep/verify.py {data}` checks every "
+        "shard"]
+    assert not (tmp_path / "run").exists()  # refused before any work
+
+
+def test_a_shard_truncated_during_the_run_ends_it_with_one_line_naming_file_and_sample(data,
+                                                                                      tmp_path):
+    out = tmp_path / "run"
+    run = Run(train_command(data, out), tmp_path / "run.log")
+    run.wait_for_step(out)
+    shard = data / "train" / "shard.00000.mds"
+    size = shard.stat().st_size
+    truncate(shard, size * 6 // 10)  # the offsets table stays whole: streaming names the sample
+    returncode, seconds = run.finish(timeout=120)
+    output = run.output()
+    assert returncode == EXIT_FAILED, output
+    assert "Traceback" not in output
+    (error,) = error_lines(output)
+    assert error.startswith("error: the training data loader cannot read sample ")
+    assert f" of shard {shard}: {size * 6 // 10:,} bytes, the index says {size:,}" in error
+    assert "re-copy the file, or rebuild the dataset with data_prep/owt_to_mds.py" in error
+    assert seconds < 60
+
+
+@pytest.fixture
+def one_process(monkeypatch):
+    for name, value in {"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1", "LOCAL_WORLD_SIZE": "1",
+                        "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port())}.items():
+        monkeypatch.setenv(name, value)
+    yield setup_distributed_env()
+    gc.collect()  # streaming frees its shared memory when the dataset object goes
+
+
+def loader_config(data: Path, *overrides: str):
+    return load_config(REPO / "configs" / "tiny.yaml",
+                       [f"data.path={data}", *ONE_PROCESS, "data.num_workers=1", *overrides])
+
+
+def test_the_training_loader_names_the_shard_and_ends_its_workers(data, one_process):
+    cfg = loader_config(data)
+    manifests = {str(data): read_manifest(data)}  # as the pre-flight found them, before the damage
+    batches = TrainBatches(cfg, manifests, one_process, CPU)
+    truncate(data / "train" / "shard.00000.mds", 5000)
+    try:
+        with pytest.raises(RunFailure, match=r"the training data loader cannot read sample "
+                                             r"[\d,]+ of shard .*train/shard.00000.mds: 5,000 "
+                                             r"bytes, the index says"):
+            for _ in range(20):
+                next(batches)
+        workers = [child for child in psutil.Process().children()
+                   if child.name() == "pt_data_worker"]
+        assert len(workers) == 1  # data.num_workers=1, alive after the failure
+    finally:
+        batches.close()  # else the worker, which ignores SIGTERM, holds pytest's exit
+    _, alive = psutil.wait_procs(workers, timeout=10)
+    assert alive == []  # close() ended it
+
+
+def test_the_validation_loader_names_the_shard(data, one_process):
+    cfg = loader_config(data, "eval.every=10")
+    manifests = {str(data): read_manifest(data)}
+    val = validation_loader(cfg, manifests, one_process, CPU)
+    shard = data / "val" / "shard.00000.mds"
+    truncate(shard, shard.stat().st_size - 1000)
+    with pytest.raises(RunFailure, match=r"the validation data loader cannot read sample [\d,]+ "
+                                         rf"of shard {re.escape(str(shard))}: .* \(truncated: "):
+        list(val)
+    val.close()
+
+
+# ---- non-finite loss ----------------------------------------------------------------------------
+
+
+def test_the_step_flags_stay_on_the_device():
+    sums = torch.zeros(4, dtype=torch.float64, device=META)
+    with DeviceCrossings() as crossings:
+        flags = step_flags(sums, preempted=True)
+    assert crossings.ops == [] and flags.device == META and flags.shape == (2,)
+    for value, non_finite in ((1.0, 0.0), (float("nan"), 1.0), (float("inf"), 1.0)):
+        sums = torch.tensor([value, 8.0, 2.0, 56.0], dtype=torch.float64)
+        assert step_flags(sums, preempted=False).tolist() == [0.0, non_finite]
+
+
+def test_a_non_finite_loss_ends_the_run_without_saving_that_step(text_data, tmp_path):
+    """An absurd learning rate: step 1 (initial weights) is finite and saved, its update sends the
+    weights past float32's range, and step 2's loss is NaN."""
+    out = tmp_path / "run"
+    command = train_command(text_data, out, "optim.lr=1e30", "optim.grad_clip=0",
+                            "optim.warmup_steps=0", "checkpoint.every=1", "train.max_steps=5")
+    result = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert result.returncode == EXIT_FAILED, result.stdout + result.stderr
+    assert "Traceback" not in result.stdout + result.stderr
+    assert error_lines(result.stderr) == [
+        f"error: the loss is not finite at step 2: stopped without saving this step; the last "
+        f"complete checkpoint is {out / 'checkpoints' / 'step_00000001'} (lower optim.lr or raise "
+        "optim.warmup_steps if it happens again)"]
+    assert [p.name for p in (out / "checkpoints").glob("step_*")] == ["step_00000001"]
+    assert losses(out)[2] is None  # logged as not a number
+    assert not (out / "final").exists()
+
+
+# ---- signals ------------------------------------------------------------------------------------
+
+
+WATCHDOG = """
+import os, signal, sys, time
+from aogpt.trainer.checkpoint import PreemptionFlag
+from aogpt.trainer.failsafe import SignalWatchdog
+flag, watchdog = PreemptionFlag(), SignalWatchdog(1.0, lambda: "CHECKPOINT")
+mode = sys.argv[1]
+if mode == "no signal":
+    sys.exit(0)
+os.kill(os.getpid(), signal.SIGUSR1)
+if mode == "saved in time":  # the loop answers the signal: saves, then exits with 75
+    time.sleep(0.3)
+    watchdog.saved()
+    sys.exit(75)
+if mode == "saved, exit hangs":
+    watchdog.saved()
+time.sleep(60)  # no step finishes
+"""
+
+
+@pytest.mark.parametrize("mode, status, line", [
+    ("stuck", EXIT_FAILED, "error: no checkpoint could be saved within checkpoint.signal_grace_s=1 "
+                           "s of SIGUSR1 (no step or save finished): stopped without one; the last "
+                           "complete checkpoint is CHECKPOINT"),
+    ("saved in time", EXIT_PREEMPTED, None),
+    ("saved, exit hangs", EXIT_PREEMPTED, "the process did not exit within "
+                                          "checkpoint.signal_grace_s=1 s of SIGUSR1 after saving "
+                                          "its checkpoint: ended"),
+    ("no signal", 0, None),
+])
+def test_the_signal_watchdog_bounds_the_time_to_exit(mode, status, line):
+    start = time.monotonic()
+    result = subprocess.run([sys.executable, "-c", WATCHDOG, mode], capture_output=True, text=True,
+                            timeout=60)
+    assert result.returncode == status, result.stderr
+    assert result.stderr.strip().splitlines() == ([line] if line else [])
+    assert time.monotonic() - start < 30  # the import takes most of it
+
+
+def test_sigterm_ends_a_run_that_no_step_can_answer_within_the_grace(text_data, tmp_path):
+    """The loader's worker hangs (stopped, as on a dead filesystem) before step 1 can finish: no
+    step ever answers SIGTERM, and the watchdog ends the run after checkpoint.signal_grace_s."""
+    out = tmp_path / "run"
+    # 32 micro-batches of one sequence per step: the batches prefetched before the worker stops
+    # cannot finish a step
+    command = train_command(text_data, out, "train.micro_batch_size=1", "train.tokens_per_step=2048",
+                            "checkpoint.signal_grace_s=3")
+    run = Run(command, tmp_path / "run.log")
+    worker = run.loader_worker()
+    worker.suspend()
+    time.sleep(1)
+    run.tree = [run.process, *run.process.children(recursive=True)]
+    run.proc.send_signal(signal.SIGTERM)
+    returncode, seconds = run.finish(timeout=60)
+    output = run.output()
+    assert returncode == EXIT_FAILED, output
+    assert error_lines(output) == [
+        "error: no checkpoint could be saved within checkpoint.signal_grace_s=3 s of SIGTERM (no "
+        "step or save finished): stopped without one; the last complete checkpoint is none yet"]
+    assert 3 <= seconds < 20
+    assert not worker.is_running()  # the stopped worker was killed, not left behind
+
+
+# ---- several processes ---------------------------------------------------------------------------
+
+
+@pytest.mark.slow
+def test_a_hung_rank_fails_the_others_collectives_within_the_timeout(text_data, tmp_path):
+    """Two ranks started as srun starts them (no launcher); rank 1 stops for good mid-run. Rank 0
+    waits in a collective for train.collective_timeout_s, then ends with one line."""
+    out, port = tmp_path / "run", free_port()
+    command = train_command(text_data, out, "train.tokens_per_step=1024",
+                            "train.collective_timeout_s=20")
+    ranks = []
+    for rank in (0, 1):
+        env = {**os.environ, "RANK": str(rank), "LOCAL_RANK": str(rank), "WORLD_SIZE": "2",
+               "LOCAL_WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)}
+        ranks.append(Run(command, tmp_path / f"rank{rank}.log", env))
+    try:
+        ranks[0].wait_for_step(out, 2)
+        ranks[1].tree = [ranks[1].process, *ranks[1].process.children(recursive=True)]
+        for process in ranks[1].tree:
+            process.suspend()
+        returncode, seconds = ranks[0].finish(timeout=120)
+    finally:
+        for process in ranks[1].tree:
+            if process.is_running():
+                process.kill()
+        for leftover in Path("/dev/shm").glob(f"deepspeed_*_{port}_*"):
+            leftover.unlink(missing_ok=True)
+    output = ranks[0].output()
+    assert returncode == EXIT_FAILED, output
+    assert "Traceback" not in output
+    (error,) = error_lines(output)
+    assert error.startswith("error: rank 0 lost the other ranks at step ")
+    assert "Timed out waiting 20000ms" in error
+    assert error.endswith("the last complete checkpoint is none yet")
+    assert seconds < 20 + 30
+
+
+@pytest.mark.slow
+def test_a_shard_truncated_under_the_deepspeed_launcher_ends_every_rank(data, tmp_path):
+    """`deepspeed --num_gpus 2`: the rank that meets the damaged shard says so and exits, the
+    launcher ends the other, and nothing of the job is left."""
+    out, launcher = tmp_path / "run", Launcher()
+    args = ["--ds_config", "ds_configs/cpu.json", "--config", "configs/tiny.yaml",
+            f"data.path={data}", f"out_dir={out}", *TINY_RUN, "eval.every=0",
+            "checkpoint.every=100", "train.max_steps=1000"]
+    run = Run(launcher.command("deepspeed", args), tmp_path / "run.log")
+    try:
+        run.wait_for_step(out)
+        shard = data / "train" / "shard.00000.mds"
+        size = shard.stat().st_size
+        truncate(shard, size * 6 // 10)
+        returncode, seconds = run.finish(timeout=180)
+    finally:
+        launcher.clean()
+    output = run.output()
+    assert returncode == EXIT_FAILED, output
+    assert "Traceback" not in output
+    errors = error_lines(output)
+    assert any(error.startswith("error: the training data loader cannot read sample ")
+               and f" of shard {shard}: {size * 6 // 10:,} bytes" in error for error in errors), output
+    # the other rank met the shard too, or lost its peer: one line each, no more
+    assert len(errors) <= 2 and all("data loader cannot read" in error or "lost the other ranks"
+                                    in error for error in errors), errors
+    assert seconds < 90
