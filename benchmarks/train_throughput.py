@@ -105,11 +105,13 @@ def main(argv: list[str] | None = None) -> int:
     args.overrides = [*user_overrides, f"out_dir={scratch}", "eval.every=0"]
     trainer = Trainer(preflight(args, dist_env), dist_env)
     cfg, world = trainer.cfg, dist_env.world_size
-
-    step_seconds, data_wait = time_steps(trainer, args.warmup, args.steps)
-    if args.profile and dist_env.is_main:
-        profile_steps(trainer, args.warmup + args.steps, args.profile)
-    loader_seconds = time_loader(trainer, args.loader_batches)
+    try:
+        step_seconds, data_wait = time_steps(trainer, args.warmup, args.steps)
+        if args.profile and dist_env.is_main:
+            profile_steps(trainer, args.warmup + args.steps, args.profile)
+        loader_seconds = time_loader(trainer, args.loader_batches)
+    finally:
+        trainer.close()  # loader workers ignore SIGTERM: they would hold the exit
     totals = all_reduce_sum([step_seconds, data_wait, loader_seconds], trainer.device)
     step_seconds, data_wait, loader_seconds = (float(t) / world for t in totals)  # rank means
 

@@ -146,8 +146,9 @@ def load_order_file(path: str | Path, seq_len: int) -> torch.Tensor:
 class OrderSampler:
     """Draws the training orders: orders, is_l2r = sampler(step, sample_indices).
 
-    sample_indices (b,) are the GLOBAL indices of the sequences within the optimizer step, so the
-    result for a sample depends only on (seed, step, sample index).
+    sample_indices (b,) name the sequences, the same on every rank (the trainer passes each
+    sample's index in the dataset), so the result for a sample depends only on (seed, step,
+    sample index): not on the rank, micro-batch or world size it is trained in.
     """
 
     def __init__(self, config: OrderConfig, seq_len: int, seed: int):

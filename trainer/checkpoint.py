@@ -18,7 +18,10 @@ that the next save or retention removes. DeepSpeed's own `latest` is not used: i
 rank 0 before the other ranks have finished their files.
 
 Resuming takes the tag `latest` names if complete.json matches its files, and otherwise the
-newest tag that is complete, saying what was wrong with the other.
+newest tag that is complete, saying what was wrong with the other. On another number of
+processes or another ZeRO stage, the tag is first converted to DeepSpeed's universal checkpoint
+(checkpoints/universal/, removed once loaded), whose per-parameter fp32 weights and Adam moments
+any partitioning can load; the EMA is resharded from the tag's consolidated model.pt.
 """
 
 from __future__ import annotations
@@ -186,8 +189,10 @@ class CheckpointDir:
 
 
 def check_resumable(state: dict, cfg_model: ModelConfig, world_size: int, zero_stage: int,
-                    where: Path) -> None:
-    """UsageError if this run cannot continue the checkpoint described by `state`."""
+                    where: Path) -> bool:
+    """Whether this run continues the checkpoint described by `state` elastically (on another
+    number of processes or ZeRO stage: through a universal checkpoint, see trainer/loop.py);
+    UsageError if it cannot continue it at all (another model shape)."""
     saved = state["model_config"]
     current = dataclasses.asdict(cfg_model)
     differing = [f"{name} {saved.get(name)!r} -> {current[name]!r}" for name in current
@@ -196,12 +201,12 @@ def check_resumable(state: dict, cfg_model: ModelConfig, world_size: int, zero_s
         raise UsageError(f"the checkpoint in {where} has another model shape: "
                          f"{', '.join('model.' + d for d in differing)}: use another out_dir or "
                          "the checkpoint's model settings")
-    if state["world_size"] != world_size or state["zero_stage"] != zero_stage:
-        raise UsageError(
-            f"the checkpoint in {where} was written by {state['world_size']} processes under "
-            f"ZeRO-{state['zero_stage']}, this run has {world_size} under ZeRO-{zero_stage}: resume "
-            "with the same world size and stage (or convert it with DeepSpeed's ds_to_universal.py)"
-        )
+    return state["world_size"] != world_size or state["zero_stage"] != zero_stage
+
+
+def universal_dir(root: Path) -> Path:
+    """Where an elastic resume converts a tag to DeepSpeed's universal form (deleted after it)."""
+    return root / "universal"
 
 
 def rng_states() -> dict:

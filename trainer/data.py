@@ -1,8 +1,9 @@
 """Training and validation batches from MDS shards through MosaicML Streaming.
 
     check_data(cfg)                      manifests present and made for this model (pre-flight)
-    TrainBatches(cfg, rank_env, device)  endless (micro, seq_len) int64 batches, epoch after epoch,
-                                         with state_dict()/load_state_dict() for exact resumption
+    TrainBatches(cfg, rank_env, device)  endless (micro, seq_len) int64 batches with their samples'
+                                         dataset indices, epoch after epoch, with state_dict()/
+                                         load_state_dict() for exact resumption
     validation_loader(cfg, ...)          the `val` split, unshuffled, never the training stream
 
 A data location is a folder made by data_prep/owt_to_mds.py or a remote URL (s3://, gs://, ...)
@@ -205,9 +206,25 @@ def _stream(cfg: RunConfig, location: str, manifest: dict, split: str, dist_env:
     return streaming.Stream(local=str(split_path(location, split)), proportion=proportion)
 
 
-def collate_tokens(samples: list[dict]) -> torch.Tensor:
-    """MDS samples (uint16 arrays) -> a (b, seq_len) int64 batch."""
-    return torch.from_numpy(np.stack([s[TOKENS] for s in samples]).astype(np.int64))
+SAMPLE_ID = "sample_id"  # added to each sample read: its index in the dataset
+
+
+class IndexedStreamingDataset(streaming.StreamingDataset):
+    """A StreamingDataset whose samples carry their index in the dataset (SAMPLE_ID).
+
+    The index names a sample whatever the number of nodes, ranks and workers that read it, so
+    keying each sample's generation order on it keeps training the same run when it resumes on
+    another world size (streaming deals the same samples to every optimizer step, in another
+    arrangement over ranks and micro-batches)."""
+
+    def get_item(self, sample_id: int, retry: int = 7) -> dict:
+        return {**super().get_item(sample_id, retry), SAMPLE_ID: sample_id}
+
+
+def collate_tokens(samples: list[dict]) -> tuple[torch.Tensor, torch.Tensor]:
+    """MDS samples (uint16 arrays) -> a (b, seq_len) int64 batch and the (b,) sample indices."""
+    tokens = torch.from_numpy(np.stack([s[TOKENS] for s in samples]).astype(np.int64))
+    return tokens, torch.tensor([s[SAMPLE_ID] for s in samples], dtype=torch.int64)
 
 
 def _ignore_preemption_signals(worker_id: int) -> None:
@@ -235,7 +252,7 @@ class TrainBatches:
                  device: torch.device):
         streams = [_stream(cfg, location, manifests[location], "train", dist_env, proportion)
                    for location, proportion in training_locations(cfg)]
-        self.dataset = streaming.StreamingDataset(
+        self.dataset = IndexedStreamingDataset(
             streams=streams, shuffle=True, shuffle_seed=cfg.train.seed,
             shuffle_algo=cfg.data.shuffle_algo, num_canonical_nodes=cfg.data.num_canonical_nodes,
             batch_size=cfg.train.micro_batch_size,  # streaming's resumption needs the per-rank batch
@@ -250,14 +267,16 @@ class TrainBatches:
     def __iter__(self) -> TrainBatches:
         return self
 
-    def __next__(self) -> torch.Tensor:
+    def __next__(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """The next micro-batch on the device: tokens (micro, t) and sample indices (micro,)."""
         empty_epochs = 0
         while True:
             if self._iterator is None:
                 self._iterator = iter(self.loader)
             try:
-                batch = next(self._iterator)
-                return batch.to(self.device, non_blocking=True)
+                tokens, sample_ids = next(self._iterator)
+                return (tokens.to(self.device, non_blocking=True),
+                        sample_ids.to(self.device, non_blocking=True))
             except StopIteration:
                 self._iterator = None
                 empty_epochs += 1
@@ -288,7 +307,7 @@ class ValidationBatches:
     def __init__(self, cfg: RunConfig, manifests: dict[str, dict], dist_env: DistEnv,
                  device: torch.device):
         self.location = validation_location(cfg)
-        self.dataset = streaming.StreamingDataset(
+        self.dataset = IndexedStreamingDataset(
             streams=[_stream(cfg, self.location, manifests[self.location], "val", dist_env)],
             shuffle=False, batch_size=cfg.train.micro_batch_size,
         )

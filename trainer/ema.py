@@ -22,7 +22,7 @@ import contextlib
 from collections.abc import Iterator
 
 import torch
-from deepspeed.utils import safe_get_full_fp32_param
+from deepspeed.utils import safe_get_full_fp32_param, safe_set_full_fp32_param
 
 from aogpt import UsageError
 
@@ -88,6 +88,19 @@ class ShardedEMA:
         for shadow, saved in zip(self.shadow, state["shadow"], strict=True):
             shadow.copy_(saved)
         self.num_updates = state["num_updates"]
+
+
+@torch.no_grad()
+def load_full_ema(ema: ShardedEMA, weights: dict[str, torch.Tensor], num_updates: int) -> None:
+    """Fills `ema` from full (consolidated) EMA weights, whatever partitioning wrote them: each
+    weight is scattered into the master partition with DeepSpeed's own setter, the partition is
+    copied into the shadow, and the master weights are put back. Collective."""
+    saved = [t.clone() for t in ema.master]
+    for name, param in ema.engine.module.named_parameters():
+        safe_set_full_fp32_param(param, weights[name].to(param.device))
+    torch._foreach_copy_(ema.shadow, ema.master)
+    torch._foreach_copy_(ema.master, saved)
+    ema.num_updates = num_updates
 
 
 @torch.no_grad()

@@ -15,6 +15,8 @@ import dataclasses
 import logging
 import os
 import shutil
+import subprocess
+import sys
 import time
 import warnings
 from contextlib import nullcontext
@@ -27,6 +29,7 @@ import torch
 
 from aogpt import RunFailure
 from aogpt.model import AOGPT, OrderConfig, OrderSampler, save_consolidated
+from aogpt.model.checkpoint import read_consolidated
 from aogpt.trainer.checkpoint import (
     EXIT_PREEMPTED,
     RUN_STATE,
@@ -40,13 +43,14 @@ from aogpt.trainer.checkpoint import (
     rng_states,
     save_torch_atomic,
     tag_for,
+    universal_dir,
     write_json_atomic,
 )
 from aogpt.trainer.config import RunConfig, config_to_dict, save_config
 from aogpt.trainer.data import TrainBatches, clean_stale_shared_memory, validation_loader
 from aogpt.trainer.dist_env import DistEnv, all_reduce_sum, init_process_group
 from aogpt.trainer.ds_config import zero_stage
-from aogpt.trainer.ema import ShardedEMA, gather_full_weights
+from aogpt.trainer.ema import ShardedEMA, gather_full_weights, load_full_ema
 from aogpt.trainer.failsafe import EveryRankFailure, SignalWatchdog, step_flags
 from aogpt.trainer.lr_schedule import learning_rate
 from aogpt.trainer.metrics import MetricsLogger, peak_flops, progress, truncate_metrics
@@ -62,6 +66,7 @@ class Plan:
     ds_config: dict
     manifests: dict[str, dict]
     resume_tag: str | None
+    elastic: bool = False  # the tag was written by another number of processes or ZeRO stage
 
 
 def token_weighted(nll_sum: float, tokens: float) -> float | None:
@@ -112,28 +117,59 @@ class Trainer:
         self.val_loader = (validation_loader(cfg, plan.manifests, dist_env, self.device)
                            if cfg.eval.every else None)
         self._eval_model: AOGPT | None = None
-        self.step = self.resume(plan.resume_tag) if plan.resume_tag else 0
+        self.step = self.resume(plan.resume_tag, plan.elastic) if plan.resume_tag else 0
 
     # ---- set-up ---------------------------------------------------------------------------------
 
-    def resume(self, tag: str) -> int:
-        load_path, client = self.engine.load_checkpoint(str(self.checkpoints.root), tag=tag)
+    def resume(self, tag: str, elastic: bool) -> int:
+        """Loads a complete tag; elastic: written by another number of processes or ZeRO stage."""
+        folder = self.checkpoints.root / tag
+        load_dir = self.universal_checkpoint(tag) if elastic else self.checkpoints.root
+        load_path, client = self.engine.load_checkpoint(str(load_dir), tag=tag)
         if load_path is None:
-            raise RuntimeError(f"DeepSpeed could not load checkpoint {self.checkpoints.root / tag}")
+            raise RuntimeError(f"DeepSpeed could not load checkpoint {load_dir / tag}")
+        if elastic:
+            dist.barrier()  # every rank has read the universal form
+            if self.env.is_main:
+                shutil.rmtree(load_dir, ignore_errors=True)
         self.batches.load_state_dict(client["loader"])
-        rank_state = torch.load(rank_state_file(self.checkpoints.root / tag, self.env.rank),
+        # another partitioning has other rank files: rank 0's carries what all ranks share
+        rank_state = torch.load(rank_state_file(folder, 0 if elastic else self.env.rank),
                                 weights_only=False)
         if self.ema is not None and rank_state["ema"] is not None:
-            self.ema.load_state_dict(rank_state["ema"])
+            if elastic:  # the shard layout changed: reshard from the consolidated EMA
+                ema = read_consolidated(folder / "model.pt")["weights"]["ema"]
+                load_full_ema(self.ema, ema, rank_state["ema"]["num_updates"])
+            else:
+                self.ema.load_state_dict(rank_state["ema"])
         elif self.ema is not None:  # the run so far had ema.enabled=false
             self.ema = ShardedEMA(self.engine, self.cfg.ema.decay)  # from the resumed weights
             if self.env.is_main:
                 print("the checkpoint has no EMA: it starts now, from the resumed weights", flush=True)
-        restore_rng_states(rank_state["rng"])
+        if not elastic:  # (elastically, each rank's RNG, used by dropout only, starts from the seed)
+            restore_rng_states(rank_state["rng"])
         if self.env.is_main:
             truncate_metrics(self.out_dir / "metrics.jsonl", client["step"])
-            print(f"resumed from {self.checkpoints.root / tag} at step {client['step']}", flush=True)
+            print(f"resumed from {folder} at step {client['step']}", flush=True)
         return client["step"]
+
+    def universal_checkpoint(self, tag: str) -> Path:
+        """Rank 0 converts the tag with DeepSpeed's ds_to_universal; the folder to load from."""
+        out = universal_dir(self.checkpoints.root)
+        if self.env.is_main:
+            shutil.rmtree(out, ignore_errors=True)
+            done = subprocess.run(
+                [sys.executable, "-m", "deepspeed.checkpoint.ds_to_universal",
+                 "--input_folder", str(self.checkpoints.root / tag), "--output_folder",
+                 str(out / tag), "--inject_missing_state",  # tags saved before this field existed
+                 "--num_extract_workers", "2", "--num_merge_workers", "1"],
+                capture_output=True, text=True)
+            if done.returncode:
+                lines = (done.stderr or done.stdout).strip().splitlines() or ["no output"]
+                raise RunFailure(f"converting {self.checkpoints.root / tag} to a universal "
+                                 f"checkpoint failed: {lines[-1]}")
+        dist.barrier()
+        return out
 
     def eval_autocast(self):
         """bf16 autocast for the evaluation copy of the network unless the run trains in fp32
@@ -177,21 +213,19 @@ class Trainer:
         Returns this rank's [nll sum, tokens] of its left-to-right and any-order samples (a
         float64 vector of 4, on the device, not yet reduced) and the seconds spent waiting for data.
         """
-        cfg, env = self.cfg, self.env
+        cfg = self.cfg
         lr = learning_rate(update, cfg.optim)
         for group in self.engine.optimizer.param_groups:
             group["lr"] = lr
         sums = torch.zeros(4, dtype=torch.float64, device=self.device)
         data_wait = 0.0
-        micro = cfg.train.micro_batch_size
-        for micro_step in range(self.accum):
+        for _ in range(self.accum):
             start = time.perf_counter()
-            idx = next(self.batches)  # (micro, t)
+            idx, sample_ids = next(self.batches)  # (micro, t), (micro,)
             data_wait += time.perf_counter() - start
-            # Global index of each sequence within the step: orders depend on it, not on ranks.
-            first = micro_step * micro * env.world_size + env.rank * micro
-            sample_indices = torch.arange(first, first + idx.shape[0], device=self.device)
-            orders, is_l2r = self.sampler(update, sample_indices)
+            # Orders key on (step, the sample's index in the dataset): they never depend on the
+            # rank or micro-batch a sample lands in, whatever the world size.
+            orders, is_l2r = self.sampler(update, sample_ids)
             nll, loss = self.engine(idx, orders, return_mean=True)  # (micro, t), scalar
             self.engine.backward(loss)
             self.engine.step()  # DeepSpeed steps the optimizer on the last micro-step only
@@ -232,7 +266,7 @@ class Trainer:
         micro = cfg.train.micro_batch_size
         num_orders = cfg.eval.num_orders if cfg.model.target_injection != "none" else 0  # l2r only
         with self.eval_autocast():
-            for batch_index, idx in enumerate(self.val_loader):
+            for batch_index, (idx, _) in enumerate(self.val_loader):
                 if batch_index == cfg.eval.batches:
                     break
                 idx = idx.to(self.device)  # (b, t)

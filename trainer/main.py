@@ -60,10 +60,18 @@ def preflight(args: argparse.Namespace, dist_env: DistEnv) -> Plan:
     tag, warning = checkpoints.resume_tag()
     if warning and dist_env.is_main:
         print(f"warning: {warning}", file=sys.stderr, flush=True)
+    elastic = False
     if tag is not None:
-        check_resumable(checkpoints.run_state(tag), cfg.model, dist_env.world_size,
-                        zero_stage(ds_config), checkpoints.root / tag)
-    return Plan(cfg=cfg, ds_config=ds_config, manifests=manifests, resume_tag=tag)
+        state = checkpoints.run_state(tag)
+        elastic = check_resumable(state, cfg.model, dist_env.world_size, zero_stage(ds_config),
+                                  checkpoints.root / tag)
+    if elastic:
+        ds_config.setdefault("checkpoint", {})["load_universal"] = True
+        if dist_env.is_main:
+            print(f"elastic resume: {tag} was written by {state['world_size']} processes under "
+                  f"ZeRO-{state['zero_stage']}, this run has {dist_env.world_size} under "
+                  f"ZeRO-{zero_stage(ds_config)}: loading it as a universal checkpoint", flush=True)
+    return Plan(cfg=cfg, ds_config=ds_config, manifests=manifests, resume_tag=tag, elastic=elastic)
 
 
 @cli_entry
