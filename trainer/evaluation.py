@@ -228,19 +228,28 @@ def choose_targets(seed: int, sample_indices: torch.Tensor, lengths: torch.Tenso
 
 # ---- scoring ---------------------------------------------------------------------------------------
 
-def last_slot_nll(model: AOGPT, idx: torch.Tensor, orders: torch.Tensor,
-                  targets: torch.Tensor) -> torch.Tensor:
-    """-log p of the targets[r]-th token of orders[r] given the ones before it: (R,) fp32.
+def last_slot_hidden(model: AOGPT, idx: torch.Tensor, orders: torch.Tensor,
+                     targets: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The final hidden state of the slot that predicts the targets[r]-th token of orders[r]
+    given the ones before it, (R, d), and that token's id, (R,).
 
     idx (R, n) token ids; orders (R, L) may be cut anywhere after the row's target: causal
-    attention hides the slots after it. Only the target's slot reaches the output head.
+    attention hides the slots after it.
     """
     rows = torch.arange(len(idx), device=idx.device)
     tokens = idx.gather(1, orders)  # (R, L) in order
     start = torch.full_like(orders[:, :1], -1)  # the [None] slot (model/gpt.py's stream layout)
     hidden = model.forward_stream(torch.cat([start, tokens[:, :-1]], dim=1),
                                   torch.cat([start, orders[:, :-1]], dim=1), orders)  # (R, L, d)
-    return model.lm_head(hidden[rows, targets], tokens[rows, targets], model.config.loss_chunk_size)
+    return hidden[rows, targets], tokens[rows, targets]
+
+
+def last_slot_nll(model: AOGPT, idx: torch.Tensor, orders: torch.Tensor,
+                  targets: torch.Tensor) -> torch.Tensor:
+    """-log p of the targets[r]-th token of orders[r] given the ones before it: (R,) fp32
+    (see last_slot_hidden). Only the target's slot reaches the output head."""
+    hidden, tokens = last_slot_hidden(model, idx, orders, targets)
+    return model.lm_head(hidden, tokens, model.config.loss_chunk_size)
 
 
 def ensemble_member_nll(model: AOGPT, idx: torch.Tensor, base_orders: torch.Tensor,
@@ -282,6 +291,12 @@ def straightforward_member_nll(model: AOGPT, idx: torch.Tensor, base_orders: tor
     return model(idx, orders)[:, target].double()
 
 
+def mixture_nll(member_nll: torch.Tensor) -> torch.Tensor:
+    """-log p_ens of each unit's target, p_ens being the mean of its members' probabilities:
+    (U, M) member NLLs -> (U,)."""
+    return math.log(member_nll.shape[1]) - torch.logsumexp(-member_nll, dim=1)
+
+
 def ensemble_sums(unit_nll: torch.Tensor, unit_sample: torch.Tensor, counts: torch.Tensor,
                   lengths: torch.Tensor, sizes: tuple[int, ...]) -> torch.Tensor:
     """Per ensemble size M': the estimated sum of -log p_ens over all real targets, and the
@@ -295,7 +310,7 @@ def ensemble_sums(unit_nll: torch.Tensor, unit_sample: torch.Tensor, counts: tor
     weights = (lengths / counts)[unit_sample]
     out = []
     for m in sizes:
-        nll = math.log(m) - torch.logsumexp(-unit_nll[:, :m], dim=1)  # -log mean_j p_j, (U,)
+        nll = mixture_nll(unit_nll[:, :m])
         total = (weights * nll).sum()
         sums = counts.new_zeros(len(counts)).index_add_(0, unit_sample, nll)
         squares = counts.new_zeros(len(counts)).index_add_(0, unit_sample, nll * nll)
