@@ -37,5 +37,7 @@ setup(
         "test": ["pytest>=8", "ruff>=0.6"],
         "gpu": ["flash-attn>=2.6"],
         "cloud": ["boto3>=1.21,<2"],
+        # the lm-evaluation-harness model (aogpt.trainer.lm_harness); nothing else imports it
+        "lm-eval": ["lm-eval>=0.4.13,<0.5"],
     },
 )
