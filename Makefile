@@ -1,12 +1,12 @@
 # The README's two commands. Both create (or reuse) the virtual environment in .venv themselves.
 #   make demo   the main job end to end on a small embedded default (CPU when there is no GPU)
-#   make test   install what is needed and run the tests
+#   make test   install what is needed and run the tests (make test-all: the slow ones too)
 PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test lint install tokenizer gpu-report clean
+.PHONY: demo test test-all lint install tokenizer gpu-report clean
 
 install: $(STAMP)
 
@@ -27,7 +27,12 @@ tokenizer: $(STAMP)
 lint: $(STAMP)
 	$(PY) -m ruff check .
 
+# The suite without the tests marked slow (multi-process DeepSpeed runs, SLURM, the demo and the
+# findings suite end to end): under 10 minutes on 2 cores. test-all runs everything, as CI does.
 test: $(STAMP) tokenizer lint
+	$(PY) -m pytest -m "not slow"
+
+test-all: $(STAMP) tokenizer lint
 	$(PY) -m pytest
 
 demo: $(STAMP) tokenizer

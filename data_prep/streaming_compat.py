@@ -9,6 +9,7 @@ torchvision is built against PyPI's CUDA torch, and next to a CPU-only torch it 
 Import streaming through this module (`from aogpt.data_prep.streaming_compat import streaming`).
 """
 
+import atexit
 import importlib
 import sys
 import types
@@ -26,5 +27,47 @@ if "streaming" not in sys.modules and not _torchvision_works():
     sys.modules["streaming.vision"] = types.ModuleType("streaming.vision")
 
 import streaming  # noqa: E402
+import streaming.base.shared.prefix  # noqa: E402
 
-__all__ = ["streaming"]
+
+class _AttachedSharedMemory(streaming.base.shared.SharedMemory):
+    """Streaming's SharedMemory, without an exit handler for blocks it only attaches to.
+
+    A new dataset finds its shared-memory prefix by attaching to every streaming block still named
+    in /dev/shm (those of live datasets, and those a killed process left behind), and streaming
+    registers an exit handler for each, which keeps the block and its two file descriptors open
+    until the process ends. A process that opens datasets while many such blocks exist runs out
+    of file descriptors ("Too many open files"). An attached block is only closed by that handler,
+    never unlinked, so closing it when it is no longer referenced changes nothing else."""
+
+    def __init__(self, name=None, create=None, size: int = 0, auto_cleanup: bool = True):
+        super().__init__(name, create, size, auto_cleanup=auto_cleanup and create is not False)
+
+
+streaming.base.shared.prefix.SharedMemory = _AttachedSharedMemory
+
+__all__ = ["release_shared_memory", "streaming"]
+
+
+def release_shared_memory(dataset: streaming.StreamingDataset) -> None:
+    """Closes (and, where this process made them, unlinks) a dataset's shared-memory blocks now.
+
+    Streaming registers an exit handler for every block it creates or attaches to, so each block
+    keeps two file descriptors (the segment and its mapping) open until the process ends, and its
+    names stay in /dev/shm for every later dataset to probe. A process that opens datasets one
+    after another (a test session, an evaluation over many sets) would run out of file
+    descriptors ("Too many open files"). Call this once the dataset and its loaders are done."""
+    for block in _shared_blocks(vars(dataset).values()):
+        atexit.unregister(block.cleanup)
+        block.cleanup()
+
+
+def _shared_blocks(values, depth: int = 0):
+    """The streaming SharedMemory objects among `values`, looking inside streaming's shared
+    arrays, scalars and barriers (which hold them)."""
+    shared = streaming.base.shared
+    for value in values:
+        if isinstance(value, shared.SharedMemory):
+            yield value
+        elif depth < 2 and type(value).__module__.startswith(shared.__name__):
+            yield from _shared_blocks(vars(value).values(), depth + 1)

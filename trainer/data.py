@@ -32,7 +32,7 @@ import torch
 from aogpt import RunFailure, UsageError
 from aogpt.data_prep import mds
 from aogpt.data_prep.manifest import check_compatible, read_manifest, split_path
-from aogpt.data_prep.streaming_compat import streaming
+from aogpt.data_prep.streaming_compat import release_shared_memory, streaming
 from aogpt.trainer.config import RunConfig
 from aogpt.trainer.dist_env import DistEnv
 from aogpt.trainer.failsafe import silence_in_child
@@ -288,9 +288,10 @@ class TrainBatches:
                 raise loader_failure(err, self.dataset, "training", self.locations) from None
 
     def close(self) -> None:
-        """Ends the worker processes (the run is over, or failing)."""
+        """Ends the worker processes and frees the shared memory (the run is over, or failing)."""
         shut_down_workers(self.loader)
         self._iterator = None
+        release_shared_memory(self.dataset)
 
     def state_dict(self) -> dict:
         """The position after the last batch handed out: take it at optimizer-step boundaries."""
@@ -321,6 +322,7 @@ class ValidationBatches:
 
     def close(self) -> None:
         shut_down_workers(self.loader)
+        release_shared_memory(self.dataset)
 
 
 def validation_loader(cfg: RunConfig, manifests: dict[str, dict], dist_env: DistEnv,

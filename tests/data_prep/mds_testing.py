@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from aogpt.data_prep.sources import PARQUET_REVISION
-from aogpt.data_prep.streaming_compat import streaming
+from aogpt.data_prep.streaming_compat import release_shared_memory, streaming
 from aogpt.data_prep.tokenizer import EOS, load_gpt2
 
 REPO = Path(__file__).resolve().parents[2]
@@ -80,7 +80,7 @@ def read_samples(split_dir: Path) -> np.ndarray:
         local=str(split_dir), remote=None, shuffle=False, num_canonical_nodes=1, batch_size=1
     )
     samples = np.stack([dataset[i]["tokens"] for i in range(dataset.size)])
-    del dataset
+    release_shared_memory(dataset)
     return samples
 
 
@@ -89,7 +89,7 @@ def read_column(split_dir: Path, column: str) -> list:
         local=str(split_dir), remote=None, shuffle=False, num_canonical_nodes=1, batch_size=1
     )
     values = [dataset[i][column] for i in range(dataset.size)]
-    del dataset
+    release_shared_memory(dataset)
     return values
 
 

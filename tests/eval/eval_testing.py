@@ -9,7 +9,7 @@ import torch
 from conftest import SHARED_DATA
 
 from aogpt.data_prep.eval_to_mds import main as eval_to_mds
-from aogpt.data_prep.streaming_compat import streaming
+from aogpt.data_prep.streaming_compat import release_shared_memory, streaming
 from aogpt.model import AOGPT, save_consolidated
 from aogpt.model.config import ModelConfig, plain_gpt, sigma_gpt
 
@@ -57,7 +57,7 @@ def read_folder(folder: Path) -> dict[str, np.ndarray]:
     dataset = streaming.StreamingDataset(local=str(folder), remote=None, shuffle=False,
                                          batch_size=1)
     samples = [dataset[i] for i in range(dataset.size)]
-    del dataset
+    release_shared_memory(dataset)
     return {name: np.stack([s[name] for s in samples]) for name in samples[0]}
 
 
