@@ -61,6 +61,12 @@ class SamplingConfig:
     order: Literal["random", "l2r"] = "random"  # of the positions that are not given
     temperature: float = 1.0  # 0 = greedy
     top_p: float = 1.0
+    # which tokens the nucleus keeps: "standard" (as transformers and most samplers) the smallest
+    # set of most likely tokens whose mass reaches top_p (mass >= top_p); "paper" (the AO-GPT
+    # paper's code) every token up to where the cumulative mass exceeds top_p, at least the most
+    # likely one (mass <= top_p). "paper" keeps one token fewer whenever the mass does not hit
+    # top_p exactly, so its samples are a little less diverse, and its generative perplexity lower.
+    top_p_rule: Literal["standard", "paper"] = "standard"
     top_k: int = 0  # 0 = off
     seed: int = 0
 
@@ -68,7 +74,7 @@ class SamplingConfig:
         if self.steps < 1:
             raise UsageError(f"steps must be >= 1, got {self.steps}")
         hints = get_type_hints(SamplingConfig)
-        for name in ("schedule", "counts", "order"):
+        for name in ("schedule", "counts", "order", "top_p_rule"):
             if getattr(self, name) not in get_args(hints[name]):
                 raise UsageError(f"{name}={getattr(self, name)!r} is unknown: use one of "
                                  f"{', '.join(get_args(hints[name]))}")
@@ -179,10 +185,14 @@ def filter_logits(logits: torch.Tensor, config: SamplingConfig,
         kth = logits.topk(min(config.top_k, real_vocab), dim=-1).values[..., -1:]
         logits = logits.masked_fill(logits < kth, float("-inf"))
     if config.top_p < 1.0:
-        # the smallest set of most likely tokens whose probability reaches top_p
         sorted_logits, sorted_ids = logits.sort(dim=-1, descending=True)
         probs = sorted_logits.softmax(dim=-1)
-        outside = probs.cumsum(dim=-1) - probs >= config.top_p  # the mass before it suffices
+        mass = probs.cumsum(dim=-1)  # up to and including each token
+        if config.top_p_rule == "standard":  # the mass before it already reaches top_p
+            outside = mass - probs >= config.top_p
+        else:  # "paper": the mass up to it exceeds top_p; the most likely token always stays
+            outside = mass > config.top_p
+            outside[..., 0] = False
         logits = logits.masked_fill(outside.scatter(-1, sorted_ids, outside), float("-inf"))
     return logits
 

@@ -62,6 +62,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         help="order of the positions not given (default random)")
     add("--temperature", type=float, default=1.0, help="0 = greedy (default 1)")
     add("--top-p", type=float, default=1.0, help="nucleus sampling mass (default 1 = off)")
+    add("--top-p-rule", choices=("paper", "standard"), default="paper",
+        help="paper (default, as the paper's generative perplexities): keep tokens up to where "
+             "the mass exceeds P (nucleus mass <= P); standard: the smallest set reaching P")
     add("--top-k", type=int, default=0, help="keep the k most likely tokens (default 0 = off)")
     add("--prompt", default=None, help="text the samples start with")
     add("--infill", default=None, metavar="JSON-or-file", help="text at given positions (above)")
@@ -154,6 +157,7 @@ def main(argv: list[str] | None = None) -> int:
                          f"got {steps}")
     config = SamplingConfig(steps=steps, schedule=args.schedule, counts=args.counts,
                             order=args.order, temperature=args.temperature, top_p=args.top_p,
+                            top_p_rule=args.top_p_rule,
                             top_k=args.top_k, seed=args.seed)
     sampler = KVCacheSampler(model, batch_size, seq_len, config,
                              cuda_graphs=False if args.no_cuda_graphs else None)

@@ -48,6 +48,7 @@ def test_samples_are_written_as_jsonl_and_printed_readably(checkpoint, tmp_path,
         assert r["text"] == encoding.decode(r["tokens"])
         assert r["steps"] == 4 and r["network_calls"] == 4 and r["time_s"] > 0
         assert r["settings"]["schedule"] == "linear"
+        assert r["settings"]["top_p_rule"] == "paper"  # the generative-perplexity protocol's
     printed = capsys.readouterr().out
     assert "=== sample 0" in printed and "3 samples of 16 tokens" in printed
 

@@ -214,6 +214,26 @@ def test_top_p_keeps_the_smallest_nucleus_reaching_p():
     assert kept[:4].tolist() == [True, True, True, False]
 
 
+@pytest.mark.parametrize("top_p, standard, paper", [
+    (0.7, 2, 1),  # masses 0.5, 0.8, 0.95, 1: standard stops once 0.7 is reached, paper before
+    (0.9, 3, 2),
+    (0.4, 1, 1),  # the paper's rule still keeps the most likely token
+    (0.99, 4, 3),
+])
+def test_the_papers_top_p_rule_keeps_the_nucleus_whose_mass_stays_within_p(top_p, standard,
+                                                                            paper):
+    # no cumulative mass lies within float32 rounding (~1e-7) of a top_p, so both rules are exact
+    probs = torch.tensor([0.5, 0.3, 0.15, 0.05])
+    logits = torch.full((2, GPT2_VOCAB), -1e9)
+    logits[:, :4] = probs.log()
+    logits[1, :4] = logits[1, :4].flip(0)  # the nucleus is taken by probability, not by id
+    for rule, size in [("standard", standard), ("paper", paper)]:
+        kept = filter_logits(logits, SamplingConfig(top_p=top_p, top_p_rule=rule)) > -float("inf")
+        assert kept[0, :4].tolist() == [True] * size + [False] * (4 - size)
+        assert kept[1, :4].tolist() == [False] * (4 - size) + [True] * size
+        assert kept.sum().item() == 2 * size
+
+
 def test_a_plain_gpt_samples_left_to_right_only():
     model = make_model(plain_gpt(tiny_config()))
     with pytest.raises(UsageError, match="l2r"):
@@ -226,7 +246,8 @@ def test_a_plain_gpt_samples_left_to_right_only():
 def test_bad_settings_are_usage_errors():
     model = make_model()
     for settings, match in [({"top_p": 0.0}, "top_p"), ({"temperature": -1.0}, "temperature"),
-                            ({"schedule": "square"}, "schedule"), ({"steps": 0}, "steps")]:
+                            ({"schedule": "square"}, "schedule"), ({"steps": 0}, "steps"),
+                            ({"top_p_rule": "nucleus"}, "top_p_rule")]:
         with pytest.raises(UsageError, match=match):
             generate(model, **settings)
     with pytest.raises(UsageError, match="block size"):
