@@ -51,11 +51,12 @@ NEW_TOKENS = 6
 
 
 def write_task(folder, name, rows, body):
+    """A task of lm-eval reading local jsonl rows (its datasets cache in the folder too)."""
     data = folder / f"{name}.jsonl"
     data.write_text("".join(json.dumps(row) + "\n" for row in rows))
     (folder / f"{name}.yaml").write_text(
         f"task: {name}\ndataset_path: json\ndataset_kwargs:\n  data_files:\n    test: {data}\n"
-        f"test_split: test\n{body}")
+        f"  cache_dir: {folder / 'datasets'}\ntest_split: test\n{body}")
 
 
 # ---- the references: the checkpoint scored directly ------------------------------------------
