@@ -40,6 +40,7 @@ import torch
 
 from aogpt import UsageError, cli_entry
 from aogpt.data_prep.corpora import python_docs
+from aogpt.model.checkpoint import WEIGHTS_FILE
 from aogpt.trainer.checkpoint import write_json_atomic
 from aogpt.trainer.metrics import read_metrics
 
@@ -206,7 +207,7 @@ def end_to_end(data: Path, scratch: Path, args) -> dict:
         "first_loss": losses[0][1] if losses else None, "last_loss": losses[-1][1] if losses else None,
         "last_step": losses[-1][0] if losses else None, "checkpoints": checkpoints,
         "resumed": f"at step {first}" in output2 and "resumed from" in output2,
-        "final_weights": (out / "final" / "model.pt").is_file(),
+        "final_weights": (out / "final" / WEIGHTS_FILE).is_file(),
     }
     result["ok"] = (code1 == code2 == 0 and result["resumed"] and result["final_weights"]
                     and result["last_step"] == steps and result["last_loss"] < result["first_loss"])

@@ -46,6 +46,7 @@ from tqdm import tqdm
 from aogpt import UsageError, cli_entry
 from aogpt.data_prep.corpora import shakespeare_plays
 from aogpt.data_prep.manifest import read_manifest
+from aogpt.model.checkpoint import WEIGHTS_FILE
 from aogpt.trainer.checkpoint import git_sha, write_json_atomic
 from aogpt.trainer.config import config_to_dict
 from aogpt.trainer.metrics import read_metrics
@@ -239,14 +240,14 @@ def claim_run_dir(run: plan.Run) -> None:
 
 
 def is_trained(run: plan.Run) -> bool:
-    return run_state(run)["done"] and (run.out_dir / "final" / "model.pt").is_file()
+    return run_state(run)["done"] and (run.out_dir / "final" / WEIGHTS_FILE).is_file()
 
 
 def record_launch(run: plan.Run, exit_status: int, seconds: float) -> None:
     state = run_state(run)
     state["launches"].append({"exit": exit_status, "wall_s": round(seconds, 1),
                               "ended": now()})
-    state["done"] = exit_status == 0 and (run.out_dir / "final" / "model.pt").is_file()
+    state["done"] = exit_status == 0 and (run.out_dir / "final" / WEIGHTS_FILE).is_file()
     write_json_atomic(state, run.out_dir / RUN_STATE)
 
 
@@ -268,7 +269,7 @@ def training_progress(run: plan.Run) -> Callable[[], str]:
 
 def eval_is_current(path: Path, run: plan.Run, expected: dict) -> bool:
     """A cached evaluation counts when it scored these settings on the run's final weights."""
-    weights = run.out_dir / "final" / "model.pt"
+    weights = run.out_dir / "final" / WEIGHTS_FILE
     if not path.is_file() or not weights.is_file() or path.stat().st_mtime < weights.stat().st_mtime:
         return False
     settings = json.loads(path.read_text())["settings"]

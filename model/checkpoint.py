@@ -1,29 +1,49 @@
-"""Consolidated checkpoints: one torch file with the model config and full weights, no DeepSpeed.
+"""Consolidated checkpoints: the model's config and full weights in a folder, no DeepSpeed.
 
-    {"format": "aogpt-consolidated", "version": 1, "model_config": {...ModelConfig fields},
-     "weights": {"raw": state_dict, "ema": state_dict | None}, "meta": {step, tokens_seen, ...}}
+    FOLDER/model.safetensors   tensors "raw/<parameter>" and "ema/<parameter>" (no "ema/" when
+                               trained without EMA); its header's metadata "aogpt" holds the JSON
+                               {"format": "aogpt-consolidated", "version": 2,
+                                "model_config": {...ModelConfig fields}, "meta": {step, ...}}
+    FOLDER/model.json          the same JSON, indented, for people and tools (loading reads the
+                               header, so the weights file alone is a complete checkpoint)
 
-The trainer writes one as out_dir/final/model.pt, tools/import_official.py converts the paper's
-checkpoints into one, and load_checkpoint turns any of them back into a model.
+safetensors holds tensors and strings only: loading one never unpickles anything, and reads only
+the weight set asked for. Version 1, one torch file model.pt {"format", "version": 1,
+"model_config", "weights": {"raw", "ema"}, "meta"}, still loads, through torch.load's
+weights_only unpickler (tensors and plain containers, nothing executable).
+
+The trainer writes one into every checkpoint tag and into out_dir/final/, tools/import_official.py
+converts the paper's checkpoints into one, and load_checkpoint turns any of them back into a model.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
 import pickle
+import shutil
 from pathlib import Path
 from typing import Literal
 
+import numpy as np
 import torch
+from safetensors import SafetensorError, safe_open
+from safetensors.torch import save_file
 
 from aogpt import UsageError
 from aogpt.model.config import ModelConfig
 from aogpt.model.gpt import AOGPT
 
 FORMAT = "aogpt-consolidated"
-VERSION = 1
+VERSION = 2
+WEIGHTS_FILE = "model.safetensors"
+CONFIG_FILE = "model.json"
+LEGACY_FILE = "model.pt"  # version 1
+HEADER_KEY = "aogpt"
+WEIGHT_SETS = ("raw", "ema")
 WRAPPER_PREFIXES = ("module.", "_orig_mod.")  # DDP/DeepSpeed and torch.compile wrappers
+TIED_HEAD = "lm_head.weight"  # with tie_embeddings, the same tensor as transformer.wte.weight
 
 
 def strip_prefixes(state_dict: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
@@ -36,69 +56,128 @@ def strip_prefixes(state_dict: dict[str, torch.Tensor]) -> dict[str, torch.Tenso
     return clean
 
 
-def save_consolidated(path: str | os.PathLike, model_config: ModelConfig,
+def save_consolidated(folder: str | os.PathLike, model_config: ModelConfig,
                       raw: dict[str, torch.Tensor], ema: dict[str, torch.Tensor] | None,
-                      **meta) -> None:
-    """Writes the consolidated checkpoint atomically (temp file, then rename).
+                      **meta) -> Path:
+    """Writes FOLDER/model.json, then FOLDER/model.safetensors, each atomically (a temp file,
+    then a rename): the weights file appears last, complete. Returns its path.
 
-    meta: plain Python values (numbers, strings, lists, dicts), e.g. step, tokens_seen, git_sha,
-    run_config, source; they are loaded back with torch.load(weights_only=True).
+    meta: JSON values (numbers, strings, lists, dicts), e.g. step, tokens_seen, git_sha,
+    run_config, source.
     """
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    payload = {
-        "format": FORMAT,
-        "version": VERSION,
-        "model_config": dataclasses.asdict(model_config),
-        "weights": {"raw": _to_cpu(raw), "ema": None if ema is None else _to_cpu(ema)},
-        "meta": meta,
-    }
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    header = {"format": FORMAT, "version": VERSION,
+              "model_config": dataclasses.asdict(model_config), "meta": meta}
+    text = json.dumps(header, allow_nan=False, default=_plain)
+    tensors, storages = {}, set()
+    for which, state in (("raw", raw), ("ema", ema)):
+        for name, tensor in strip_prefixes(state or {}).items():
+            if name == TIED_HEAD and model_config.tie_embeddings:
+                continue  # the same tensor as wte's: stored once, tied again when loaded
+            tensor = tensor.detach().cpu().contiguous()
+            if tensor.untyped_storage().data_ptr() in storages:  # safetensors refuses aliases
+                tensor = tensor.clone()
+            storages.add(tensor.untyped_storage().data_ptr())
+            tensors[f"{which}/{name}"] = tensor
+    _write_atomic(folder / CONFIG_FILE, lambda tmp: tmp.write_text(
+        json.dumps(json.loads(text), indent=1) + "\n"))
+    _write_atomic(folder / WEIGHTS_FILE,
+                  lambda tmp: save_file(tensors, tmp, metadata={HEADER_KEY: text}))
+    return folder / WEIGHTS_FILE
+
+
+def _plain(value):
+    """JSON for the tensors and numpy numbers that metadata read from other files may hold."""
+    if isinstance(value, (torch.Tensor, np.ndarray, np.generic)):
+        return value.tolist()
+    raise TypeError(f"checkpoint metadata must be JSON values, got {type(value).__name__}")
+
+
+def copy_consolidated(source: str | os.PathLike, folder: str | os.PathLike) -> None:
+    """Copies the checkpoint in folder `source` into `folder`, in save_consolidated's order."""
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    for name in (CONFIG_FILE, WEIGHTS_FILE):
+        _write_atomic(folder / name, lambda tmp, name=name: shutil.copyfile(Path(source) / name, tmp))
+
+
+def _write_atomic(path: Path, write) -> None:
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
     try:
-        torch.save(payload, tmp)
+        write(tmp)
         os.replace(tmp, path)
     finally:
         tmp.unlink(missing_ok=True)
 
 
-def _to_cpu(state_dict: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    return {name: tensor.detach().cpu() for name, tensor in strip_prefixes(state_dict).items()}
-
-
 def resolve_checkpoint_file(path: str | os.PathLike) -> Path:
-    """The model.pt that `path` means: the file itself, DIR/model.pt, OUT_DIR/final/model.pt, or,
-    for a run without final/ yet (still training, preempted), the checkpoint `latest` points to."""
+    """The weights file that `path` means: the file itself, DIR/model.safetensors (or a version 1
+    DIR/model.pt), the same in OUT_DIR/final/, or, for a run without final/ yet (still training,
+    preempted), in the checkpoint `latest` points to."""
     path = Path(path)
-    candidates = [path, path / "model.pt", path / "final" / "model.pt"]
+    folders = [path, path / "final"]
     for checkpoints in (path / "checkpoints", path):
-        latest = checkpoints / "latest"  # DeepSpeed's pointer: the newest complete tag's name
+        latest = checkpoints / "latest"  # the newest complete tag's name
         if latest.is_file():
-            candidates.append(checkpoints / latest.read_text().strip() / "model.pt")
+            folders.append(checkpoints / latest.read_text().strip())
+    candidates = [path] + [folder / name for folder in folders
+                           for name in (WEIGHTS_FILE, LEGACY_FILE)]
     for candidate in candidates:
         if candidate.is_file():
             return candidate
     raise UsageError(
-        f"no checkpoint at {path}: give a consolidated model.pt, a folder holding model.pt, "
-        "or a training out_dir (final/model.pt, else its latest checkpoint)"
+        f"no checkpoint at {path}: give a {WEIGHTS_FILE} (or a version 1 {LEGACY_FILE}), a folder "
+        f"holding one, or a training out_dir (its final/, else its latest checkpoint)"
     )
 
 
-def read_consolidated(path: str | os.PathLike, map_location: str | torch.device = "cpu") -> dict:
-    """Loads and checks a consolidated checkpoint file (any form load_checkpoint accepts)."""
+def read_consolidated(path: str | os.PathLike, map_location: str | torch.device = "cpu",
+                      weights: tuple[str, ...] = WEIGHT_SETS) -> dict:
+    """A checkpoint of either version (any path form load_checkpoint accepts):
+    {"model_config": dict, "meta": dict, "weights": {set: state_dict or None}} for each weight
+    set named in `weights` (None: the checkpoint has none, e.g. no EMA). Only those are read."""
     file = resolve_checkpoint_file(path)
+    if file.suffix == ".pt":
+        return _read_version_1(file, map_location, weights)
+    try:
+        with safe_open(file, framework="pt", device=str(map_location)) as reader:
+            header = json.loads((reader.metadata() or {}).get(HEADER_KEY, "null"))
+            _check_header(file, header)
+            names = list(reader.keys())
+            state = {which: {name.split("/", 1)[1]: reader.get_tensor(name)
+                             for name in names if name.startswith(f"{which}/")} or None
+                     for which in weights}
+    except (SafetensorError, OSError, json.JSONDecodeError) as err:
+        raise UsageError(f"{file} is not a readable aogpt checkpoint: "
+                         f"{str(err).splitlines()[0]}") from err
+    config = model_config_from_dict(header["model_config"])
+    for sets in state.values():
+        if sets is not None and config.tie_embeddings:
+            sets[TIED_HEAD] = sets["transformer.wte.weight"]
+    return {"model_config": header["model_config"], "meta": header["meta"], "weights": state}
+
+
+def _read_version_1(file: Path, map_location, weights: tuple[str, ...]) -> dict:
     try:
         # mmap: only the tensors used are read (the weight set asked for, not the other one)
         ckpt = torch.load(file, map_location=map_location, weights_only=True, mmap=True)
     except (pickle.UnpicklingError, RuntimeError, EOFError) as err:
         raise UsageError(f"{file} is not a readable aogpt checkpoint: {str(err).splitlines()[0]}") from err
-    if not isinstance(ckpt, dict) or ckpt.get("format") != FORMAT:
+    _check_header(file, ckpt, version=1)
+    return {"model_config": ckpt["model_config"], "meta": ckpt["meta"],
+            "weights": {which: ckpt["weights"].get(which) for which in weights}}
+
+
+def _check_header(file: Path, header, version: int = VERSION) -> None:
+    if not isinstance(header, dict) or header.get("format") != FORMAT:
         raise UsageError(
             f"{file} is not an aogpt consolidated checkpoint (format {FORMAT!r} expected); "
             "convert the paper's checkpoints with tools/import_official.py"
         )
-    if ckpt.get("version") != VERSION:
-        raise UsageError(f"{file} has format version {ckpt.get('version')}, this code reads {VERSION}")
-    return ckpt
+    if header.get("version") != version:
+        raise UsageError(f"{file} has format version {header.get('version')}, this code reads "
+                         f"version {version} from a {file.suffix} file")
 
 
 def model_config_from_dict(values: dict) -> ModelConfig:
@@ -111,17 +190,17 @@ def model_config_from_dict(values: dict) -> ModelConfig:
 
 def load_checkpoint(path: str | os.PathLike, weights: Literal["ema", "raw"] = "ema",
                     map_location: str | torch.device = "cpu", attn_impl: str = "auto") -> AOGPT:
-    """An AOGPT in eval mode from a consolidated file, a folder holding model.pt, or an out_dir.
+    """An AOGPT in eval mode from a weights file, a folder holding one, or an out_dir.
 
     weights="ema" (the default, as the paper evaluates) or "raw". A checkpoint without EMA
     weights is an error for "ema", never a silent fallback to the raw ones.
     attn_impl: the attention kernel to run with. The one saved in model_config is what training
     ran with, not a property of the weights: a model trained with flash-attn loads on a CPU.
     """
-    if weights not in ("ema", "raw"):
+    if weights not in WEIGHT_SETS:
         raise UsageError(f"weights must be 'ema' or 'raw', got {weights!r}")
-    ckpt = read_consolidated(path, map_location)
-    state = ckpt["weights"].get(weights)
+    ckpt = read_consolidated(path, map_location, weights=(weights,))
+    state = ckpt["weights"][weights]
     if state is None:
         raise UsageError(
             f"{resolve_checkpoint_file(path)} holds no EMA weights (trained without EMA): "

@@ -13,7 +13,7 @@
 #
 # Settings (environment variables; sbatch passes the submitting shell's environment on):
 #   AOGPT_CKPT           what to evaluate, required: a training out_dir (its final/ weights),
-#                        a checkpoint folder, or a consolidated model.pt
+#                        a checkpoint folder, or a consolidated model.safetensors
 #   AOGPT_EVAL_DATA      space-separated data folders, required
 #   AOGPT_EVAL_ARGS      more flags for trainer/evaluate.py, e.g. "--orders l2r,random
 #                        --num-orders 10", "--weights raw", "--ensemble 1,2,4,8"

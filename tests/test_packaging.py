@@ -38,4 +38,4 @@ def test_demo_runs_the_main_job_end_to_end(tmp_path):
     samples = [json.loads(line) for line in (out / "samples.jsonl").open()]
     assert len(samples) == 4 and all(len(s["tokens"]) == 128 for s in samples)
     assert (out / "curves.png").stat().st_size > 10_000
-    assert (out / "ao_gpt_tiny" / "final" / "model.pt").is_file()
+    assert (out / "ao_gpt_tiny" / "final" / "model.safetensors").is_file()

@@ -2,8 +2,8 @@
 
     python tools/import_official.py --ckpt ckpt_250000.pt --out runs/aogpt_small_official
 
-writes OUT/model.pt with the raw weights and the EMA (the weights the paper evaluates), so
-`trainer/evaluate.py --ckpt OUT` and `trainer/sample.py --ckpt OUT` use the released models.
+writes OUT/model.safetensors (and model.json) with the raw weights and the EMA (the weights the
+paper evaluates), so `trainer/evaluate.py --ckpt OUT` and `trainer/sample.py --ckpt OUT` use the released models.
 """
 
 import argparse
@@ -18,7 +18,7 @@ from aogpt.model.official import convert_official, load_official
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--ckpt", required=True, help="checkpoint file saved by the paper's training script")
-    parser.add_argument("--out", required=True, help="output folder; model.pt is written inside")
+    parser.add_argument("--out", required=True, help="output folder; model.safetensors and model.json are written inside")
     parser.add_argument("--trust-pickle", action="store_true",
                         help="allow arbitrary Python objects in the file (only for files you trust)")
     return parser.parse_args(argv)
@@ -29,8 +29,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     ckpt = load_official(args.ckpt, trust_pickle=args.trust_pickle)
     config, raw, ema, meta = convert_official(ckpt, source=f"official AO-GPT checkpoint {args.ckpt}")
-    out = Path(args.out) / "model.pt"
-    save_consolidated(out, config, raw, ema, **meta)
+    out = save_consolidated(Path(args.out), config, raw, ema, **meta)
     n_params = sum(t.numel() for t in raw.values())
     print(f"wrote {out}: AO-GPT {config.n_layer} layers x {config.n_embd}, {n_params / 1e6:.2f}M "
           f"parameters, weights raw{' + EMA' if ema is not None else ' only (no EMA in the file)'}, "

@@ -3,7 +3,8 @@
     out_dir/checkpoints/
         latest                          the newest complete tag, written last
         step_00001000/
-            model.pt                    consolidated raw + EMA weights (aogpt.model.load_checkpoint)
+            model.safetensors           consolidated raw + EMA weights (aogpt.model.load_checkpoint)
+            model.json                  their model config and run metadata, readable
             trainer_state.json          step, tokens, world size, model and run config, git SHA
             trainer_rank00000.pt ...    per rank: its EMA shard and RNG states
             mp_rank_00_model_states.pt  DeepSpeed's own files: module, optimizer partitions and
@@ -21,7 +22,7 @@ Resuming takes the tag `latest` names if complete.json matches its files, and ot
 newest tag that is complete, saying what was wrong with the other. On another number of
 processes or another ZeRO stage, the tag is first converted to DeepSpeed's universal checkpoint
 (checkpoints/universal/, removed once loaded), whose per-parameter fp32 weights and Adam moments
-any partitioning can load; the EMA is resharded from the tag's consolidated model.pt.
+any partitioning can load; the EMA is resharded from the tag's consolidated model.safetensors.
 """
 
 from __future__ import annotations

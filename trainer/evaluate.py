@@ -6,8 +6,8 @@
         [--unigram-from PRETRAIN_DIR]
     torchrun --nproc_per_node 8 trainer/evaluate.py ...      (or deepspeed, or srun)
 
---ckpt is a training out_dir (its final/ weights), a checkpoint folder, a consolidated model.pt,
-or a paper checkpoint converted by tools/import_official.py. --data is a folder made by data_prep:
+--ckpt is a training out_dir (its final/ weights), a checkpoint folder, a consolidated
+model.safetensors, or a paper checkpoint converted by tools/import_official.py. --data is a folder made by data_prep:
 a pretraining folder is scored on its val split, an eval set on its only split. With several
 processes each scores a disjoint strided slice of the samples and the sums are all-reduced.
 Prints a table (nll in nats per token, ppl, tokens, cost) and writes the same as JSON:
@@ -57,7 +57,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], epilog=__doc__.split(
         "\n\n", 1)[1], formatter_class=argparse.RawDescriptionHelpFormatter)
     add = parser.add_argument
-    add("--ckpt", required=True, help="out_dir, checkpoint folder or consolidated model.pt")
+    add("--ckpt", required=True, help="out_dir, checkpoint folder or model.safetensors")
     add("--data", required=True, action="append", metavar="DIR",
         help="data folder made by data_prep; repeat for several")
     add("--orders", default=None, help="comma list of l2r, random (default: both; l2r for a "

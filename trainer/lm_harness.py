@@ -10,7 +10,7 @@ find this one. This module registers "aogpt" and then runs lm-eval's own command
 arguments it was given (`run` is implied, as with `lm-eval`). From Python: import this module,
 then lm_eval.simple_evaluate(model="aogpt", model_args="ckpt=PATH", tasks=[...]).
 
-ckpt: an out_dir, a checkpoint folder or a consolidated model.pt (as trainer/evaluate.py's --ckpt).
+ckpt: an out_dir, a checkpoint folder or a model.safetensors (as trainer/evaluate.py's --ckpt).
 weights: ema (default, as the paper evaluates) or raw. batch_size: sequences per forward; model_args
 win over lm-eval's own --batch_size and --device. precision: fp32 (default, TF32 off) or bf16
 (autocast for scoring, bf16 weights for sampling). seed: the ensemble's members and
@@ -117,7 +117,7 @@ class AOGPTLM(TemplateLM):
                              "tokenizer_file")
         if ckpt is None:
             raise UsageError("--model_args ckpt=PATH is required: an out_dir, a checkpoint "
-                             "folder or a consolidated model.pt")
+                             "folder or a model.safetensors")
         self.members = parse_order(order)
         if precision not in PRECISIONS:
             raise UsageError(f"precision={precision!r}: use one of {', '.join(PRECISIONS)}")

@@ -2,7 +2,7 @@
 at a time, with the EMA, validation, checkpoints and metrics around it.
 
     trainer = Trainer(plan, dist_env)    # builds everything, resumes from `latest` if present
-    exit_code = trainer.fit()            # trains to train.max_steps, exports final/model.pt
+    exit_code = trainer.fit()            # trains to train.max_steps, exports final/ (model.safetensors)
 
 Steps are counted as completed optimizer updates: after `fit` has run update i (0-based, the
 index the LR schedule and the order sampler see), the run is at step i + 1, which is what
@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-import os
 import shutil
 import subprocess
 import sys
@@ -29,7 +28,7 @@ import torch
 
 from aogpt import RunFailure
 from aogpt.model import AOGPT, OrderConfig, OrderSampler, save_consolidated
-from aogpt.model.checkpoint import read_consolidated
+from aogpt.model.checkpoint import WEIGHTS_FILE, copy_consolidated, read_consolidated
 from aogpt.trainer.checkpoint import (
     EXIT_PREEMPTED,
     RUN_STATE,
@@ -138,7 +137,7 @@ class Trainer:
                                 weights_only=False)
         if self.ema is not None and rank_state["ema"] is not None:
             if elastic:  # the shard layout changed: reshard from the consolidated EMA
-                ema = read_consolidated(folder / "model.pt")["weights"]["ema"]
+                ema = read_consolidated(folder, weights=("ema",))["weights"]["ema"]
                 load_full_ema(self.ema, ema, rank_state["ema"]["num_updates"])
             else:
                 self.ema.load_state_dict(rank_state["ema"])
@@ -284,25 +283,23 @@ class Trainer:
 
     # ---- checkpoints ------------------------------------------------------------------------------
 
-    def export(self, path: Path) -> None:
-        """Consolidated raw + EMA weights at `path`, written by rank 0 (collective)."""
+    def export(self, folder: Path) -> None:
+        """Consolidated raw + EMA weights into `folder`, written by rank 0 (collective)."""
         raw = self.full_weights(ema=False, everywhere=False)
         ema = self.full_weights(ema=True, everywhere=False) if self.ema is not None else None
         if self.env.is_main:
-            save_consolidated(path, self.cfg.model, raw, ema, **self.run_meta(), source="aogpt trainer")
+            save_consolidated(folder, self.cfg.model, raw, ema, **self.run_meta(),
+                              source="aogpt trainer")
 
     def publish_final(self) -> None:
-        """out_dir/final/model.pt: a copy of the last checkpoint's consolidated weights (collective
-        only when that checkpoint is not of the current step and the weights must be gathered)."""
-        final = self.out_dir / "final" / "model.pt"
-        saved = self.checkpoints.root / tag_for(self.step) / "model.pt"
-        if not saved.is_file():
+        """out_dir/final/: a copy of the last checkpoint's consolidated weights (collective only
+        when that checkpoint is not of the current step and the weights must be gathered)."""
+        final = self.out_dir / "final"
+        saved = self.checkpoints.root / tag_for(self.step)
+        if not (saved / WEIGHTS_FILE).is_file():
             self.export(final)
         elif self.env.is_main:
-            final.parent.mkdir(parents=True, exist_ok=True)
-            partial = final.with_name(final.name + ".partial")
-            shutil.copyfile(saved, partial)
-            os.replace(partial, final)
+            copy_consolidated(saved, final)
 
     def run_meta(self) -> dict:
         return {"step": self.step, "tokens_seen": self.step * self.cfg.train.tokens_per_step,
@@ -340,7 +337,7 @@ class Trainer:
 
     def write_tag(self, folder: Path) -> None:
         """Collective: every file of a checkpoint into `folder` (see trainer/checkpoint.py)."""
-        self.export(folder / "model.pt")
+        self.export(folder)
         folder.mkdir(parents=True, exist_ok=True)
         rank_state = {"ema": self.ema.state_dict() if self.ema is not None else None,
                       "rng": rng_states()}
@@ -414,7 +411,7 @@ class Trainer:
         self.publish_final()
         if env.is_main:
             print(f"done: {self.step} steps, {self.step * cfg.train.tokens_per_step:,} tokens; "
-                  f"weights in {self.out_dir / 'final' / 'model.pt'}", flush=True)
+                  f"weights in {self.out_dir / 'final' / WEIGHTS_FILE}", flush=True)
         return 0
 
     def step_metrics(self, sums: torch.Tensor, window_start: float, window_steps: int,

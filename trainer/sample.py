@@ -48,7 +48,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], epilog=__doc__.split(
         "\n\n", 1)[1], formatter_class=argparse.RawDescriptionHelpFormatter)
     add = parser.add_argument
-    add("--ckpt", required=True, help="out_dir, checkpoint folder or consolidated model.pt")
+    add("--ckpt", required=True, help="out_dir, checkpoint folder or model.safetensors")
     add("--weights", choices=("ema", "raw"), default="ema", help="default ema (as the paper)")
     add("--num-samples", type=int, default=4, help="how many sequences (default 4)")
     add("--batch-size", type=int, default=None, help="sequences per batch (default: all, at most 32)")

@@ -84,5 +84,5 @@ def save_checkpoint(folder: Path, kind: str = "adaln", ema: bool = True) -> Path
     generator = torch.Generator().manual_seed(2)
     ema_weights = {name: w + 0.05 * torch.randn(w.shape, generator=generator)
                    for name, w in raw.items()} if ema else None
-    save_consolidated(folder / "model.pt", model.config, raw, ema_weights, step=1, source="test")
+    save_consolidated(folder, model.config, raw, ema_weights, step=1, source="test")
     return folder

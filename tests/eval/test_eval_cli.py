@@ -142,7 +142,7 @@ def test_imported_paper_checkpoint_is_scored_with_its_ema_weights(folders, tmp_p
                 "ema_model": {"decay": 0.9999, "num_updates": 7,
                               "shadow_params": [p.detach() for p in ema.parameters()]}}
     config, raw_weights, ema_weights, meta = convert_official(official, source="test")
-    save_consolidated(tmp_path / "imported" / "model.pt", config, raw_weights, ema_weights, **meta)
+    save_consolidated(tmp_path / "imported", config, raw_weights, ema_weights, **meta)
     code, _, err = evaluate("--ckpt", tmp_path / "imported", "--data", folders["data"],
                             "--orders", "l2r", "--max-samples", "2", "--json", tmp_path / "r.json")
     assert code == 0, err

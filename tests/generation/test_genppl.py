@@ -31,8 +31,7 @@ def project_ckpt(tmp_path_factory):
     torch.manual_seed(0)
     config = ModelConfig(n_layer=1, n_head=2, n_embd=16, block_size=32, cond_dim=8)
     folder = tmp_path_factory.mktemp("ckpt")
-    save_consolidated(folder / "model.pt", config, AOGPT(config).state_dict(), None)
-    return folder / "model.pt"
+    return save_consolidated(folder, config, AOGPT(config).state_dict(), None)
 
 
 def samples(b=5, n=12, seed=0):

@@ -23,8 +23,8 @@ def checkpoint(tmp_path_factory):
     raw = AOGPT(config).state_dict()
     ema = {name: t + 0.01 for name, t in raw.items()}
     folder = tmp_path_factory.mktemp("ckpt")
-    save_consolidated(folder / "model.pt", config, raw, ema, step=1)
-    save_consolidated(folder / "raw_only.pt", config, raw, None, step=1)
+    save_consolidated(folder, config, raw, ema, step=1)
+    save_consolidated(folder / "raw_only", config, raw, None, step=1)
     return folder
 
 
@@ -95,7 +95,7 @@ def test_bad_input_is_one_line_and_exit_status_2(checkpoint, tmp_path, capsys, f
 
 
 def test_a_checkpoint_without_ema_needs_raw_weights(checkpoint, tmp_path, capsys):
-    raw_only = checkpoint / "raw_only.pt"
+    raw_only = checkpoint / "raw_only"
     assert main(["--ckpt", str(raw_only), "--seq-len", str(N), "--steps", "2"]) == 2
     assert 'weights="raw"' in capsys.readouterr().err
     assert main(["--ckpt", str(raw_only), "--seq-len", str(N), "--steps", "2",

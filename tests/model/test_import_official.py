@@ -6,6 +6,7 @@ from conftest import run_cli
 
 from aogpt import UsageError
 from aogpt.model import AOGPT, load_checkpoint
+from aogpt.model.checkpoint import read_consolidated
 from aogpt.model.config import ModelConfig
 from aogpt.model.official import convert_official, official_parameter_names
 
@@ -55,7 +56,7 @@ def test_imported_checkpoint_reproduces_the_raw_and_ema_logits(tmp_path):
         imported = load_checkpoint(tmp_path / "imported", weights=weights)
         torch.testing.assert_close(imported.logits(IDX, ORDERS), reference.logits(IDX, ORDERS),
                                    rtol=0, atol=0)
-    meta = torch.load(tmp_path / "imported" / "model.pt", weights_only=True)["meta"]
+    meta = read_consolidated(tmp_path / "imported")["meta"]
     assert meta["step"] == 250 and meta["ema_decay"] == 0.9999 and "ckpt_250.pt" in meta["source"]
 
 
@@ -103,6 +104,6 @@ def test_the_cli_reports_a_bad_checkpoint_in_one_line(tmp_path):
     result = run_cli("tools/import_official.py", "--ckpt", str(tmp_path / "bad.pt"),
                      "--out", str(tmp_path / "out"))
     assert result.returncode == 2 and result.stderr.startswith("error: ")
-    assert len(result.stderr.strip().splitlines()) == 1 and not (tmp_path / "out" / "model.pt").exists()
+    assert len(result.stderr.strip().splitlines()) == 1 and not (tmp_path / "out").exists()
     result = run_cli("tools/import_official.py", "--ckpt", str(tmp_path / "absent.pt"), "--out", "x")
     assert result.returncode == 2 and "does not exist" in result.stderr

@@ -1,12 +1,17 @@
 """Consolidated checkpoints round-trip from every path form, with EMA or raw weights."""
 
 import dataclasses
+import json
+import pickle
 
 import pytest
 import torch
+from safetensors import safe_open
+from safetensors.torch import save_file
 
 from aogpt import UsageError
 from aogpt.model import AOGPT, load_checkpoint, save_consolidated
+from aogpt.model.checkpoint import read_consolidated
 from aogpt.model.config import ModelConfig, sigma_gpt
 
 
@@ -29,9 +34,9 @@ IDX = torch.randint(0, 50257, (2, 8), generator=torch.Generator().manual_seed(0)
 def test_load_checkpoint_reads_every_path_form(tmp_path, form):
     config = tiny_config()
     raw, ema = two_weight_sets(config)
-    save_consolidated(tmp_path / "final" / "model.pt", config, raw.state_dict(), ema.state_dict(),
+    save_consolidated(tmp_path / "final", config, raw.state_dict(), ema.state_dict(),
                       step=5, tokens_seen=40, source="test")
-    path = {"file": tmp_path / "final" / "model.pt", "folder": tmp_path / "final",
+    path = {"file": tmp_path / "final" / "model.safetensors", "folder": tmp_path / "final",
             "out_dir": tmp_path}[form]
     loaded = load_checkpoint(path)
     assert not loaded.training and loaded.config == config
@@ -43,30 +48,65 @@ def test_a_run_without_final_loads_its_latest_checkpoint(tmp_path):
     config = tiny_config()
     old, new = two_weight_sets(config)
     for tag, weights in (("step_00000004", old), ("step_00000008", new)):
-        save_consolidated(tmp_path / "checkpoints" / tag / "model.pt", config,
-                          weights.state_dict(), None)
+        save_consolidated(tmp_path / "checkpoints" / tag, config, weights.state_dict(), None)
     (tmp_path / "checkpoints" / "latest").write_text("step_00000008")
     for path in (tmp_path, tmp_path / "checkpoints"):
         torch.testing.assert_close(load_checkpoint(path, weights="raw")(IDX), new.eval()(IDX))
 
 
-def test_checkpoint_file_holds_the_contract_layout(tmp_path):
+def test_checkpoint_folder_holds_the_documented_layout(tmp_path):
     config = tiny_config()
-    raw, _ = two_weight_sets(config)
-    save_consolidated(tmp_path / "model.pt", config, raw.state_dict(), None, step=3, git_sha="abc")
-    ckpt = torch.load(tmp_path / "model.pt", weights_only=True)
-    assert (ckpt["format"], ckpt["version"]) == ("aogpt-consolidated", 1)
-    assert ckpt["model_config"]["n_embd"] == 16 and ckpt["weights"]["ema"] is None
-    assert ckpt["meta"] == {"step": 3, "git_sha": "abc"}
-    assert list(tmp_path.iterdir()) == [tmp_path / "model.pt"]  # no temp file left behind
+    raw, ema = two_weight_sets(config)
+    save_consolidated(tmp_path, config, raw.state_dict(), ema.state_dict(), step=3,
+                      git_sha="abc", loss=torch.tensor(2.5))
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["model.json", "model.safetensors"]
+    with safe_open(tmp_path / "model.safetensors", framework="pt") as reader:
+        header = json.loads(reader.metadata()["aogpt"])
+        names = set(reader.keys())
+        torch.testing.assert_close(reader.get_tensor("ema/lm_head.bias"), ema.lm_head.bias,
+                                   rtol=0, atol=0)
+    assert (header["format"], header["version"]) == ("aogpt-consolidated", 2)
+    assert header["model_config"] == dataclasses.asdict(config)
+    assert header["meta"] == {"step": 3, "git_sha": "abc", "loss": 2.5}  # tensors as numbers
+    assert json.loads((tmp_path / "model.json").read_text()) == header
+    assert names == {f"{which}/{name}" for which in ("raw", "ema") for name in raw.state_dict()}
+    ckpt = read_consolidated(tmp_path, weights=("raw",))
+    assert list(ckpt["weights"]) == ["raw"]  # only the set asked for is read
+
+
+def test_loading_never_unpickles(tmp_path, monkeypatch):
+    config = tiny_config()
+    raw, ema = two_weight_sets(config)
+    save_consolidated(tmp_path, config, raw.state_dict(), ema.state_dict())
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("a weights file was unpickled")
+
+    monkeypatch.setattr(pickle, "loads", refuse)
+    monkeypatch.setattr(pickle, "Unpickler", refuse)
+    monkeypatch.setattr(torch, "load", refuse)
+    torch.testing.assert_close(load_checkpoint(tmp_path)(IDX), ema.eval()(IDX))
+
+
+def test_a_version_1_torch_file_still_loads(tmp_path):
+    config = tiny_config()
+    raw, ema = two_weight_sets(config)
+    torch.save({"format": "aogpt-consolidated", "version": 1,
+                "model_config": dataclasses.asdict(config),
+                "weights": {"raw": raw.state_dict(), "ema": ema.state_dict()},
+                "meta": {"step": 7}}, tmp_path / "model.pt")
+    torch.testing.assert_close(load_checkpoint(tmp_path)(IDX), ema.eval()(IDX))
+    torch.testing.assert_close(load_checkpoint(tmp_path / "model.pt", weights="raw")(IDX),
+                               raw.eval()(IDX))
+    assert read_consolidated(tmp_path)["meta"] == {"step": 7}
 
 
 def test_a_checkpoint_trained_with_flash_attn_loads_on_a_cpu_without_it(tmp_path):
     """The kernel is a runtime choice: the saved attn_impl never stops a model from loading."""
     trained = dataclasses.replace(tiny_config(), attn_impl="flash_attn")
     raw, _ = two_weight_sets(tiny_config())  # the same weights, on a kernel that runs here
-    save_consolidated(tmp_path / "model.pt", trained, raw.state_dict(), None)
-    saved = torch.load(tmp_path / "model.pt", weights_only=True)["model_config"]
+    save_consolidated(tmp_path, trained, raw.state_dict(), None)
+    saved = read_consolidated(tmp_path)["model_config"]
     assert saved["attn_impl"] == "flash_attn"
     expected = raw.float().eval()(IDX)
     loaded = load_checkpoint(tmp_path, weights="raw")
@@ -81,7 +121,7 @@ def test_a_checkpoint_trained_with_flash_attn_loads_on_a_cpu_without_it(tmp_path
 def test_asking_for_ema_weights_that_are_absent_says_to_use_raw(tmp_path):
     config = tiny_config()
     raw, _ = two_weight_sets(config)
-    save_consolidated(tmp_path / "model.pt", config, raw.state_dict(), None)
+    save_consolidated(tmp_path, config, raw.state_dict(), None)
     with pytest.raises(UsageError, match='weights="raw"'):
         load_checkpoint(tmp_path)
     assert load_checkpoint(tmp_path, weights="raw") is not None
@@ -91,14 +131,16 @@ def test_wrapper_prefixes_in_saved_weights_are_stripped(tmp_path):
     config = tiny_config()
     raw, _ = two_weight_sets(config)
     prefixed = {f"module._orig_mod.{k}": v for k, v in raw.state_dict().items()}
-    save_consolidated(tmp_path / "model.pt", config, prefixed, None)
+    save_consolidated(tmp_path, config, prefixed, None)
     torch.testing.assert_close(load_checkpoint(tmp_path, weights="raw")(IDX), raw.eval()(IDX))
 
 
 def test_a_tied_head_stays_tied_after_loading(tmp_path):
     config = sigma_gpt(tiny_config())
     raw, ema = two_weight_sets(config)
-    save_consolidated(tmp_path / "model.pt", config, raw.state_dict(), ema.state_dict())
+    save_consolidated(tmp_path, config, raw.state_dict(), ema.state_dict())
+    with safe_open(tmp_path / "model.safetensors", framework="pt") as reader:
+        assert "ema/lm_head.weight" not in reader.keys()  # stored once, as the embedding
     loaded = load_checkpoint(tmp_path)
     assert loaded.lm_head.weight is loaded.transformer.wte.weight
     assert loaded.num_params() == ema.num_params()
@@ -114,6 +156,14 @@ def test_missing_or_foreign_files_are_usage_errors(tmp_path):
     (tmp_path / "model.pt").write_text("not torch")
     with pytest.raises(UsageError, match="not a readable"):
         load_checkpoint(tmp_path)
+    foreign = tmp_path / "hub"
+    foreign.mkdir()
+    save_file({"wte": torch.zeros(2)}, foreign / "model.safetensors")  # no aogpt header
+    with pytest.raises(UsageError, match="import_official"):
+        load_checkpoint(foreign)
+    (foreign / "model.safetensors").write_bytes(b"\x08" + bytes(20))  # truncated header
+    with pytest.raises(UsageError, match="not a readable"):
+        load_checkpoint(foreign)
     with pytest.raises(UsageError, match="'ema' or 'raw'"):
         load_checkpoint(tmp_path, weights="best")
 
@@ -123,6 +173,6 @@ def test_weights_that_do_not_fit_the_config_are_a_usage_error(tmp_path):
     raw, _ = two_weight_sets(config)
     state = raw.state_dict()
     del state["lm_head.bias"]
-    save_consolidated(tmp_path / "model.pt", config, state, None)
+    save_consolidated(tmp_path, config, state, None)
     with pytest.raises(UsageError, match="lm_head.bias"):
         load_checkpoint(tmp_path, weights="raw")

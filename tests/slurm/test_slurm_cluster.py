@@ -69,7 +69,7 @@ def test_train_small_runs_on_two_nodes_and_writes_metrics_and_checkpoints(two_no
     assert "world size 2 (1 per node)" in log  # what the trainer itself saw
     assert metrics_steps(out) == [1, 2, 3, 4, 5, 6]
     assert (out / "checkpoints" / "latest").read_text().strip() == "step_00000006"
-    assert (out / "checkpoints" / "step_00000003" / "model.pt").is_file()
+    assert (out / "checkpoints" / "step_00000003" / "model.safetensors").is_file()
     model = load_checkpoint(out, weights="ema")
     assert model.num_params() > 0
 
@@ -107,7 +107,7 @@ def test_time_limit_warning_checkpoints_requeues_and_resumes(
     assert metrics_steps(out) == list(range(1, max_steps + 1))
     tags = sorted(p.name for p in (out / "checkpoints").glob("step_*"))
     assert tags == [f"step_{stopped:08d}", f"step_{max_steps:08d}"]
-    assert (out / "final" / "model.pt").is_file()
+    assert (out / "final" / "model.safetensors").is_file()
 
 
 def test_eval_job_scores_the_trained_model(cluster: Cluster, two_node_run, data_dir: Path,

@@ -27,6 +27,7 @@ from trainer_testing import (
 )
 
 from aogpt.model import load_checkpoint
+from aogpt.model.checkpoint import read_consolidated
 from aogpt.trainer.checkpoint import EXIT_PREEMPTED, CheckpointDir
 from aogpt.trainer.config import load_config
 from aogpt.trainer.main import main
@@ -67,7 +68,7 @@ def reference(launcher, text_data, tmp_path_factory):
 
 
 def final_weights(out_dir, kind):
-    return torch.load(out_dir / "final" / "model.pt", weights_only=True)["weights"][kind]
+    return read_consolidated(out_dir / "final")["weights"][kind]
 
 
 def test_loss_goes_down_on_real_text(reference):
