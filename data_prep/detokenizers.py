@@ -1,7 +1,7 @@
 """Detokenizers of the zero-shot evaluation sets: undo each corpus's tokenization before GPT-2 BPE.
 
 WikiText, PTB and LM1B are distributed as whitespace-tokenized text ("word , word", "it 's"); GPT-2
-never saw text like that, so the zero-shot protocol of GPT-2, SEDD and AO-GPT (spec section 3)
+never saw text like that, so the zero-shot protocol of GPT-2, SEDD and AO-GPT
 rewrites it to plain English first. The rules below are that protocol's, applied in the same
 order: perplexities are only comparable with the paper's when the text is the same byte for byte.
 

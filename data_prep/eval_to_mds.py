@@ -9,7 +9,7 @@ text (.txt/.raw/.tokens: WikiText's raw files, Mikolov's PTB, LM1B's sentence fi
 plain-text passages), .jsonl[.gz] with a "text" field (LAMBADA's lambada_test.jsonl) or .parquet.
 The MDS files go directly into DIR with DIR/manifest.json (kind "eval", one split, path ".").
 
-The protocol is the paper's (AO-GPT, which took it from SEDD; spec section 3):
+The protocol is the paper's (AO-GPT, which took it from SEDD):
 - An example is one row of the hub dataset. WikiText: one line of the raw file, headings and blank
   lines included (a non-blank line keeps its "\\n", a blank line is an empty example that still gets
   its EOS), which is how the hub's rows are cut; PTB and LM1B: one sentence (a line, stripped);

@@ -1,6 +1,6 @@
 """manifest.json: what a data folder holds, how it was built, and whether a model can read it.
 
-A data folder DIR holds MDS datasets plus DIR/manifest.json (contracts.md section 1):
+A data folder DIR holds MDS datasets plus DIR/manifest.json:
 pretraining data (data_prep/owt_to_mds.py) has DIR/train/ and DIR/val/; an eval set
 (data_prep/eval_to_mds.py) has its one split directly in DIR/ (path "."). Every sample has the
 column `tokens` = ndarray:uint16:<seq_len> of GPT-2 ids, EOS after each document.

@@ -33,7 +33,7 @@ from aogpt import UsageError
 
 OPENWEBTEXT = "Skylion007/openwebtext"
 # datasets >= 4 no longer runs loading scripts (OpenWebText's is one); the hub's parquet export
-# of the same data loads everywhere (stack-notes section 0 item 7).
+# of the same data loads everywhere.
 PARQUET_REVISION = "refs/convert/parquet"
 TEXT_FIELD = "text"
 

@@ -1,4 +1,4 @@
-"""Any-order generation with a static KV cache: the paper's decoder sampler (spec section 5).
+"""Any-order generation with a static KV cache: the paper's decoder sampler.
 
 Each sample draws its order σ up front (given positions first, the rest random or left to right)
 and a number of revealed tokens N_i after each step i = 1..S (N_0 = number of given tokens,

@@ -9,7 +9,8 @@
 A data location is a folder made by data_prep/owt_to_mds.py or a remote URL (s3://, gs://, ...)
 of one. Remote shards are copied to a cache on each node, data.local_cache (default
 out_dir/data_cache); with data.local_cache set, a local folder is treated the same way, which
-keeps a shared filesystem out of the read path (stack-notes 0.9). Several datasets are mixed
+keeps a shared filesystem out of the read path (many ranks reading small random pieces of
+the same files is what shared filesystems do worst). Several datasets are mixed
 through data.streams with their proportions.
 
 A shard the loader cannot read ends the run with one line naming the file and the sample
@@ -37,7 +38,7 @@ from aogpt.trainer.config import RunConfig
 from aogpt.trainer.dist_env import DistEnv
 from aogpt.trainer.failsafe import silence_in_child
 
-TOKENS = "tokens"  # the one column of every sample (contracts.md section 1)
+TOKENS = "tokens"  # the one column of every sample of a pretraining folder (data_prep/manifest.py)
 
 
 def is_remote(location: str) -> bool:

@@ -1,7 +1,7 @@
 """Who this process is, whatever launched it: deepspeed, torchrun, srun, or plain python.
 
     deepspeed launcher   sets RANK, LOCAL_RANK, WORLD_SIZE, LOCAL_SIZE, MASTER_ADDR/PORT, but not
-                         LOCAL_WORLD_SIZE, which streaming needs (stack-notes 0.1): copied here
+                         LOCAL_WORLD_SIZE, which streaming needs to count nodes: copied here
     torchrun             sets everything
     srun (no launcher)   sets only SLURM_*: mapped to the torch names when RANK is unset;
                          MASTER_ADDR and MASTER_PORT must then be exported by the job script

@@ -70,7 +70,7 @@ def resolve_ds_config(ds_config: dict, cfg: RunConfig, world_size: int) -> dict:
         raise UsageError("fp16 is not supported (no loss scaling here): use bf16 (zero*.json) "
                          "or fp32 (cpu.json)")
     if bf16_enabled(resolved):
-        # ZeRO accumulates gradients in the model's dtype unless told otherwise (stack-notes 0.5):
+        # ZeRO accumulates gradients in the model's dtype unless data_types says otherwise:
         # summing micro-batch gradients in bf16 loses the small ones.
         data_types = resolved.setdefault("data_types", {})
         accum = data_types.setdefault("grad_accum_dtype", "fp32")

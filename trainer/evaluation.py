@@ -5,7 +5,7 @@ For each sequence x of n tokens (a data folder's samples in order, split over ra
     l2r        -log p(x) along the identity order: the exact likelihood under one order.
     random     -log p(x | σ) for K seeded uniform orders σ per sequence. Its mean over σ is the
                AO-AR loss, the masked diffusion model's negative ELBO, so exp() of it bounds the
-               perplexity from above ("<= PPL", spec section 4). Reported with the std over the K.
+               perplexity from above ("<= PPL"). Reported with the std over the K.
     ensemble   the paper's context-order ensemble (Finding 5): for the i-th target of a base order
                σ, p_ens = mean over M members of p(x[σ_i] | the context σ_<i re-permuted), member 0
                being σ itself; the NLL of p_ens per token. One run reports every size M' <= M

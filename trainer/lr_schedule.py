@@ -1,4 +1,4 @@
-"""The learning rate of every optimizer step: nanoGPT's schedule, which the paper kept (spec 2.4).
+"""The learning rate of every optimizer step: nanoGPT's schedule, which the paper kept.
 
 Linear warm-up from exactly 0, cosine from the peak down to min_lr at decay_steps, min_lr after.
 `step` is the 0-based index of the optimizer update (nanoGPT's iter_num), so the very first

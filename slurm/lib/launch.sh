@@ -4,11 +4,11 @@
 #
 # How the processes start: srun runs one task per node, and each task is a torchrun that starts
 # one trainer process per GPU; the nodes meet through torchrun's c10d rendezvous hosted on the
-# first node of the allocation (stack-notes section 3, option (c)). Chosen over the deepspeed
+# first node of the allocation. Chosen over the deepspeed
 # launcher with a hostfile because
 #   - no ssh/pdsh between nodes and no hostfile: srun already places one task on every node;
 #   - torchrun exports LOCAL_WORLD_SIZE, which streaming needs to count nodes (the deepspeed
-#     launcher does not: stack-notes 0.1);
+#     launcher sets LOCAL_SIZE instead);
 #   - the command is the same on every node (no node rank to compute per task);
 #   - torchrun passes a signal on to the trainers and waits for them to checkpoint
 #     (--signals-to-handle, --shutdown-timeout), which the preemption protocol below needs.

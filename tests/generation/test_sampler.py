@@ -1,4 +1,4 @@
-"""The KV-cache sampler computes what the paper's sampler computes (spec section 5): exact
+"""The KV-cache sampler computes what the paper's sampler computes: exact
 conditionals at every step, a cache that matches training, and the controls users rely on."""
 
 import pytest

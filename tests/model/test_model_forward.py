@@ -30,7 +30,7 @@ def random_batch(b: int = 3, t: int = T, seed: int = 1):
 
 
 def reference_logits(model: AOGPT, idx: torch.Tensor, orders: torch.Tensor) -> torch.Tensor:
-    """The spec's table (section 1.3) computed plainly from the weights, with the paper's t+1 slots:
+    """The model's slot table (model/gpt.py) computed plainly from the weights, with the paper's t+1 slots:
     slot 0 = [None], slot k = x[sigma_{k-1}] at wpe[sigma_{k-1}+1], condition wtpe[sigma_k], the
     last slot conditioned on zeros. Returns the logits of slots 0..t-1, (b, t, vocab)."""
     w = model.state_dict()

@@ -1,4 +1,4 @@
-"""Parameter counts, initialization, optimizer groups and FLOPs are those the spec gives."""
+"""Parameter counts, initialization, optimizer groups and FLOPs are the paper's."""
 
 import math
 
