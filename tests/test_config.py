@@ -1,5 +1,6 @@
 """YAML presets -> typed, validated dataclasses; overrides; clear one-line errors."""
 
+import dataclasses
 import re
 
 import pytest
@@ -7,6 +8,7 @@ import yaml
 from conftest import run_cli
 
 from aogpt import UsageError
+from aogpt.model import config as model_presets
 from aogpt.trainer.config import RunConfig, load_config, save_config
 
 PRESETS = ["ao_gpt_small", "ao_gpt_medium", "sigma_gpt_small", "sigma_gpt_medium",
@@ -117,3 +119,23 @@ def test_demo_command_reports_config_errors_in_one_line(repo, tmp_path):
     result = run_cli(str(script), str(repo / "configs" / "tiny.yaml"), "optim.lrr=1")
     assert result.returncode == 2
     assert result.stderr.strip() == "error: unknown config key optim.lrr (did you mean optim.lr?)"
+
+
+# How a model runs, not what it is: the YAML presets may tune these for their hardware.
+RUNTIME_MODEL_FIELDS = {"attn_impl", "activation_checkpointing", "loss_chunk_size"}
+
+
+@pytest.mark.parametrize("name, build", [
+    ("ao_gpt_small", lambda: model_presets.small()),
+    ("ao_gpt_medium", lambda: model_presets.medium()),
+    ("sigma_gpt_small", lambda: model_presets.sigma_gpt(model_presets.small())),
+    ("sigma_gpt_medium", lambda: model_presets.sigma_gpt(model_presets.medium())),
+    ("tiny", lambda: model_presets.tiny()),
+])
+def test_python_model_presets_are_the_yaml_presets(repo, name, build):
+    """The YAML files are what runs train; the Python presets (benchmarks, tests) must not drift."""
+    yaml_model = dataclasses.asdict(load_config(repo / "configs" / f"{name}.yaml").model)
+    python_model = dataclasses.asdict(build())
+    differences = {field: (yaml_model[field], python_model[field]) for field in yaml_model
+                   if field not in RUNTIME_MODEL_FIELDS and yaml_model[field] != python_model[field]}
+    assert differences == {}
