@@ -8,7 +8,8 @@ collide with other projects.
 
 from setuptools import setup
 
-PACKAGES = {"aogpt": "aogpt", "aogpt.model": "model", "aogpt.trainer": "trainer", "aogpt.data_prep": "data_prep"}
+PACKAGES = {"aogpt": "aogpt", "aogpt.model": "model", "aogpt.model.hf": "model/hf",
+            "aogpt.trainer": "trainer", "aogpt.data_prep": "data_prep"}
 
 setup(
     name="aogpt",
