@@ -1,0 +1,180 @@
+"""Exports a checkpoint as a Hugging Face folder that loads with torch and transformers alone.
+
+    python tools/export_hf.py --ckpt RUN_OR_FILE --out DIR [--weights ema|raw] [--force]
+
+DIR gets config.json, generation_config.json, model.safetensors, the modelling code (model/hf/ and
+the model modules it imports, see model/hf/remote_code.py) and GPT-2's tokenizer made from the
+ranks this project tokenizes with (vocab.json, merges.txt, tokenizer.json). Then, anywhere:
+
+    model = AutoModelForCausalLM.from_pretrained(DIR, trust_remote_code=True)
+    tokenizer = AutoTokenizer.from_pretrained(DIR)
+    model(ids).logits                              # left to right: logits[:, k] predicts token k + 1
+    model.generate(ids, max_new_tokens=20)
+    model.generate_any_order(num_samples=4, given={0: tokenizer.encode("The")}, steps=32, top_p=0.9)
+
+The folder is written beside DIR and renamed into place: DIR is complete or absent.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import os
+import shutil
+import sys
+from pathlib import Path
+
+import tiktoken
+import torch
+from transformers import GenerationConfig, GPT2TokenizerFast
+from transformers.models.gpt2.tokenization_gpt2 import bytes_to_unicode
+
+from aogpt import UsageError, cli_entry
+from aogpt.data_prep.tokenizer import EOS, load_gpt2
+from aogpt.model import AOGPT, load_checkpoint
+from aogpt.model.checkpoint import resolve_checkpoint_file
+from aogpt.model.config import GPT2_VOCAB
+from aogpt.model.hf.configuration_aogpt import AOGPTConfig
+from aogpt.model.hf.modeling_aogpt import AOGPTForCausalLM
+from aogpt.model.hf.remote_code import AUTO_MAP, write_remote_code
+
+KINDS = {"adaln": "AO-GPT", "sigma_sum": "sigma-GPT", "none": "GPT (left to right only)"}
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], epilog=__doc__.split(
+        "\n\n", 1)[1], formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--ckpt", required=True, help="out_dir, checkpoint folder or consolidated model.pt")
+    parser.add_argument("--out", required=True, type=Path, help="the folder to write")
+    parser.add_argument("--weights", choices=("ema", "raw"), default="ema", help="default ema (as the paper)")
+    parser.add_argument("--force", action="store_true", help="replace --out if it holds files")
+    parser.add_argument("--tokenizer-file", default=None, help="GPT-2 ranks file (offline tokenizer)")
+    return parser.parse_args(argv)
+
+
+# ---- the tokenizer ---------------------------------------------------------------------------------
+
+
+def gpt2_merges(ranks: dict[bytes, int]) -> list[tuple[bytes, bytes]]:
+    """The merge that made each multi-byte token, in rank order: GPT-2's merges.txt.
+
+    tiktoken's BPE merges the adjacent pair whose join has the lowest rank, so a token of rank r
+    is what BPE over its own bytes reaches with the ranks below r: exactly two parts. Most
+    tokens split into two lower-ranked tokens one way only, which is then that merge.
+    """
+    merges = []
+    for token, rank in sorted(ranks.items(), key=lambda item: item[1]):
+        if len(token) == 1:
+            continue
+        splits = [(token[:i], token[i:]) for i in range(1, len(token))
+                  if ranks.get(token[:i], rank) < rank and ranks.get(token[i:], rank) < rank]
+        if len(splits) == 1:
+            merges.append(splits[0])
+            continue
+        parts = [bytes([b]) for b in token]
+        while len(parts) > 2:
+            joined = [ranks.get(a + b, rank) for a, b in zip(parts[:-1], parts[1:], strict=True)]
+            i = min(range(len(joined)), key=joined.__getitem__)
+            if joined[i] >= rank:
+                break
+            parts[i:i + 2] = [parts[i] + parts[i + 1]]
+        if len(parts) != 2:
+            raise RuntimeError(f"token {token!r} (rank {rank}) is no merge of two lower ranks")
+        merges.append((parts[0], parts[1]))
+    return merges
+
+
+def write_tokenizer(encoding: tiktoken.Encoding, dest: Path, model_max_length: int) -> None:
+    """GPT-2's tokenizer files in transformers' byte-level form, from the tiktoken encoding."""
+    ranks = {token: encoding.encode_single_token(token) for token in encoding.token_byte_values()}
+    as_text = bytes_to_unicode()  # byte-level BPE writes each byte as a printable character
+
+    def text(token: bytes) -> str:
+        return "".join(as_text[b] for b in token)
+
+    vocab = {text(token): rank for token, rank in ranks.items()} | {"<|endoftext|>": EOS}
+    (dest / "vocab.json").write_text(json.dumps(vocab, ensure_ascii=False))
+    merges = "".join(f"{text(a)} {text(b)}\n" for a, b in gpt2_merges(ranks))
+    (dest / "merges.txt").write_text("#version: 0.2\n" + merges)
+    tokenizer = GPT2TokenizerFast(vocab_file=str(dest / "vocab.json"),
+                                  merges_file=str(dest / "merges.txt"),
+                                  model_max_length=model_max_length)
+    tokenizer.save_pretrained(dest)  # adds tokenizer.json and tokenizer_config.json
+
+
+# ---- the model -------------------------------------------------------------------------------------
+
+
+def write_model(model: AOGPT, dest: Path) -> None:
+    """config.json (with auto_map), generation_config.json and model.safetensors."""
+    config = AOGPTConfig(**dataclasses.asdict(model.config))
+    config.auto_map = AUTO_MAP
+    with torch.device("meta"):  # its own weights are replaced by the checkpoint's
+        hf_model = AOGPTForCausalLM(config)
+    hf_model.aogpt = model
+    # generate() never draws the padded ids >= GPT2_VOCAB, as sampler.py never does
+    padded = list(range(GPT2_VOCAB, model.config.vocab_size)) or None
+    hf_model.generation_config = GenerationConfig(bos_token_id=EOS, eos_token_id=EOS,
+                                                  use_cache=False, suppress_tokens=padded)
+    hf_model.save_pretrained(dest)
+
+
+def export(ckpt: str | os.PathLike, out: Path, weights: str = "ema", force: bool = False,
+           tokenizer_file: str | None = None) -> AOGPT:
+    """Writes the folder `out` (see the module's docstring); returns the exported model."""
+    out = Path(out)
+    if out.exists() and not out.is_dir():
+        raise UsageError(f"--out {out} is a file: give a folder")
+    if out.is_dir() and any(out.iterdir()) and not force:
+        raise UsageError(f"--out {out} exists and holds files: choose a new folder, or pass "
+                         "--force to replace it")
+    if out.resolve() in resolve_checkpoint_file(ckpt).resolve().parents:
+        raise UsageError(f"--out {out} holds the checkpoint itself: write the export elsewhere")
+    model = load_checkpoint(ckpt, weights=weights)
+    encoding = load_gpt2(tokenizer_file)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    partial = out.with_name(f".{out.name}.{os.getpid()}.partial")
+    shutil.rmtree(partial, ignore_errors=True)
+    partial.mkdir()
+    try:
+        write_model(model, partial)
+        write_remote_code(partial)
+        write_tokenizer(encoding, partial, model_max_length=model.config.block_size - 1)
+        _readable_by_all(partial)
+        _move_into_place(partial, out)
+    finally:
+        shutil.rmtree(partial, ignore_errors=True)
+    return model
+
+
+def _readable_by_all(folder: Path) -> None:
+    """safetensors writes its file readable by its owner only (0600); the folder is for sharing."""
+    umask = os.umask(0)
+    os.umask(umask)
+    for path in folder.iterdir():
+        path.chmod(0o666 & ~umask)
+
+
+def _move_into_place(partial: Path, out: Path) -> None:
+    old = out.with_name(f".{out.name}.{os.getpid()}.old")
+    if out.exists():
+        os.replace(out, old)
+    os.replace(partial, out)
+    shutil.rmtree(old, ignore_errors=True)
+
+
+@cli_entry
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    model = export(args.ckpt, args.out, args.weights, args.force, args.tokenizer_file)
+    c = model.config
+    print(f"wrote {args.out}: {KINDS[c.target_injection]}, {c.n_layer} layers x {c.n_embd}, "
+          f"{model.num_params() / 1e6:.2f}M parameters, {args.weights} weights of "
+          f"{resolve_checkpoint_file(args.ckpt)}")
+    print(f"load: AutoModelForCausalLM.from_pretrained({str(args.out)!r}, trust_remote_code=True)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
