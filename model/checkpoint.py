@@ -106,6 +106,11 @@ def _write_atomic(path: Path, write) -> None:
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
     try:
         write(tmp)
+        # safetensors creates its files readable by their owner only; a checkpoint gets the
+        # permissions of any file its user writes (0666 less the umask), e.g. for a shared team
+        umask = os.umask(0)
+        os.umask(umask)
+        tmp.chmod(0o666 & ~umask)
         os.replace(tmp, path)
     finally:
         tmp.unlink(missing_ok=True)

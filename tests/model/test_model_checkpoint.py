@@ -2,6 +2,7 @@
 
 import dataclasses
 import json
+import os
 import pickle
 
 import pytest
@@ -60,6 +61,10 @@ def test_checkpoint_folder_holds_the_documented_layout(tmp_path):
     save_consolidated(tmp_path, config, raw.state_dict(), ema.state_dict(), step=3,
                       git_sha="abc", loss=torch.tensor(2.5))
     assert sorted(p.name for p in tmp_path.iterdir()) == ["model.json", "model.safetensors"]
+    umask = os.umask(0)
+    os.umask(umask)
+    for path in tmp_path.iterdir():  # as any file its user writes (safetensors alone: 0600)
+        assert path.stat().st_mode & 0o777 == 0o666 & ~umask
     with safe_open(tmp_path / "model.safetensors", framework="pt") as reader:
         header = json.loads(reader.metadata()["aogpt"])
         names = set(reader.keys())
