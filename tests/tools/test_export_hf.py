@@ -329,6 +329,16 @@ def test_a_file_of_unknown_format_is_one_line_and_exit_2(tmp_path, capsys, conte
     assert not (tmp_path / "out").exists()
 
 
+def test_a_tokenizer_file_with_the_wrong_hash_is_one_line_and_exit_2(exported, tmp_path, capsys):
+    ranks = tmp_path / "gpt2.tiktoken"
+    ranks.write_text("IQ== 0\n")  # a ranks file, but not GPT-2's
+    ckpt = exported["tmp"] / "ao_gpt"
+    assert export_hf.main(["--ckpt", str(ckpt), "--out", str(tmp_path / "out"),
+                           "--tokenizer-file", str(ranks)]) == 2
+    assert "not GPT-2's" in one_line_error(capsys)
+    assert not (tmp_path / "out").exists()
+
+
 def test_a_folder_with_files_is_replaced_only_with_force(exported, tmp_path, capsys):
     out = tmp_path / "out"
     out.mkdir()
