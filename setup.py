@@ -38,7 +38,8 @@ setup(
         "test": ["pytest>=8", "ruff>=0.6"],
         "gpu": ["flash-attn>=2.6"],
         "cloud": ["boto3>=1.21,<2"],
-        # the lm-evaluation-harness model (aogpt.trainer.lm_harness); nothing else imports it
-        "lm-eval": ["lm-eval>=0.4.13,<0.5"],
+        # the lm-evaluation-harness model (aogpt.trainer.lm_harness); nothing else imports it.
+        # accelerate: lm-eval's own `hf` model imports it (it runs tools/export_hf.py's folders)
+        "lm-eval": ["lm-eval>=0.4.13,<0.5", "accelerate>=0.26"],
     },
 )

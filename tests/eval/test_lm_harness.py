@@ -12,15 +12,20 @@ tiny model (~10.8 nats, one fp32 ulp ~1e-6) is then off the float64 one by at mo
 within n x 4e-6 (4 ulp per token, all of one sign, a bound none reaches). A real mistake (a token
 scored without its context, or with one token of context too many) moves that token's NLL by
 0.13 on average (at least 4e-4 measured), far beyond.
+
+lm-eval's built-in `hf` model, unchanged, runs the same tasks on tools/export_hf.py's folder of the
+same checkpoint (the last tests): where both read the same tokens it gives the same numbers.
 """
 
 import ast
+import importlib.util
 import json
 import math
 import os
 import re
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -30,7 +35,7 @@ from eval_testing import save_checkpoint
 lm_eval = pytest.importorskip("lm_eval")
 
 from aogpt import UsageError  # noqa: E402
-from aogpt.data_prep.tokenizer import load_gpt2  # noqa: E402
+from aogpt.data_prep.tokenizer import EOS, load_gpt2  # noqa: E402
 from aogpt.model import load_checkpoint  # noqa: E402
 from aogpt.model.config import GPT2_VOCAB  # noqa: E402
 from aogpt.trainer.evaluation import member_orders  # noqa: E402
@@ -99,15 +104,22 @@ def continuation_split(encoding, context: str, continuation: str) -> tuple[list[
     return whole, len(whole) - len(encoding.encode_ordinary(context))
 
 
-def rolling_reference(model64, tokens: list[int]) -> float:
+def rolling_reference(model64, tokens: list[int], prefix: tuple[int, ...] = ()) -> float:
     """log p(text) in lm-eval's rolling windows: the first BLOCK - 1 tokens from the [None] slot
-    on, then chunks of BLOCK - 1, each read in the window of BLOCK tokens that ends with it."""
+    on (after the prefix tokens, themselves not scored), then chunks of BLOCK - 1, each read in
+    the window of BLOCK tokens that ends with it."""
     chunk = BLOCK - 1
-    total = -nll64(model64, tokens[:chunk]).sum().item()
+    total = first_window(model64, tokens, prefix)
     for start in range(chunk, len(tokens), chunk):
         end = min(start + chunk, len(tokens))
         total -= nll64(model64, tokens[end - BLOCK:end])[start - end:].sum().item()
     return total
+
+
+def first_window(model64, tokens: list[int], prefix: tuple[int, ...] = ()) -> float:
+    """log p of the first BLOCK - 1 tokens (or fewer, the whole text) read after the prefix."""
+    row = [*prefix, *tokens[:BLOCK - 1]]
+    return -nll64(model64, row)[len(prefix):].sum().item()
 
 
 def mixture_log_probs(model64, context: list[int], members: int) -> torch.Tensor:
@@ -176,22 +188,33 @@ def cli_run(tasks, ckpt, tmp_path_factory):
     """lm-eval's command line on the three tasks, started before this module's first test so that
     it runs beside the in-process ones (it spends ~20 s reading lm-eval's own task files)."""
     out = tmp_path_factory.mktemp("lm_harness_out")
-    env = {**os.environ, "HF_DATASETS_OFFLINE": "1", "HF_HUB_OFFLINE": "1",
-           "HF_HOME": str(out / "hf")}
-    process = subprocess.Popen(
-        [sys.executable, "-m", "aogpt.trainer.lm_harness", "--model", "aogpt",
-         "--model_args", f"ckpt={ckpt},batch_size=2", "--device", "cpu",
-         "--tasks", "tiny_lambada,tiny_rolling,tiny_generate", "--include_path", str(tasks),
-         "--output_path", str(out / "results"), "--log_samples"],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=REPO, env=env)
+    process = start_lm_eval("aogpt.trainer.lm_harness", "aogpt", f"ckpt={ckpt},batch_size=2",
+                            tasks, out)
     yield process, out / "results"
     process.kill()
     process.communicate()
 
 
+def start_lm_eval(module: str, model: str, model_args: str, tasks: Path, out: Path
+                  ) -> subprocess.Popen:
+    """lm-eval's command line (`python -m module`), offline, on the three local tasks."""
+    env = {**os.environ, "HF_DATASETS_OFFLINE": "1", "HF_HUB_OFFLINE": "1",
+           "TRANSFORMERS_OFFLINE": "1", "HF_HOME": str(out / "hf")}
+    return subprocess.Popen(
+        [sys.executable, "-m", module, "--model", model, "--model_args", model_args,
+         "--device", "cpu", "--batch_size", "2",
+         "--tasks", "tiny_lambada,tiny_rolling,tiny_generate", "--include_path", str(tasks),
+         "--output_path", str(out / "results"), "--log_samples"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=REPO, env=env)
+
+
 @pytest.fixture(scope="module")
 def cli_samples(cli_run):
-    process, results = cli_run
+    return finished_run(*cli_run)
+
+
+def finished_run(process: subprocess.Popen, results: Path) -> tuple[dict, dict]:
+    """The samples of each task, by doc_id, and the aggregate results of an lm-eval run."""
     stdout, stderr = process.communicate(timeout=600)
     assert process.returncode == 0, stdout[-3000:] + stderr[-3000:]
     samples = {}
@@ -346,3 +369,81 @@ def test_generate_until_is_greedy_and_stops_at_until_or_max_gen_toks(cli_samples
                 for p in PROMPTS]
     assert stop in expected[0] and answers[0] == expected[0].split(stop)[0]
     assert answers[1] == expected[1]  # all max_gen_toks tokens
+
+
+# ---- lm-eval's own `hf` model on the exported folder --------------------------------------------
+# lm-eval's HFLM (0.4.13) reads max_length = BLOCK - 1 from the folder's max_position_embeddings
+# (BLOCK - 1 input tokens take BLOCK slots, [None] first). What it then feeds the model:
+#   loglikelihood, non-empty context: (context + continuation)[-BLOCK:] less its last token,
+#     right-padded, no BOS: the BLOCK slots that aogpt runs for (context + continuation)[-BLOCK:],
+#     so the same numbers;
+#   loglikelihood_rolling: windows of BLOCK - 1 scored tokens, as aogpt's (rolling_rows takes
+#     HFLM's), but the first window's context is the tokenizer's BOS, <|endoftext|> (EOS), where
+#     aogpt has the [None] slot alone: HF scores a text's first BLOCK - 1 tokens as if it followed
+#     an end of text (as in the training stream), at positions 1.., aogpt at 0.. . Every later
+#     window is the same;
+#   loglikelihood with an empty context (none here): EOS as the context too;
+#   generate_until: the folder's greedy generate(), left to right like aogpt's sampler.
+
+
+@pytest.fixture(scope="module")
+def hf_samples(tasks, ckpt, cli_run, tmp_path_factory):
+    """The three tasks through lm-eval's own command line with its built-in `hf` model, beside the
+    aogpt run (cli_run, already started)."""
+    pytest.importorskip("accelerate")  # lm-eval's hf model imports it
+    spec = importlib.util.spec_from_file_location("export_hf", REPO / "tools" / "export_hf.py")
+    export_hf = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(export_hf)
+    out = tmp_path_factory.mktemp("lm_harness_hf")
+    export_hf.export(ckpt, out / "hf_model")  # EMA weights, as the aogpt run reads
+    process = start_lm_eval("lm_eval", "hf", f"pretrained={out / 'hf_model'},"
+                            "trust_remote_code=True,dtype=float32", tasks, out)
+    yield finished_run(process, out / "results")
+    process.kill()
+    process.communicate()
+
+
+def test_hf_model_loglikelihood_equals_aogpts(hf_samples, cli_samples, model64, encoding):
+    """Each side is within PER_TOKEN per token of float64 (HF's forward runs the same fp32 ops,
+    its head on the slots after [None] only, then lm-eval's fp32 log_softmax: measured 1.7e-6 at
+    most over 564 tokens). HF sums a continuation's log-probs in fp32, which rounds by at most
+    (scored - 1) x 2^-24 x |sum| (any summation order): that is added on its side."""
+    (hf, hf_results), (aogpt, aogpt_results) = hf_samples, cli_samples
+    apart = []  # how far each pair of answers may be
+    for ours, theirs, text in zip(aogpt["tiny_lambada"], hf["tiny_lambada"], PASSAGES, strict=True):
+        context, target = text.rsplit(" ", 1)
+        whole, scored = continuation_split(encoding, context, " " + target)
+        expected = -nll64(model64, whole[-BLOCK:])[-scored:].sum().item()
+        log_p, is_greedy = theirs["resps"][0][0]
+        tolerance = scored * PER_TOKEN + (scored - 1) * 2**-24 * abs(expected)
+        assert float(log_p) == pytest.approx(expected, rel=0, abs=tolerance)
+        apart.append(tolerance + scored * PER_TOKEN)
+        assert float(log_p) == pytest.approx(float(ours["resps"][0][0][0]), rel=0, abs=apart[-1])
+        assert is_greedy == ours["resps"][0][0][1]  # (HF's argmax also sees the padded ids)
+    assert hf_results["tiny_lambada"]["acc,none"] == aogpt_results["tiny_lambada"]["acc,none"]
+    assert hf_results["tiny_lambada"]["perplexity,none"] == pytest.approx(
+        aogpt_results["tiny_lambada"]["perplexity,none"], rel=math.expm1(max(apart)))
+
+
+def test_hf_model_rolling_reads_the_text_after_an_end_of_text(hf_samples, cli_samples, model64,
+                                                              encoding):
+    """HF's log p(text) is the rolling reference with EOS before the first window, and differs
+    from aogpt's by the first window's terms only. Tolerance: PER_TOKEN per token on each side,
+    plus HF's fp32 sum of each window's log-probs, (47 - 1) x 2^-24 x |window sum| at most."""
+    (hf, _), (aogpt, _) = hf_samples, cli_samples
+    for ours, theirs, text in zip(aogpt["tiny_rolling"], hf["tiny_rolling"], DOCUMENTS, strict=True):
+        tokens = encoding.encode_ordinary(text)
+        log_p, aogpt_log_p = float(theirs["resps"][0][0]), float(ours["resps"][0][0])
+        expected = rolling_reference(model64, tokens, prefix=(EOS,))
+        tolerance = len(tokens) * PER_TOKEN + (BLOCK - 2) * 2**-24 * abs(expected)
+        assert log_p == pytest.approx(expected, rel=0, abs=tolerance)
+        after_eos = first_window(model64, tokens, (EOS,)) - first_window(model64, tokens)
+        assert log_p - aogpt_log_p == pytest.approx(after_eos, rel=0,
+                                                    abs=tolerance + len(tokens) * PER_TOKEN)
+
+
+def test_hf_model_greedy_generation_equals_aogpts(hf_samples, cli_samples):
+    """generate() by full forwards and aogpt's KV-cache sampler choose the same tokens, cut at the
+    same stop word or max_gen_toks."""
+    (hf, _), (aogpt, _) = hf_samples, cli_samples
+    assert [s["resps"] for s in hf["tiny_generate"]] == [s["resps"] for s in aogpt["tiny_generate"]]
