@@ -2,7 +2,8 @@
 
 The code lives in the top-level folders model/, data_prep/ and trainer/, installed as
 `aogpt.model`, `aogpt.data_prep` and `aogpt.trainer` (see setup.py). This root holds only what
-all of them share: the version and the error types that commands print as one line.
+all of them share: the version, the error types that commands print as one line, and
+`aogpt.files`, through which every file is written (complete or absent).
 """
 
 import functools

@@ -40,8 +40,8 @@ import torch
 
 from aogpt import UsageError, cli_entry
 from aogpt.data_prep.corpora import python_docs
+from aogpt.files import write_json_atomic, write_text_atomic
 from aogpt.model.checkpoint import WEIGHTS_FILE
-from aogpt.trainer.checkpoint import write_json_atomic
 from aogpt.trainer.metrics import read_metrics
 
 REPO = Path(__file__).resolve().parent.parent
@@ -341,9 +341,7 @@ def markdown(report: dict) -> str:
 
 def save(report: dict, out: Path) -> None:
     write_json_atomic(report, out.with_suffix(".json"))
-    partial = out.with_name(f".{out.name}.partial")
-    partial.write_text(markdown(report))
-    partial.replace(out)
+    write_text_atomic(out, markdown(report))
 
 
 @cli_entry

@@ -39,9 +39,9 @@ import torch
 
 from aogpt import UsageError, cli_entry
 from aogpt.data_prep.corpora import python_docs
+from aogpt.files import write_json_atomic
 from aogpt.model import AOGPT
 from aogpt.model.config import small
-from aogpt.trainer.checkpoint import write_json_atomic
 from aogpt.trainer.metrics import read_metrics
 
 REPO = Path(__file__).resolve().parent.parent

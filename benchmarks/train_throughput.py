@@ -24,7 +24,7 @@ from pathlib import Path
 import torch
 
 from aogpt import cli_entry
-from aogpt.trainer.checkpoint import write_json_atomic
+from aogpt.files import write_json_atomic
 from aogpt.trainer.dist_env import all_reduce_sum, setup_distributed_env
 from aogpt.trainer.ds_config import zero_stage
 from aogpt.trainer.loop import Trainer

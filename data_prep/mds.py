@@ -18,13 +18,14 @@ hashes): data_prep/verify.py checks whole datasets with it, the trainer checks s
 
 import hashlib
 import json
-import os
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 import xxhash
+
+from aogpt.files import write_bytes_atomic, write_text_atomic
 
 # Hashes of every shard file, in index.json (what MDSWriter(hashes=["xxh64"]) writes): checked by
 # data_prep/verify.py, and by streaming when a reader asks (StreamingDataset(validate_hash=...)).
@@ -82,18 +83,14 @@ def write_shard(folder: Path, number: int, columns: dict[str, str], samples: byt
         data = codecs.compress(compression, raw)
         name = f"{raw_name}.{codecs.get_compression_extension(compression)}"
         entry["zip_data"] = _file_info(name, data)
-    partial = folder / (name + ".tmp")
-    partial.write_bytes(data)
-    os.replace(partial, folder / name)
+    write_bytes_atomic(folder / name, data)
     return entry
 
 
 def write_index(folder: Path, entries: list[dict]) -> None:
     """folder/index.json listing the shards in order (written atomically)."""
-    partial = folder / "index.json.tmp"
-    with open(partial, "w") as out:
-        json.dump({"version": 2, "shards": entries}, out, sort_keys=True)
-    os.replace(partial, folder / "index.json")
+    write_text_atomic(folder / "index.json", json.dumps({"version": 2, "shards": entries},
+                                                        sort_keys=True))
 
 
 def _file_info(basename: str, data: bytes) -> dict:

@@ -39,6 +39,7 @@ from aogpt.data_prep.detokenizers import DETOKENIZERS
 from aogpt.data_prep.manifest import COLUMN
 from aogpt.data_prep.sources import Chunk
 from aogpt.data_prep.tokenizer import EOS
+from aogpt.files import write_bytes_atomic
 
 SHARD_BYTES = 1 << 26  # 64 MiB of tokens per shard: streaming's default shard size
 COUNTS = ("documents", "tokens", "group_dropped_tokens", "replaced_bytes", "replaced_documents")
@@ -121,9 +122,9 @@ def tokenize_chunk(index: int, chunk: Chunk, spec: PackSpec, chunk_dir: str) -> 
     meta = {"index": index}
     for split, name in enumerate(spec.splits):
         tokens = _join(pieces[split], spec, counts[split])
-        _write_atomic(Path(chunk_dir) / f"{index:08d}.{name}.u16", tokens.tobytes())
+        write_bytes_atomic(Path(chunk_dir) / f"{index:08d}.{name}.u16", tokens.tobytes())
         meta[name] = counts[split]
-    _write_atomic(Path(chunk_dir) / f"{index:08d}.json", json.dumps(meta).encode())
+    write_bytes_atomic(Path(chunk_dir) / f"{index:08d}.json", json.dumps(meta).encode())
     return meta
 
 
@@ -137,12 +138,6 @@ def _join(pieces: list[np.ndarray], spec: PackSpec, counts: dict) -> np.ndarray:
     if not pieces:
         return np.empty(0, dtype=np.uint16)
     return np.concatenate(pieces).astype(np.uint16)
-
-
-def _write_atomic(path: Path, data: bytes) -> None:
-    partial = path.with_name(path.name + ".tmp")
-    partial.write_bytes(data)
-    os.replace(partial, path)
 
 
 # ---- pass 2: write one shard (runs in a worker) --------------------------------------------------
@@ -164,7 +159,7 @@ def write_shard(task: ShardTask) -> int:
     assert len(tokens) == task.samples * task.seq_len
     entry = mds.write_shard(Path(task.split_dir), task.number, mds_columns(task.seq_len),
                             tokens.tobytes(), task.compression)
-    _write_atomic(Path(task.entry), json.dumps(entry).encode())
+    write_bytes_atomic(Path(task.entry), json.dumps(entry).encode())
     return task.samples
 
 

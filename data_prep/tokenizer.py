@@ -28,6 +28,7 @@ from pathlib import Path
 import tiktoken
 
 from aogpt import UsageError, cli_entry
+from aogpt.files import write_bytes_atomic
 
 NAME = "gpt2"
 RANKS_SHA256 = "306cd27f03c1a714eca7108e03d66b7dc042abe8c258b44c199a7ed9838dd930"
@@ -126,11 +127,7 @@ def fetch(dest: Path) -> Path:
             data = archive.extractfile(member).read()
     if hashlib.sha256(data).hexdigest() != RANKS_SHA256:
         raise UsageError(f"the {WHISPER_MEMBER} in {WHISPER_SDIST} does not have GPT-2's sha256")
-    dest.parent.mkdir(parents=True, exist_ok=True)
-    partial = dest.with_suffix(".partial")
-    partial.write_bytes(data)
-    partial.replace(dest)
-    return dest
+    return write_bytes_atomic(dest, data)
 
 
 @cli_entry

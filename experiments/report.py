@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import statistics
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -27,6 +26,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 
 from aogpt import UsageError  # noqa: E402
 from aogpt.data_prep.manifest import read_manifest  # noqa: E402
+from aogpt.files import write_atomic, write_text_atomic
 from aogpt.trainer.evaluation import EvalData, unigram_reference  # noqa: E402
 from aogpt.trainer.metrics import curve, run_records  # noqa: E402
 
@@ -404,10 +404,8 @@ def _num(value: float | None) -> str:
 
 
 def save_figure(figure, path: Path) -> None:
-    partial = path.with_name(f".{path.name}.partial.png")
-    figure.savefig(partial, dpi=110)
+    write_atomic(path, lambda partial: figure.savefig(partial, format="png", dpi=110))
     plt.close(figure)
-    os.replace(partial, path)
 
 
 def finish(figure, axes, path: Path) -> None:
@@ -566,7 +564,5 @@ def write_report(out: Path) -> tuple[Path, list[Finding]]:
     findings = [finding_1(results), finding_2(results), finding_3(results), finding_5(results),
                 finding_speed(results)]
     report = out / "report.md"
-    partial = report.with_name(".report.md.partial")
-    partial.write_text(render(results, findings))
-    os.replace(partial, report)
+    write_text_atomic(report, render(results, findings))
     return report, findings

@@ -46,8 +46,8 @@ from tqdm import tqdm
 from aogpt import UsageError, cli_entry
 from aogpt.data_prep.corpora import shakespeare_plays
 from aogpt.data_prep.manifest import read_manifest
+from aogpt.files import git_sha, write_json_atomic
 from aogpt.model.checkpoint import WEIGHTS_FILE
-from aogpt.trainer.checkpoint import git_sha, write_json_atomic
 from aogpt.trainer.config import config_to_dict
 from aogpt.trainer.metrics import read_metrics
 

@@ -32,6 +32,7 @@ from safetensors import SafetensorError, safe_open
 from safetensors.torch import save_file
 
 from aogpt import UsageError
+from aogpt.files import write_atomic, write_json_atomic
 from aogpt.model.config import ModelConfig
 from aogpt.model.gpt import AOGPT
 
@@ -80,11 +81,9 @@ def save_consolidated(folder: str | os.PathLike, model_config: ModelConfig,
                 tensor = tensor.clone()
             storages.add(tensor.untyped_storage().data_ptr())
             tensors[f"{which}/{name}"] = tensor
-    _write_atomic(folder / CONFIG_FILE, lambda tmp: tmp.write_text(
-        json.dumps(json.loads(text), indent=1) + "\n"))
-    _write_atomic(folder / WEIGHTS_FILE,
-                  lambda tmp: save_file(tensors, tmp, metadata={HEADER_KEY: text}))
-    return folder / WEIGHTS_FILE
+    write_json_atomic(json.loads(text), folder / CONFIG_FILE)
+    return write_atomic(folder / WEIGHTS_FILE, lambda partial: _shareable(
+        save_file(tensors, partial, metadata={HEADER_KEY: text}), partial))
 
 
 def _plain(value):
@@ -99,21 +98,16 @@ def copy_consolidated(source: str | os.PathLike, folder: str | os.PathLike) -> N
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
     for name in (CONFIG_FILE, WEIGHTS_FILE):
-        _write_atomic(folder / name, lambda tmp, name=name: shutil.copyfile(Path(source) / name, tmp))
+        write_atomic(folder / name, lambda partial, name=name: _shareable(
+            shutil.copyfile(Path(source) / name, partial), partial))
 
 
-def _write_atomic(path: Path, write) -> None:
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    try:
-        write(tmp)
-        # safetensors creates its files readable by their owner only; a checkpoint gets the
-        # permissions of any file its user writes (0666 less the umask), e.g. for a shared team
-        umask = os.umask(0)
-        os.umask(umask)
-        tmp.chmod(0o666 & ~umask)
-        os.replace(tmp, path)
-    finally:
-        tmp.unlink(missing_ok=True)
+def _shareable(_, path: Path) -> None:
+    """safetensors creates its files readable by their owner only; a checkpoint gets the
+    permissions of any file its user writes (0666 less the umask), e.g. for a shared team."""
+    umask = os.umask(0)
+    os.umask(umask)
+    path.chmod(0o666 & ~umask)
 
 
 def resolve_checkpoint_file(path: str | os.PathLike) -> Path:

@@ -107,7 +107,7 @@ def test_resolved_config_round_trips(tmp_path, repo):
     save_config(cfg, tmp_path / "config.yaml")
     assert load_config(tmp_path / "config.yaml") == cfg
     assert yaml.safe_load((tmp_path / "config.yaml").read_text())["model"]["n_layer"] == 24
-    assert not list(tmp_path.glob("*.partial"))
+    assert [p.name for p in tmp_path.iterdir()] == ["config.yaml"]  # no temporary left
 
 
 def test_demo_command_reports_config_errors_in_one_line(repo, tmp_path):

@@ -11,7 +11,6 @@ Reads out_dir/metrics.jsonl; where a resumed run logged a step twice, the later 
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 from pathlib import Path
 
@@ -21,6 +20,7 @@ matplotlib.use("Agg")  # files only: works on a cluster node without a display
 import matplotlib.pyplot as plt  # noqa: E402
 
 from aogpt import UsageError, cli_entry  # noqa: E402
+from aogpt.files import write_atomic
 from aogpt.trainer.metrics import curve, run_records  # noqa: E402
 
 PANELS = (
@@ -59,11 +59,8 @@ def plot(runs: dict[str, list[dict]], x: str, smooth: float, out: Path) -> None:
         if axis.lines:
             axis.legend(fontsize=8)
     figure.tight_layout()
-    out.parent.mkdir(parents=True, exist_ok=True)
-    partial = out.with_name(f".{out.name}.partial.png")
-    figure.savefig(partial, dpi=120)
+    write_atomic(out, lambda partial: figure.savefig(partial, format="png", dpi=120))
     plt.close(figure)
-    os.replace(partial, out)
 
 
 @cli_entry

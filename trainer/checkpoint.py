@@ -34,13 +34,13 @@ import random
 import re
 import shutil
 import signal
-import subprocess
 from pathlib import Path
 
 import numpy as np
 import torch
 
 from aogpt import UsageError
+from aogpt.files import fsync_path, write_atomic, write_json_atomic, write_text_atomic
 from aogpt.model.config import ModelConfig
 
 LATEST = "latest"
@@ -62,15 +62,6 @@ def tag_for(step: int) -> str:
 
 def rank_state_file(tag_dir: Path, rank: int) -> Path:
     return tag_dir / f"trainer_rank{rank:05d}.pt"
-
-
-def fsync_path(path: Path) -> None:
-    """Flushes a file's data, or a folder's entries (a rename), to the disk."""
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 def rank_files(tag_dir: Path, rank: int) -> list[Path]:
@@ -153,19 +144,12 @@ class CheckpointDir:
         renames the folder to `tag` and points `latest` at it, each step durable."""
         work, final = self.partial_dir(tag), self.root / tag
         files = {p.name: p.stat().st_size for p in sorted(work.iterdir()) if p.is_file()}
-        record = work / COMPLETE
-        record.write_text(json.dumps({"tag": tag, "files": files}, indent=1) + "\n")
-        fsync_path(record)
-        fsync_path(work)
+        write_json_atomic({"tag": tag, "files": files}, work / COMPLETE, durable=True)
         if final.exists():  # an incomplete tag of this step from an earlier, interrupted run
             shutil.rmtree(final)
         os.replace(work, final)
         fsync_path(self.root)
-        pointer = self.root / f"{LATEST}{PARTIAL}"
-        pointer.write_text(tag)
-        fsync_path(pointer)
-        os.replace(pointer, self.root / LATEST)
-        fsync_path(self.root)
+        write_text_atomic(self.root / LATEST, tag, durable=True)
 
     def prune(self, keep_last: int) -> None:
         """Rank 0, after a save: keeps the newest `keep_last` complete tags up to `latest` (and
@@ -227,30 +211,7 @@ def restore_rng_states(states: dict) -> None:
 
 
 def save_torch_atomic(obj, path: Path) -> None:
-    partial = path.with_name(path.name + ".partial")
-    torch.save(obj, partial)
-    partial.replace(path)
-
-
-def write_json_atomic(obj: dict, path: Path) -> None:
-    """Strict JSON (no NaN) at `path`, never half-written: a temp file in its folder, renamed."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    partial = path.with_name(f".{path.name}.partial-{os.getpid()}")
-    partial.write_text(json.dumps(obj, indent=1, allow_nan=False) + "\n")
-    os.replace(partial, path)
-
-
-def git_sha() -> str | None:
-    """The commit of this code ("+dirty" with uncommitted changes); None outside a git checkout."""
-    repo = Path(__file__).resolve().parent
-    try:
-        sha = subprocess.run(["git", "rev-parse", "HEAD"], cwd=repo, capture_output=True,
-                             text=True, timeout=10, check=True).stdout.strip()
-        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"],
-                               cwd=repo, capture_output=True, text=True, timeout=10).stdout.strip()
-    except (OSError, subprocess.SubprocessError):
-        return None
-    return sha + ("+dirty" if dirty else "")
+    write_atomic(path, lambda partial: torch.save(obj, partial))
 
 
 class PreemptionFlag:

@@ -21,6 +21,7 @@ from typing import Any, Literal
 import yaml
 
 from aogpt import UsageError
+from aogpt.files import write_text_atomic
 from aogpt.model.config import ModelConfig
 from aogpt.model.orders import OrderConfig
 
@@ -227,11 +228,7 @@ def config_to_dict(cfg: Any) -> dict:
 
 def save_config(cfg: RunConfig, path: str | os.PathLike) -> None:
     """Writes the resolved config atomically (temp file, then rename)."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    partial = path.with_name(path.name + ".partial")
-    partial.write_text(yaml.safe_dump(config_to_dict(cfg), sort_keys=False))
-    partial.replace(path)
+    write_text_atomic(path, yaml.safe_dump(config_to_dict(cfg), sort_keys=False))
 
 
 def _read_preset(path: Path, seen: tuple[Path, ...]) -> dict:

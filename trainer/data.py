@@ -22,7 +22,6 @@ Loader workers outlive SIGTERM so that a step can finish and save; close() ends 
 from __future__ import annotations
 
 import hashlib
-import os
 import re
 import signal
 from pathlib import Path
@@ -34,6 +33,7 @@ from aogpt import RunFailure, UsageError
 from aogpt.data_prep import mds
 from aogpt.data_prep.manifest import check_compatible, read_manifest, split_path
 from aogpt.data_prep.streaming_compat import release_shared_memory, streaming
+from aogpt.files import write_atomic
 from aogpt.trainer.config import RunConfig
 from aogpt.trainer.dist_env import DistEnv
 from aogpt.trainer.failsafe import silence_in_child
@@ -80,14 +80,12 @@ def local_manifest_dir(cfg: RunConfig, location: str, dist_env: DistEnv) -> Path
     if not is_remote(location):
         return Path(location)
     local = cache_dir(cfg, location, dist_env)
-    target = local / "manifest.json"
-    partial = local / f"manifest.json.{os.getpid()}.partial"
     try:
-        streaming.base.storage.CloudDownloader.direct_download(
-            f"{location.rstrip('/')}/manifest.json", str(partial))
+        write_atomic(local / "manifest.json", lambda partial: (
+            streaming.base.storage.CloudDownloader.direct_download(
+                f"{location.rstrip('/')}/manifest.json", str(partial))))
     except Exception as err:  # each cloud SDK raises its own types
         raise UsageError(f"cannot read {location}/manifest.json: {err}") from None
-    partial.replace(target)
     return local
 
 

@@ -37,8 +37,8 @@ import torch.distributed as dist
 
 import aogpt
 from aogpt import UsageError, cli_entry
+from aogpt.files import write_json_atomic
 from aogpt.model import load_checkpoint
-from aogpt.trainer.checkpoint import write_json_atomic
 from aogpt.trainer.dist_env import DistEnv, setup_distributed_env
 from aogpt.trainer.evaluation import (
     ORDER_KINDS,

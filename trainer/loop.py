@@ -27,6 +27,7 @@ import deepspeed.comm as dist
 import torch
 
 from aogpt import RunFailure
+from aogpt.files import fsync_path, git_sha, write_json_atomic
 from aogpt.model import AOGPT, OrderConfig, OrderSampler, save_consolidated
 from aogpt.model.checkpoint import WEIGHTS_FILE, copy_consolidated, read_consolidated
 from aogpt.trainer.checkpoint import (
@@ -34,8 +35,6 @@ from aogpt.trainer.checkpoint import (
     RUN_STATE,
     CheckpointDir,
     PreemptionFlag,
-    fsync_path,
-    git_sha,
     rank_files,
     rank_state_file,
     restore_rng_states,
@@ -43,7 +42,6 @@ from aogpt.trainer.checkpoint import (
     save_torch_atomic,
     tag_for,
     universal_dir,
-    write_json_atomic,
 )
 from aogpt.trainer.config import RunConfig, config_to_dict, save_config
 from aogpt.trainer.data import TrainBatches, clean_stale_shared_memory, validation_loader

@@ -18,6 +18,7 @@ from typing import Any
 from tqdm import tqdm
 
 from aogpt import UsageError
+from aogpt.files import write_text_atomic
 from aogpt.trainer.config import LoggingConfig
 
 
@@ -169,6 +170,4 @@ def truncate_metrics(path: str | os.PathLike, last_step: int) -> None:
     if not path.is_file():
         return
     kept = [r for r in read_metrics(path) if r.get("step", 0) <= last_step]
-    partial = path.with_name(path.name + ".partial")
-    partial.write_text("".join(json.dumps(r) + "\n" for r in kept))
-    partial.replace(path)
+    write_text_atomic(path, "".join(json.dumps(r) + "\n" for r in kept))

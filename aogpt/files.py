@@ -1,0 +1,74 @@
+"""Files that are complete or absent, and the commit that wrote them: every writer goes through here.
+
+A file is written under a temporary name in its own folder (".NAME.partial-PID": hidden, on the
+same filesystem, one per process) and renamed over NAME, so a reader (another rank, a resumed run,
+a user's tool) sees the old file or the new one, never half of one, and a crash leaves at most a
+hidden temporary behind. durable=True also flushes the data and the rename to the disk, for what
+must survive the loss of the node (checkpoints).
+
+This module imports no torch: data_prep uses it too.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+from collections.abc import Callable
+from pathlib import Path
+
+
+def write_atomic(path: str | os.PathLike, write: Callable[[Path], object],
+                 durable: bool = False) -> Path:
+    """Calls write(temporary path), then renames the temporary file to `path` (made in `path`'s
+    folder, which is created if needed). On any error the temporary file is removed."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    partial = path.with_name(f".{path.name}.partial-{os.getpid()}")
+    try:
+        write(partial)
+        if durable:
+            fsync_path(partial)
+        os.replace(partial, path)
+    finally:
+        partial.unlink(missing_ok=True)
+    if durable:
+        fsync_path(path.parent)
+    return path
+
+
+def write_bytes_atomic(path: str | os.PathLike, data: bytes, durable: bool = False) -> Path:
+    return write_atomic(path, lambda partial: partial.write_bytes(data), durable)
+
+
+def write_text_atomic(path: str | os.PathLike, text: str, durable: bool = False) -> Path:
+    return write_atomic(path, lambda partial: partial.write_text(text), durable)
+
+
+def write_json_atomic(obj, path: str | os.PathLike, indent: int | None = 1,
+                      durable: bool = False) -> Path:
+    """Strict JSON (no NaN or infinity, which other tools cannot read), newline-terminated."""
+    return write_text_atomic(path, json.dumps(obj, indent=indent, allow_nan=False) + "\n",
+                             durable)
+
+
+def fsync_path(path: str | os.PathLike) -> None:
+    """Flushes a file's data, or a folder's entries (a rename), to the disk."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def git_sha() -> str | None:
+    """The commit of this code ("+dirty" with uncommitted changes); None outside a git checkout."""
+    repo = Path(__file__).resolve().parent
+    try:
+        sha = subprocess.run(["git", "rev-parse", "HEAD"], cwd=repo, capture_output=True,
+                             text=True, timeout=10, check=True).stdout.strip()
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"],
+                               cwd=repo, capture_output=True, text=True, timeout=10).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return sha + ("+dirty" if dirty else "")

@@ -1,0 +1,38 @@
+"""aogpt/files.py: a file is the old one or the new one, never half of one, and no temporary stays."""
+
+import json
+import os
+
+import pytest
+
+from aogpt.files import write_atomic, write_bytes_atomic, write_json_atomic, write_text_atomic
+
+
+def test_writers_replace_the_file_whole_and_leave_nothing_else(tmp_path):
+    path = tmp_path / "sub" / "file.json"  # the folder is made
+    write_json_atomic({"a": 1}, path)
+    assert json.loads(path.read_text()) == {"a": 1} and path.read_text().endswith("\n")
+    write_text_atomic(path, "text", durable=True)
+    assert path.read_text() == "text"
+    write_bytes_atomic(path, b"\x00\x01")
+    assert path.read_bytes() == b"\x00\x01"
+    assert os.listdir(path.parent) == ["file.json"]
+
+
+def test_a_failed_write_keeps_the_old_file_and_removes_its_temporary(tmp_path):
+    path = tmp_path / "file.txt"
+    path.write_text("old")
+
+    def half_then_fail(partial):
+        partial.write_text("half")
+        raise OSError(28, "No space left on device")
+
+    with pytest.raises(OSError, match="No space"):
+        write_atomic(path, half_then_fail)
+    assert path.read_text() == "old" and os.listdir(tmp_path) == ["file.txt"]
+
+
+def test_json_is_strict(tmp_path):
+    with pytest.raises(ValueError):  # NaN is not JSON: other tools could not read the file
+        write_json_atomic({"loss": float("nan")}, tmp_path / "x.json")
+    assert not list(tmp_path.iterdir())
