@@ -1,4 +1,5 @@
-"""Which dtype a model runs in when the user says "auto": bf16 only where it is fast.
+"""Where and in which dtype a model runs when the user says "auto": the GPU when there is one,
+and bf16 only where it is fast.
 
 GPUs run bf16 natively. CPUs do only with AVX512-BF16 or AMX-BF16 instructions; on the others
 (AVX2-only x86, for one) torch emulates bf16 matmuls, about 50x slower than fp32.
@@ -9,6 +10,8 @@ from __future__ import annotations
 import os
 
 import torch
+
+from aogpt import UsageError
 
 CPUINFO = "/proc/cpuinfo"
 NATIVE_BF16_FLAGS = {"avx512_bf16", "amx_bf16"}  # Linux's names for AVX512-BF16 and AMX-BF16
@@ -33,3 +36,22 @@ def auto_dtype(device: torch.device, cpuinfo: str | os.PathLike = CPUINFO) -> to
     if device.type == "cuda" or (device.type == "cpu" and cpu_has_native_bf16(cpuinfo)):
         return torch.bfloat16
     return torch.float32
+
+
+def resolve_device(name: str, own: torch.device | None = None) -> torch.device:
+    """The device a command's --device names. "auto": `own` (the process's device under a
+    launcher, DistEnv.device) if given, else the GPU when there is one, else the CPU. A bare
+    "cuda" is `own`'s GPU when it has one (each process its own), else the first."""
+    if name == "auto":
+        if own is not None:
+            return own
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    try:
+        device = torch.device(name)
+    except RuntimeError:
+        raise UsageError(f"--device {name!r} is not a device: use auto, cpu, cuda or cuda:N") from None
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise UsageError(f"--device {name}: no CUDA GPU is visible here; use --device cpu")
+    if device.type == "cuda" and device.index is None and own is not None and own.type == "cuda":
+        return own
+    return device

@@ -39,6 +39,7 @@ import aogpt
 from aogpt import UsageError, cli_entry
 from aogpt.files import write_json_atomic
 from aogpt.model import load_checkpoint
+from aogpt.model.precision import resolve_device
 from aogpt.trainer.dist_env import DistEnv, setup_distributed_env
 from aogpt.trainer.evaluation import (
     ORDER_KINDS,
@@ -115,20 +116,6 @@ def settings_from_args(args: argparse.Namespace, target_injection: str) -> EvalS
                         precision=args.precision)
 
 
-def pick_device(name: str, dist_env: DistEnv) -> torch.device:
-    if name == "auto":
-        return dist_env.device
-    try:
-        device = torch.device(name)
-    except RuntimeError:
-        raise UsageError(f"--device {name!r} is not a device: use auto, cpu, cuda or cuda:N") from None
-    if device.type == "cuda" and not torch.cuda.is_available():
-        raise UsageError(f"--device {name}: no CUDA GPU is visible here; use --device cpu")
-    if device.type == "cuda" and device.index is None:
-        device = dist_env.device  # the process's own GPU: its LOCAL_RANK, or the only one it sees
-    return device
-
-
 def describe_model(model, weights: str) -> str:
     c = model.config
     return (f"{MODEL_KINDS[c.target_injection]}, {c.n_layer} layers x {c.n_embd}, block "
@@ -150,7 +137,7 @@ def report_costs(results: list[dict]) -> str:
 
 def preflight(args: argparse.Namespace, dist_env: DistEnv):
     """Every check that can fail on user input, before any process group exists."""
-    device = pick_device(args.device, dist_env)
+    device = resolve_device(args.device, own=dist_env.device)
     model = load_checkpoint(args.ckpt, weights=args.weights)
     settings = settings_from_args(args, model.config.target_injection)
     settings.validate(model)

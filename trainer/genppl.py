@@ -30,15 +30,7 @@ from tqdm import tqdm
 
 from aogpt import UsageError, cli_entry
 from aogpt.model import load_checkpoint
-
-
-def resolve_device(name: str) -> torch.device:
-    """"auto" is the GPU when there is one, else the CPU."""
-    if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    if name.startswith("cuda") and not torch.cuda.is_available():
-        raise UsageError(f"--device {name}: this machine has no CUDA GPU, use --device cpu")
-    return torch.device(name)
+from aogpt.model.precision import resolve_device
 
 
 class Judge:

@@ -60,9 +60,9 @@ from aogpt import UsageError, cli_entry
 from aogpt.data_prep.tokenizer import EOS, load_gpt2
 from aogpt.model import AOGPT, load_checkpoint
 from aogpt.model.config import GPT2_VOCAB
+from aogpt.model.precision import resolve_device
 from aogpt.model.sampler import KVCacheSampler, SamplingConfig
 from aogpt.trainer.evaluation import PRECISIONS, last_slot_hidden, member_orders, mixture_nll
-from aogpt.trainer.genppl import resolve_device
 
 NAME = "aogpt"
 # Registered by path rather than by decorating the class: `python -m aogpt.trainer.lm_harness`

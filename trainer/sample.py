@@ -38,8 +38,9 @@ from aogpt import UsageError, cli_entry
 from aogpt.data_prep.tokenizer import EOS, load_gpt2
 from aogpt.model import load_checkpoint
 from aogpt.model.config import GPT2_VOCAB
+from aogpt.model.precision import resolve_device
 from aogpt.model.sampler import KVCacheSampler, SamplingConfig
-from aogpt.trainer.genppl import Judge, format_report, generative_perplexity, resolve_device
+from aogpt.trainer.genppl import Judge, format_report, generative_perplexity
 
 DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32}
 

@@ -1,9 +1,12 @@
 """auto precision: bf16 only where the hardware runs it natively, read from /proc/cpuinfo."""
 
+import re
+
 import pytest
 import torch
 
-from aogpt.model.precision import auto_dtype, cpu_has_native_bf16
+from aogpt import UsageError
+from aogpt.model.precision import auto_dtype, cpu_has_native_bf16, resolve_device
 
 COMMON = "fpu vme de pse tsc msr pae mce cx8 apic sep mtrr sse sse2 ssse3 sse4_1 sse4_2 avx f16c"
 FLAGS = {
@@ -40,3 +43,22 @@ def test_auto_dtype_on_a_cpu_is_bf16_only_with_native_bf16(tmp_path, cpu, dtype)
 
 def test_auto_dtype_on_a_gpu_is_bf16(tmp_path):
     assert auto_dtype(torch.device("cuda", 0), write_cpuinfo(tmp_path, FLAGS["avx2"])) == torch.bfloat16
+
+
+def test_auto_device_is_the_processs_own_else_the_gpu_else_the_cpu():
+    any_gpu = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    assert resolve_device("auto") == any_gpu
+    assert resolve_device("auto", own=torch.device("cpu")) == torch.device("cpu")
+    assert resolve_device("cpu", own=torch.device("cuda", 3)) == torch.device("cpu")
+    assert resolve_device("meta") == torch.device("meta")
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the message of a machine without GPU")
+@pytest.mark.parametrize(("name", "message"), [
+    ("gpu", "'gpu' is not a device: use auto, cpu, cuda or cuda:N"),
+    ("cuda", "--device cuda: no CUDA GPU is visible here; use --device cpu"),
+    ("cuda:1", "--device cuda:1: no CUDA GPU is visible here; use --device cpu"),
+])
+def test_a_device_that_is_not_there_is_a_usage_error(name, message):
+    with pytest.raises(UsageError, match=re.escape(message)):
+        resolve_device(name)
