@@ -3,7 +3,8 @@
 A file is written under a temporary name in its own folder (".NAME.partial-PID": hidden, on the
 same filesystem, one per process) and renamed over NAME, so a reader (another rank, a resumed run,
 a user's tool) sees the old file or the new one, never half of one, and a crash leaves at most a
-hidden temporary behind. durable=True also flushes the data and the rename to the disk, for what
+hidden temporary behind. The file gets the permissions of any file its user creates (0666 less
+the umask), whatever the writer chose (safetensors: readable by the owner only). durable=True also flushes the data and the rename to the disk, for what
 must survive the loss of the node (checkpoints).
 
 This module imports no torch: data_prep uses it too.
@@ -27,6 +28,7 @@ def write_atomic(path: str | os.PathLike, write: Callable[[Path], object],
     partial = path.with_name(f".{path.name}.partial-{os.getpid()}")
     try:
         write(partial)
+        ordinary_permissions(partial)
         if durable:
             fsync_path(partial)
         os.replace(partial, path)
@@ -50,6 +52,14 @@ def write_json_atomic(obj, path: str | os.PathLike, indent: int | None = 1,
     """Strict JSON (no NaN or infinity, which other tools cannot read), newline-terminated."""
     return write_text_atomic(path, json.dumps(obj, indent=indent, allow_nan=False) + "\n",
                              durable)
+
+
+def ordinary_permissions(path: str | os.PathLike) -> None:
+    """Gives `path` the permissions open() gives a new file: 0666 less the process's umask (so a
+    team's shared checkpoint folder stays readable by the team)."""
+    umask = os.umask(0)  # reading the umask means setting it: put it straight back
+    os.umask(umask)
+    Path(path).chmod(0o666 & ~umask)
 
 
 def fsync_path(path: str | os.PathLike) -> None:

@@ -82,8 +82,8 @@ def save_consolidated(folder: str | os.PathLike, model_config: ModelConfig,
             storages.add(tensor.untyped_storage().data_ptr())
             tensors[f"{which}/{name}"] = tensor
     write_json_atomic(json.loads(text), folder / CONFIG_FILE)
-    return write_atomic(folder / WEIGHTS_FILE, lambda partial: _shareable(
-        save_file(tensors, partial, metadata={HEADER_KEY: text}), partial))
+    return write_atomic(folder / WEIGHTS_FILE,
+                        lambda partial: save_file(tensors, partial, metadata={HEADER_KEY: text}))
 
 
 def _plain(value):
@@ -98,16 +98,8 @@ def copy_consolidated(source: str | os.PathLike, folder: str | os.PathLike) -> N
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
     for name in (CONFIG_FILE, WEIGHTS_FILE):
-        write_atomic(folder / name, lambda partial, name=name: _shareable(
-            shutil.copyfile(Path(source) / name, partial), partial))
-
-
-def _shareable(_, path: Path) -> None:
-    """safetensors creates its files readable by their owner only; a checkpoint gets the
-    permissions of any file its user writes (0666 less the umask), e.g. for a shared team."""
-    umask = os.umask(0)
-    os.umask(umask)
-    path.chmod(0o666 & ~umask)
+        write_atomic(folder / name,
+                     lambda partial, name=name: shutil.copyfile(Path(source) / name, partial))
 
 
 def resolve_checkpoint_file(path: str | os.PathLike) -> Path:

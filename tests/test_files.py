@@ -36,3 +36,11 @@ def test_json_is_strict(tmp_path):
     with pytest.raises(ValueError):  # NaN is not JSON: other tools could not read the file
         write_json_atomic({"loss": float("nan")}, tmp_path / "x.json")
     assert not list(tmp_path.iterdir())
+
+
+def test_a_file_gets_the_permissions_open_gives_whatever_the_writer_chose(tmp_path):
+    umask = os.umask(0)
+    os.umask(umask)
+    path = write_atomic(tmp_path / "w.bin", lambda partial: (partial.write_bytes(b"x"),
+                                                            partial.chmod(0o600)))
+    assert path.stat().st_mode & 0o777 == 0o666 & ~umask

@@ -32,6 +32,7 @@ from transformers.models.gpt2.tokenization_gpt2 import bytes_to_unicode
 
 from aogpt import UsageError, cli_entry
 from aogpt.data_prep.tokenizer import EOS, load_gpt2
+from aogpt.files import ordinary_permissions
 from aogpt.model import AOGPT, load_checkpoint
 from aogpt.model.checkpoint import resolve_checkpoint_file
 from aogpt.model.config import GPT2_VOCAB
@@ -141,19 +142,12 @@ def export(ckpt: str | os.PathLike, out: Path, weights: str = "ema", force: bool
         write_model(model, partial)
         write_remote_code(partial)
         write_tokenizer(encoding, partial, model_max_length=model.config.block_size - 1)
-        _readable_by_all(partial)
+        for path in partial.iterdir():  # safetensors makes its file readable by its owner only
+            ordinary_permissions(path)
         _move_into_place(partial, out)
     finally:
         shutil.rmtree(partial, ignore_errors=True)
     return model
-
-
-def _readable_by_all(folder: Path) -> None:
-    """safetensors writes its file readable by its owner only (0600); the folder is for sharing."""
-    umask = os.umask(0)
-    os.umask(umask)
-    for path in folder.iterdir():
-        path.chmod(0o666 & ~umask)
 
 
 def _move_into_place(partial: Path, out: Path) -> None:
