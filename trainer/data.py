@@ -31,14 +31,12 @@ import torch
 
 from aogpt import RunFailure, UsageError
 from aogpt.data_prep import mds
-from aogpt.data_prep.manifest import check_compatible, read_manifest, split_path
+from aogpt.data_prep.manifest import COLUMN, check_compatible, read_manifest, split_path
 from aogpt.data_prep.streaming_compat import release_shared_memory, streaming
 from aogpt.files import write_atomic
 from aogpt.trainer.config import RunConfig
 from aogpt.trainer.dist_env import DistEnv
 from aogpt.trainer.failsafe import silence_in_child
-
-TOKENS = "tokens"  # the one column of every sample of a pretraining folder (data_prep/manifest.py)
 
 
 def is_remote(location: str) -> bool:
@@ -222,7 +220,7 @@ class IndexedStreamingDataset(streaming.StreamingDataset):
 
 def collate_tokens(samples: list[dict]) -> tuple[torch.Tensor, torch.Tensor]:
     """MDS samples (uint16 arrays) -> a (b, seq_len) int64 batch and the (b,) sample indices."""
-    tokens = torch.from_numpy(np.stack([s[TOKENS] for s in samples]).astype(np.int64))
+    tokens = torch.from_numpy(np.stack([s[COLUMN] for s in samples]).astype(np.int64))
     return tokens, torch.tensor([s[SAMPLE_ID] for s in samples], dtype=torch.int64)
 
 
