@@ -252,6 +252,20 @@ def last_slot_nll(model: AOGPT, idx: torch.Tensor, orders: torch.Tensor,
     return model.lm_head(hidden, tokens, model.config.loss_chunk_size)
 
 
+def longest_first_chunks(lengths: torch.Tensor, slots_per_forward: int
+                         ) -> Iterator[tuple[torch.Tensor, int]]:
+    """Rows of `lengths` slots, longest first, packed into forwards of at most slots_per_forward
+    slots (at least one row each): (the chunk's row indices, its longest length) per forward."""
+    order = torch.argsort(lengths, descending=True, stable=True)
+    sorted_lengths = lengths[order].tolist()
+    start = 0
+    while start < len(sorted_lengths):
+        length = sorted_lengths[start]
+        stop = min(start + max(1, slots_per_forward // length), len(sorted_lengths))
+        yield order[start:stop], length
+        start = stop
+
+
 def ensemble_member_nll(model: AOGPT, idx: torch.Tensor, base_orders: torch.Tensor,
                         sample_indices: torch.Tensor, unit_sample: torch.Tensor,
                         unit_target: torch.Tensor, members: int, seed: int,
@@ -262,20 +276,14 @@ def ensemble_member_nll(model: AOGPT, idx: torch.Tensor, base_orders: torch.Tens
     nll = torch.empty(len(unit_target), members - 1, dtype=torch.float64, device=idx.device)
     row_unit = torch.arange(len(unit_target), device=idx.device).repeat_interleave(members - 1)
     row_member = torch.arange(1, members, device=idx.device).repeat(len(unit_target))
-    longest_first = torch.argsort(unit_target[row_unit], descending=True, stable=True)
-    row_unit, row_member = row_unit[longest_first], row_member[longest_first]
-    row_length = (unit_target[row_unit] + 1).tolist()
-    forwards = slot_forwards = start = 0
-    while start < len(row_length):
-        length = row_length[start]
-        stop = min(start + max(1, slots_per_forward // length), len(row_length))
-        unit, member = row_unit[start:stop], row_member[start:stop]
+    forwards = slot_forwards = 0
+    for chunk, length in longest_first_chunks(unit_target[row_unit] + 1, slots_per_forward):
+        unit, member = row_unit[chunk], row_member[chunk]
         sample = unit_sample[unit]
         orders = member_orders(base_orders[sample], sample_indices[sample], unit_target[unit],
                                member, seed, length)
         nll[unit, member - 1] = last_slot_nll(model, idx[sample], orders, unit_target[unit]).double()
-        forwards, slot_forwards = forwards + stop - start, slot_forwards + (stop - start) * length
-        start = stop
+        forwards, slot_forwards = forwards + len(chunk), slot_forwards + len(chunk) * length
     return nll, forwards, slot_forwards
 
 

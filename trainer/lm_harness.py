@@ -62,7 +62,13 @@ from aogpt.model import AOGPT, load_checkpoint
 from aogpt.model.config import GPT2_VOCAB
 from aogpt.model.precision import resolve_device
 from aogpt.model.sampler import KVCacheSampler, SamplingConfig
-from aogpt.trainer.evaluation import PRECISIONS, last_slot_hidden, member_orders, mixture_nll
+from aogpt.trainer.evaluation import (
+    PRECISIONS,
+    last_slot_hidden,
+    longest_first_chunks,
+    member_orders,
+    mixture_nll,
+)
 
 NAME = "aogpt"
 # Registered by path rather than by decorating the class: `python -m aogpt.trainer.lm_harness`
@@ -281,28 +287,23 @@ class AOGPTLM(TemplateLM):
         (U, V) turned into log sum_m p_m (the mixture up to log M, enough for its argmax).
 
         Units run longest first in chunks of at most batch_size x block_size slots, one forward
-        per member and chunk, each over the chunk's longest prefix (trainer/evaluation.py's
-        ensemble_member_nll packs the same way)."""
+        per member and chunk, each over the chunk's longest prefix (longest_first_chunks, as
+        trainer/evaluation.py's ensemble_member_nll packs)."""
         model, device = self.model, idx.device
         member_nll = torch.empty(len(unit_row), self.members - 1, dtype=torch.float64,
                                  device=device)
         base = torch.arange(idx.shape[1], device=device).expand(len(unit_row), -1)
-        longest_first = torch.argsort(unit_target, descending=True, stable=True)
-        lengths = (unit_target[longest_first] + 1).tolist()
-        start, budget = 0, self.batch_size * self.max_length
-        while start < len(lengths):
-            stop = min(start + max(1, budget // lengths[start]), len(lengths))
-            units = longest_first[start:stop]
+        budget = self.batch_size * self.max_length
+        for units, length in longest_first_chunks(unit_target + 1, budget):
             rows, targets = unit_row[units], unit_target[units]
             for member in range(1, self.members):
                 orders = member_orders(base[units], unit_keys[units], targets,
-                                       torch.full_like(targets, member), self.seed, lengths[start])
+                                       torch.full_like(targets, member), self.seed, length)
                 hidden, tokens = last_slot_hidden(model, idx[rows], orders, targets)
                 member_nll[units, member - 1] = model.lm_head(
                     hidden, tokens, model.config.loss_chunk_size).double()
                 if log_p is not None:
                     log_p[units] = torch.logaddexp(log_p[units], self.real_log_probs(hidden))
-            start = stop
         return torch.cat([unit_nll, member_nll], dim=1), log_p
 
     # ---- generation -----------------------------------------------------------------------------
