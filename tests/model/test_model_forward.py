@@ -8,8 +8,8 @@ import torch.nn.functional as F
 from conftest import perturbed_float64_model
 
 from aogpt import UsageError
-from aogpt.model import AOGPT, shuffle, unshuffle
-from aogpt.model.config import ModelConfig, plain_gpt, sigma_gpt
+from aogpt.model import AOGPT, loss, shuffle, unshuffle
+from aogpt.model.config import PADDED_VOCAB, ModelConfig, plain_gpt, sigma_gpt
 
 T = 12  # tokens per test sequence
 
@@ -188,6 +188,29 @@ def test_chunked_loss_under_bf16_autocast_stays_close_to_full_logits():
     # 1.2 x 2^-8 for wte through grad_h); a chunk's gradient dropped or doubled is O(1).
     for chunked, full in zip(results[5][1:], results[0][1:], strict=True):
         assert (chunked - full).abs().max() <= 5 * 2**-8 * full.abs().max()
+
+
+def test_on_a_cpu_the_loss_runs_in_chunks_that_fit_half_the_last_level_cache(monkeypatch):
+    vocab = PADDED_VOCAB
+    fitted = loss.cache_fitted_chunk(vocab)
+    half_cache = loss._last_level_cache_bytes() // 2
+    assert fitted == 16 or fitted * vocab * 4 <= half_cache < (fitted + 1) * vocab * 4
+    seen = []
+
+    def recording(logits, *args):
+        seen.append(len(logits))
+        return loss.chunk_math(logits, *args)
+
+    monkeypatch.setattr(loss, "_chunk_math", recording)
+    hidden = torch.randn(2 * fitted + 5, 8, requires_grad=True)
+    weight = torch.randn(vocab, 8) * 0.1
+    targets = torch.randint(0, vocab, (len(hidden),))
+    nll, mean = loss.linear_cross_entropy(hidden, weight, None, targets, 4096, return_mean=True)
+    assert seen == [fitted, fitted, 5]  # a config's 4,096 is capped; the ragged rest stays
+    mean.backward()
+    reference = F.cross_entropy(hidden.detach().double() @ weight.double().t(), targets, reduction="none")
+    # fp32 logits of 8 products (|z| < 4) and an fp32 log-sum-exp over 50K terms: ~1e-5 nats at most
+    torch.testing.assert_close(nll.double(), reference, rtol=0, atol=2e-5)
 
 
 def test_inference_without_grad_uses_the_chunked_loss_too():
