@@ -49,6 +49,24 @@ class ModelConfig:
     def head_dim(self) -> int:
         return self.n_embd // self.n_head
 
+    @property
+    def any_order(self) -> bool:
+        """Whether the network is told each target's position, so can read and score any order.
+        A plain GPT (target_injection=none) cannot: it reads left to right only."""
+        return self.target_injection != "none"
+
+    @property
+    def family(self) -> str:
+        """The model's name by its target injection, for reports and logs."""
+        return {"adaln": "AO-GPT", "sigma_sum": "sigma-GPT", "none": "left-to-right GPT"}[
+            self.target_injection]
+
+    def require_any_order(self, fix: str) -> None:
+        """Refuses any-order use of a left-to-right-only model; `fix` says what to ask for instead."""
+        if not self.any_order:
+            raise UsageError(f"this model is a {self.family} (model.target_injection=none) and "
+                             f"reads left to right only: {fix}")
+
     def validate(self) -> None:
         for name in ("n_layer", "n_head", "n_embd", "block_size", "vocab_size", "cond_dim"):
             if getattr(self, name) <= 0:

@@ -307,7 +307,7 @@ class AOGPT(nn.Module):
             orders = torch.arange(t, device=idx.device).expand(b, t)
         elif orders.shape != idx.shape:
             raise UsageError(f"orders {tuple(orders.shape)} must have the shape of idx {(b, t)}")
-        elif self.config.target_injection == "none":
+        elif not self.config.any_order:
             _require_left_to_right(orders)
         targets = shuffle(idx, orders)  # (b, t): slot k predicts the k-th token of the order
         start = torch.full_like(orders[:, :1], -1)  # the [None] slot

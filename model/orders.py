@@ -47,6 +47,21 @@ class OrderConfig:
     # paper's "fixed block-wise random" of Fig. 2a); False draws a fresh one per sample and step.
     blockwise_fixed: bool = True
 
+    def validate(self, seq_len: int) -> None:
+        """Checks the fields against each other and against the sequence length orders permute."""
+        for name in ("p_left_to_right", "p_left_to_right_end"):
+            if not 0.0 <= getattr(self, name) <= 1.0:
+                raise UsageError(f"order.{name} must be in [0, 1], got {getattr(self, name)}")
+        if self.schedule != "constant" and self.schedule_steps <= 0:
+            raise UsageError(f"order.schedule={self.schedule} needs order.schedule_steps > 0")
+        if self.block_size <= 0:
+            raise UsageError(f"order.block_size must be positive, got {self.block_size}")
+        if self.kind == "blockwise" and seq_len % self.block_size:
+            raise UsageError(f"order.block_size ({self.block_size}) must divide the sequence "
+                             f"length ({seq_len})")
+        if self.fixed_file is not None and self.kind != "fixed":
+            raise UsageError(f"order.fixed_file is only read by order.kind=fixed, not {self.kind}")
+
 
 def shuffle(x: torch.Tensor, orders: torch.Tensor) -> torch.Tensor:
     """x in generation order: out[:, k] = x[:, orders[:, k]]. x is (b, t) or (b, t, ...)."""
@@ -155,24 +170,9 @@ class OrderSampler:
         self.config = config
         self.seq_len = seq_len
         self.seed = seed
-        self._validate()
+        config.validate(seq_len)
         self._fixed = self._fixed_order()  # (seq_len,) on the CPU for fixed kinds, else None
         self._fixed_on: dict[torch.device, torch.Tensor] = {}  # copied to each device once
-
-    def _validate(self) -> None:
-        c = self.config
-        for name in ("p_left_to_right", "p_left_to_right_end"):
-            if not 0.0 <= getattr(c, name) <= 1.0:
-                raise UsageError(f"order.{name} must be in [0, 1], got {getattr(c, name)}")
-        if c.schedule != "constant" and c.schedule_steps <= 0:
-            raise UsageError(f"order.schedule={c.schedule} needs order.schedule_steps > 0")
-        if c.kind == "blockwise" and (c.block_size <= 0 or self.seq_len % c.block_size):
-            raise UsageError(
-                f"order.block_size ({c.block_size}) must be positive and divide the sequence "
-                f"length ({self.seq_len})"
-            )
-        if c.fixed_file is not None and c.kind != "fixed":
-            raise UsageError(f"order.fixed_file is only read by order.kind=fixed, not {c.kind}")
 
     def _fixed_order(self) -> torch.Tensor | None:
         c = self.config

@@ -287,9 +287,8 @@ class KVCacheSampler:
                              f"got {seq_len}")
         if model.training:
             raise UsageError("the model is in training mode: call model.eval() before sampling")
-        if mc.target_injection == "none" and config.order != "l2r":
-            raise UsageError("a model without target positions (target_injection=none) only "
-                             "generates left to right: use order=l2r")
+        if config.order != "l2r":
+            mc.require_any_order("use order=l2r")
         weight = model.lm_head.weight
         self.model, self.config, self.seq_len, self.batch_size = model, config, seq_len, batch_size
         self.device = weight.device

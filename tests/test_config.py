@@ -80,10 +80,13 @@ def test_bad_overrides_name_the_problem(repo, override, message):
     ("order.schedule=linear", 1, "needs order.schedule_steps"),
     ("data.path=''", 1, "data.path is empty"),
     ("data.num_workers=-1", 1, "data.num_workers must be >= 0, got -1"),
+    ("order.kind=blockwise order.block_size=48", 1, "order.block_size (48) must divide the sequence length (128)"),
+    ("order.block_size=0", 1, "order.block_size must be positive, got 0"),
+    ("model.target_injection=none", 1, "reads left to right only: set order.kind=l2r"),
 ])
 def test_cross_field_rules(repo, override, world, message):
-    cfg = load_config(repo / "configs" / "tiny.yaml", [override])
-    with pytest.raises(UsageError, match=message):
+    cfg = load_config(repo / "configs" / "tiny.yaml", override.split())
+    with pytest.raises(UsageError, match=re.escape(message) if "(" in message else message):
         cfg.validate(world_size=world)
 
 
@@ -139,3 +142,10 @@ def test_python_model_presets_are_the_yaml_presets(repo, name, build):
     differences = {field: (yaml_model[field], python_model[field]) for field in yaml_model
                    if field not in RUNTIME_MODEL_FIELDS and yaml_model[field] != python_model[field]}
     assert differences == {}
+
+
+def test_a_left_to_right_gpt_validates_when_it_reads_left_to_right(repo):
+    cfg = load_config(repo / "configs" / "tiny.yaml", ["model.target_injection=none", "order.kind=l2r"])
+    cfg.validate(world_size=1)
+    assert not cfg.model.any_order and cfg.model.family == "left-to-right GPT"
+    assert load_config(repo / "configs" / "tiny.yaml").model.any_order

@@ -40,8 +40,6 @@ from aogpt.model.hf.configuration_aogpt import AOGPTConfig
 from aogpt.model.hf.modeling_aogpt import AOGPTForCausalLM
 from aogpt.model.hf.remote_code import AUTO_MAP, write_remote_code
 
-KINDS = {"adaln": "AO-GPT", "sigma_sum": "sigma-GPT", "none": "GPT (left to right only)"}
-
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], epilog=__doc__.split(
@@ -163,7 +161,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     model = export(args.ckpt, args.out, args.weights, args.force, args.tokenizer_file)
     c = model.config
-    print(f"wrote {args.out}: {KINDS[c.target_injection]}, {c.n_layer} layers x {c.n_embd}, "
+    print(f"wrote {args.out}: {c.family}, {c.n_layer} layers x {c.n_embd}, "
           f"{model.num_params() / 1e6:.2f}M parameters, {args.weights} weights of "
           f"{resolve_checkpoint_file(args.ckpt)}")
     print(f"load: AutoModelForCausalLM.from_pretrained({str(args.out)!r}, trust_remote_code=True)")

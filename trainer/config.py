@@ -141,7 +141,6 @@ class RunConfig:
             "optim.lr": self.optim.lr,
             "train.collective_timeout_s": self.train.collective_timeout_s,
             "checkpoint.signal_grace_s": self.checkpoint.signal_grace_s,
-            "order.block_size": self.order.block_size,
         }
         for name, value in positive.items():
             if value <= 0:
@@ -156,20 +155,9 @@ class RunConfig:
             raise UsageError("optim.decay_steps must be >= optim.warmup_steps >= 0")
         if not 0.0 <= self.optim.beta1 < 1.0 or not 0.0 <= self.optim.beta2 < 1.0:
             raise UsageError("optim.beta1 and optim.beta2 must be in [0, 1)")
-        for name in ("p_left_to_right", "p_left_to_right_end"):
-            if not 0.0 <= getattr(self.order, name) <= 1.0:
-                raise UsageError(f"order.{name} must be in [0, 1], got {getattr(self.order, name)}")
-        if self.order.schedule != "constant" and self.order.schedule_steps <= 0:
-            raise UsageError(f"order.schedule={self.order.schedule} needs order.schedule_steps > 0")
-        if self.order.kind == "blockwise" and self.model.block_size % self.order.block_size:
-            raise UsageError(
-                f"order.block_size ({self.order.block_size}) must divide model.block_size "
-                f"({self.model.block_size})"
-            )
-        if self.model.target_injection == "none" and self.order.kind != "l2r":
-            raise UsageError(
-                "model.target_injection=none cannot learn any-order generation: set order.kind=l2r"
-            )
+        self.order.validate(self.model.block_size)
+        if self.order.kind != "l2r":
+            self.model.require_any_order("set order.kind=l2r")
         if not 0.0 < self.ema.decay < 1.0:
             raise UsageError(f"ema.decay must be in (0, 1), got {self.ema.decay}")
         if not self.data.path and not self.data.streams:

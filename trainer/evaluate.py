@@ -51,8 +51,6 @@ from aogpt.trainer.evaluation import (
     unigram_reference,
 )
 
-MODEL_KINDS = {"adaln": "AO-GPT", "sigma_sum": "sigma-GPT", "none": "left-to-right GPT"}
-
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], epilog=__doc__.split(
@@ -104,9 +102,9 @@ def parse_sizes(text: str) -> tuple[int, ...]:
     return tuple(sorted(set(sizes)))
 
 
-def settings_from_args(args: argparse.Namespace, target_injection: str) -> EvalSettings:
+def settings_from_args(args: argparse.Namespace, any_order: bool) -> EvalSettings:
     if args.orders is None:
-        orders = ("l2r",) if target_injection == "none" else ORDER_KINDS
+        orders = ORDER_KINDS if any_order else ("l2r",)
     else:
         orders = tuple(kind for kind in args.orders.split(",") if kind not in ("", "none"))
     return EvalSettings(orders=orders, num_orders=args.num_orders,
@@ -118,7 +116,7 @@ def settings_from_args(args: argparse.Namespace, target_injection: str) -> EvalS
 
 def describe_model(model, weights: str) -> str:
     c = model.config
-    return (f"{MODEL_KINDS[c.target_injection]}, {c.n_layer} layers x {c.n_embd}, block "
+    return (f"{c.family}, {c.n_layer} layers x {c.n_embd}, block "
             f"{c.block_size}, {model.num_params() / 1e6:.2f}M parameters, {weights} weights")
 
 
@@ -139,7 +137,7 @@ def preflight(args: argparse.Namespace, dist_env: DistEnv):
     """Every check that can fail on user input, before any process group exists."""
     device = resolve_device(args.device, own=dist_env.device)
     model = load_checkpoint(args.ckpt, weights=args.weights)
-    settings = settings_from_args(args, model.config.target_injection)
+    settings = settings_from_args(args, model.config.any_order)
     settings.validate(model)
     data = [EvalData(folder, model.config.block_size, settings.max_samples) for folder in args.data]
     unigrams = [None if args.unigram_from is None else unigram_reference(args.unigram_from, folder)
@@ -182,7 +180,7 @@ def main(argv: list[str] | None = None) -> int:
             c = model.config
             write_json_atomic({
                 "checkpoint": str(args.ckpt), "weights": args.weights,
-                "model": {"kind": MODEL_KINDS[c.target_injection], **{
+                "model": {"kind": c.family, **{
                     name: getattr(c, name) for name in
                     ("target_injection", "n_layer", "n_head", "n_embd", "block_size")},
                     "params": model.num_params()},

@@ -91,9 +91,9 @@ class EvalSettings:
         if self.precision not in PRECISIONS:
             raise UsageError(f"--precision must be one of {', '.join(PRECISIONS)}")
         any_order = "random" in self.orders or self.ensemble
-        if any_order and model.config.target_injection == "none":
-            raise UsageError("this checkpoint is a left-to-right GPT (model.target_injection=none)"
-                             ": it cannot score other orders; use --orders l2r and no --ensemble")
+        if any_order:
+            model.config.require_any_order("it cannot score other orders; use --orders l2r and "
+                                           "no --ensemble")
 
     @property
     def members(self) -> int:

@@ -133,9 +133,8 @@ class AOGPTLM(TemplateLM):
         self.seed = seed
         self._device = resolve_device(str(device or "auto"))
         self.model = load_checkpoint(str(ckpt), weights=weights, map_location=self._device)
-        if self.members > 1 and self.model.config.target_injection == "none":
-            raise UsageError(f"order={order}: this checkpoint is a left-to-right GPT "
-                             "(model.target_injection=none), it cannot read permuted contexts")
+        if self.members > 1:
+            self.model.config.require_any_order(f"order={order} reads permuted contexts; use order=l2r")
         self.precision = precision
         self._bf16_model: AOGPT | None = None
         if precision == "fp32":
