@@ -12,8 +12,9 @@ the weight set asked for. Version 1, one torch file model.pt {"format", "version
 "model_config", "weights": {"raw", "ema"}, "meta"}, still loads, through torch.load's
 weights_only unpickler (tensors and plain containers, nothing executable).
 
-The trainer writes one into every checkpoint tag and into out_dir/final/, tools/import_official.py
-converts the paper's checkpoints into one, and load_checkpoint turns any of them back into a model.
+The trainer writes one into every checkpoint tag and into out_dir/final/ (the run folder:
+model/run_folder.py, which also names these two files), tools/import_official.py converts the
+paper's checkpoints into one, and load_checkpoint turns any of them back into a model.
 """
 
 from __future__ import annotations
@@ -35,11 +36,10 @@ from aogpt import UsageError
 from aogpt.files import write_atomic, write_json_atomic
 from aogpt.model.config import ModelConfig
 from aogpt.model.gpt import AOGPT
+from aogpt.model.run_folder import CONFIG_FILE, WEIGHTS_FILE, RunFolder, named_tag
 
 FORMAT = "aogpt-consolidated"
 VERSION = 2
-WEIGHTS_FILE = "model.safetensors"
-CONFIG_FILE = "model.json"
 LEGACY_FILE = "model.pt"  # version 1
 HEADER_KEY = "aogpt"
 WEIGHT_SETS = ("raw", "ema")
@@ -105,13 +105,16 @@ def copy_consolidated(source: str | os.PathLike, folder: str | os.PathLike) -> N
 def resolve_checkpoint_file(path: str | os.PathLike) -> Path:
     """The weights file that `path` means: the file itself, DIR/model.safetensors (or a version 1
     DIR/model.pt), the same in OUT_DIR/final/, or, for a run without final/ yet (still training,
-    preempted), in the checkpoint `latest` points to."""
+    preempted), in the checkpoint `latest` points to. That tag is taken as named, without
+    RunFolder.resume_tag's completeness check: a folder of consolidated weights alone (copied,
+    or written by save_consolidated) has no complete.json and still loads."""
     path = Path(path)
-    folders = [path, path / "final"]
-    for checkpoints in (path / "checkpoints", path):
-        latest = checkpoints / "latest"  # the newest complete tag's name
-        if latest.is_file():
-            folders.append(checkpoints / latest.read_text().strip())
+    run = RunFolder(path)
+    folders = [path, run.final]
+    for checkpoints in (run.checkpoints, path):  # an out_dir, or a checkpoints folder itself
+        tag = named_tag(checkpoints)
+        if tag is not None:
+            folders.append(checkpoints / tag)
     candidates = [path] + [folder / name for folder in folders
                            for name in (WEIGHTS_FILE, LEGACY_FILE)]
     for candidate in candidates:

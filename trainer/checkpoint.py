@@ -1,15 +1,11 @@
-"""Checkpoint layout, saves that are complete or absent, keep-last-K retention, preemption.
+"""Checkpoint saves that are complete or absent, keep-last-K retention, resume checks, preemption.
 
-    out_dir/checkpoints/
-        latest                          the newest complete tag, written last
-        step_00001000/
-            model.safetensors           consolidated raw + EMA weights (aogpt.model.load_checkpoint)
-            model.json                  their model config and run metadata, readable
-            trainer_state.json          step, tokens, world size, model and run config, git SHA
-            trainer_rank00000.pt ...    per rank: its EMA shard and RNG states
-            mp_rank_00_model_states.pt  DeepSpeed's own files: module, optimizer partitions and
-            *_optim_states.pt           client_state (loader position, step, configs)
-            complete.json               every file above with its size, written last
+Where a tag lives, when it is complete and which one `latest` means is the run folder's
+(aogpt.model.run_folder). Besides its consolidated weights, a tag holds the trainer's own files:
+    trainer_state.json          step, tokens, world size, model and run config, git SHA
+    trainer_rank00000.pt ...    per rank: its EMA shard and RNG states
+    mp_rank_00_model_states.pt  DeepSpeed's own files: module, optimizer partitions and
+    *_optim_states.pt           client_state (loader position, step, configs)
 
 A save writes the tag into step_X.partial/. Every rank fsyncs the files it wrote; after a
 barrier rank 0 records the files and their sizes in complete.json, renames the folder to step_X
@@ -42,22 +38,15 @@ import torch
 from aogpt import UsageError
 from aogpt.files import fsync_path, write_atomic, write_json_atomic, write_text_atomic
 from aogpt.model.config import ModelConfig
+from aogpt.model.run_folder import COMPLETE, PARTIAL, RunFolder, complete_record, step_of
 
-LATEST = "latest"
-TAG_PATTERN = re.compile(r"step_(\d+)$")
 RUN_STATE = "trainer_state.json"
-COMPLETE = "complete.json"
-PARTIAL = ".partial"
 EXIT_PREEMPTED = 75  # sysexits' EX_TEMPFAIL: stopped by a signal after a checkpoint, re-run to resume
 
 # ModelConfig fields that may change between a run and its resumption: they do not change the
 # weights' shapes or meaning (kernels, memory savers, dropout, how the weights were initialized).
 RESUMABLE_MODEL_FIELDS = {"attn_impl", "activation_checkpointing", "loss_chunk_size", "dropout",
                           "init", "init_std", "adaln_zero_init"}
-
-
-def tag_for(step: int) -> str:
-    return f"step_{step:08d}"
 
 
 def rank_state_file(tag_dir: Path, rank: int) -> Path:
@@ -73,104 +62,47 @@ def rank_files(tag_dir: Path, rank: int) -> list[Path]:
         own.search(p.name) or (rank == 0 and not anyone.search(p.name))))
 
 
-class CheckpointDir:
-    def __init__(self, out_dir: str | os.PathLike):
-        self.root = Path(out_dir) / "checkpoints"
+def read_run_state(run: RunFolder, tag: str) -> dict:
+    """The trainer_state.json of a complete tag; a UsageError when it cannot be read."""
+    try:
+        return json.loads((run.tag_dir(tag) / RUN_STATE).read_text())
+    except (OSError, json.JSONDecodeError) as err:
+        raise UsageError(f"checkpoint {run.tag_dir(tag)} is unreadable ({err}): point "
+                         f"{run.latest_file} at an older step_* folder") from None
 
-    # ---- reading --------------------------------------------------------------------------------
 
-    def problem(self, tag: str) -> str | None:
-        """Why `tag` is not a complete checkpoint (None when it is)."""
-        folder = self.root / tag
-        if not folder.is_dir():
-            return f"{folder} does not exist"
-        try:
-            record = json.loads((folder / COMPLETE).read_text())
-        except FileNotFoundError:
-            return f"{folder} has no {COMPLETE} (its save did not finish)"
-        except (OSError, json.JSONDecodeError) as err:
-            return f"{folder / COMPLETE} is unreadable ({err})"
-        for name, size in record["files"].items():
-            path = folder / name
-            if not path.is_file():
-                return f"{path} is missing"
-            if path.stat().st_size != size:
-                return f"{path} has {path.stat().st_size} bytes, {size} were written"
-        return None
+def commit_tag(run: RunFolder, tag: str) -> None:
+    """Rank 0, after every rank has fsynced its files of run.partial_dir(tag): records them,
+    renames the folder to `tag` and points `latest` at it, each step durable."""
+    work, final = run.partial_dir(tag), run.tag_dir(tag)
+    write_json_atomic(complete_record(work, tag), work / COMPLETE, durable=True)
+    if final.exists():  # an incomplete tag of this step from an earlier, interrupted run
+        shutil.rmtree(final)
+    os.replace(work, final)
+    fsync_path(run.checkpoints)
+    write_text_atomic(run.latest_file, tag, durable=True)
 
-    def resume_tag(self) -> tuple[str | None, str | None]:
-        """(the tag to resume from, a warning when it is not the one `latest` names).
 
-        None when there is nothing to resume; a UsageError when checkpoints exist and none is
-        complete (starting over would overwrite the run's metrics)."""
-        pointer = self.root / LATEST
-        named = pointer.read_text().strip() if pointer.is_file() else None
-        complete = [tag for tag in reversed(self.tags()) if self.problem(tag) is None]
-        if named is not None and self.problem(named) is None:
-            return named, None
-        if named is None and not complete:
-            return None, None
-        if not complete:
-            raise UsageError(f"no complete checkpoint in {self.root} ({LATEST} names {named!r}: "
-                             f"{self.problem(named)}): delete {self.root} to start over")
-        why = f"{LATEST} names {named!r}: {self.problem(named)}" if named else f"no {LATEST} file"
-        return complete[0], f"{why}; resuming from {complete[0]}, the newest complete checkpoint"
-
-    def latest_tag(self) -> str | None:
-        """The tag a resume starts from (see resume_tag)."""
-        return self.resume_tag()[0]
-
-    def run_state(self, tag: str) -> dict:
-        path = self.root / tag / RUN_STATE
-        try:
-            return json.loads(path.read_text())
-        except (OSError, json.JSONDecodeError) as err:
-            raise UsageError(f"checkpoint {self.root / tag} is unreadable ({err}): point "
-                             f"{self.root / LATEST} at an older step_* folder") from None
-
-    def tags(self) -> list[str]:
-        """Every step_* folder (complete or not, never .partial), oldest first."""
-        found = [p.name for p in self.root.glob("step_*") if TAG_PATTERN.match(p.name)]
-        return sorted(found, key=lambda tag: int(TAG_PATTERN.match(tag).group(1)))
-
-    # ---- writing --------------------------------------------------------------------------------
-
-    def partial_dir(self, tag: str) -> Path:
-        """Where a save of `tag` writes until it is complete."""
-        return self.root / f"{tag}{PARTIAL}"
-
-    def commit(self, tag: str) -> None:
-        """Rank 0, after every rank has fsynced its files of partial_dir(tag): records them,
-        renames the folder to `tag` and points `latest` at it, each step durable."""
-        work, final = self.partial_dir(tag), self.root / tag
-        files = {p.name: p.stat().st_size for p in sorted(work.iterdir()) if p.is_file()}
-        write_json_atomic({"tag": tag, "files": files}, work / COMPLETE, durable=True)
-        if final.exists():  # an incomplete tag of this step from an earlier, interrupted run
-            shutil.rmtree(final)
-        os.replace(work, final)
-        fsync_path(self.root)
-        write_text_atomic(self.root / LATEST, tag, durable=True)
-
-    def prune(self, keep_last: int) -> None:
-        """Rank 0, after a save: keeps the newest `keep_last` complete tags up to `latest` (and
-        any complete one after it); deletes older ones, incomplete tags and the leftovers of
-        interrupted saves."""
-        latest = self.latest_tag()
-        if latest is None:
-            return
-        step_of = {tag: int(TAG_PATTERN.match(tag).group(1)) for tag in self.tags()}
-        complete = [tag for tag in step_of if self.problem(tag) is None]
-        up_to_latest = [tag for tag in complete if step_of[tag] <= step_of[latest]]
-        keep = set(up_to_latest[-keep_last:]) | {latest} | {
-            tag for tag in complete if step_of[tag] > step_of[latest]}
-        for tag in step_of:
-            if tag not in keep:
-                shutil.rmtree(self.root / tag, ignore_errors=True)
-        for leftover in self.root.glob(f"*{PARTIAL}"):
-            if leftover.is_dir():
-                shutil.rmtree(leftover, ignore_errors=True)
-            else:
-                leftover.unlink(missing_ok=True)
+def prune_tags(run: RunFolder, keep_last: int) -> None:
+    """Rank 0, after a save: keeps the newest `keep_last` complete tags up to `latest` (and any
+    complete one after it); deletes older ones, incomplete tags and the leftovers of
+    interrupted saves."""
+    latest = run.latest_tag()
+    if latest is None:
+        return
+    tags = run.tags()
+    complete = [tag for tag in tags if run.problem(tag) is None]
+    up_to_latest = [tag for tag in complete if step_of(tag) <= step_of(latest)]
+    keep = set(up_to_latest[-keep_last:]) | {latest} | {
+        tag for tag in complete if step_of(tag) > step_of(latest)}
+    for tag in tags:
+        if tag not in keep:
+            shutil.rmtree(run.tag_dir(tag), ignore_errors=True)
+    for leftover in run.checkpoints.glob(f"*{PARTIAL}"):
+        if leftover.is_dir():
+            shutil.rmtree(leftover, ignore_errors=True)
+        else:
+            leftover.unlink(missing_ok=True)
 
 
 def check_resumable(state: dict, cfg_model: ModelConfig, world_size: int, zero_stage: int,
@@ -187,11 +119,6 @@ def check_resumable(state: dict, cfg_model: ModelConfig, world_size: int, zero_s
                          f"{', '.join('model.' + d for d in differing)}: use another out_dir or "
                          "the checkpoint's model settings")
     return state["world_size"] != world_size or state["zero_stage"] != zero_stage
-
-
-def universal_dir(root: Path) -> Path:
-    """Where an elastic resume converts a tag to DeepSpeed's universal form (deleted after it)."""
-    return root / "universal"
 
 
 def rng_states() -> dict:

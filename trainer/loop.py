@@ -29,19 +29,19 @@ import torch
 from aogpt import RunFailure
 from aogpt.files import fsync_path, git_sha, write_json_atomic
 from aogpt.model import AOGPT, OrderConfig, OrderSampler, save_consolidated
-from aogpt.model.checkpoint import WEIGHTS_FILE, copy_consolidated, read_consolidated
+from aogpt.model.checkpoint import copy_consolidated, read_consolidated
+from aogpt.model.run_folder import WEIGHTS_FILE, RunFolder, tag_for
 from aogpt.trainer.checkpoint import (
     EXIT_PREEMPTED,
     RUN_STATE,
-    CheckpointDir,
     PreemptionFlag,
+    commit_tag,
+    prune_tags,
     rank_files,
     rank_state_file,
     restore_rng_states,
     rng_states,
     save_torch_atomic,
-    tag_for,
-    universal_dir,
 )
 from aogpt.trainer.config import RunConfig, config_to_dict, save_config
 from aogpt.trainer.data import TrainBatches, clean_stale_shared_memory, validation_loader
@@ -86,11 +86,10 @@ class Trainer:
         init_process_group(cfg.train.collective_timeout_s)  # a hung rank fails the others
         clean_stale_shared_memory()  # a killed run's leftovers would break the loader
         self.accum = cfg.gradient_accumulation_steps(dist_env.world_size)
-        self.out_dir = Path(cfg.out_dir)
-        self.checkpoints = CheckpointDir(self.out_dir)
+        self.run_folder = RunFolder(cfg.out_dir)
         self.git_sha = git_sha()
         if dist_env.is_main:
-            save_config(cfg, self.out_dir / "config.yaml")
+            save_config(cfg, self.run_folder.config_file)
 
         torch.manual_seed(cfg.train.seed)  # the same initial weights on every rank
         model = AOGPT(cfg.model).to(self.device)
@@ -120,8 +119,8 @@ class Trainer:
 
     def resume(self, tag: str, elastic: bool) -> int:
         """Loads a complete tag; elastic: written by another number of processes or ZeRO stage."""
-        folder = self.checkpoints.root / tag
-        load_dir = self.universal_checkpoint(tag) if elastic else self.checkpoints.root
+        folder = self.run_folder.tag_dir(tag)
+        load_dir = self.universal_checkpoint(tag) if elastic else self.run_folder.checkpoints
         load_path, client = self.engine.load_checkpoint(str(load_dir), tag=tag)
         if load_path is None:
             raise RuntimeError(f"DeepSpeed could not load checkpoint {load_dir / tag}")
@@ -146,24 +145,24 @@ class Trainer:
         if not elastic:  # (elastically, each rank's RNG, used by dropout only, starts from the seed)
             restore_rng_states(rank_state["rng"])
         if self.env.is_main:
-            truncate_metrics(self.out_dir / "metrics.jsonl", client["step"])
+            truncate_metrics(self.run_folder.metrics_file, client["step"])
             print(f"resumed from {folder} at step {client['step']}", flush=True)
         return client["step"]
 
     def universal_checkpoint(self, tag: str) -> Path:
         """Rank 0 converts the tag with DeepSpeed's ds_to_universal; the folder to load from."""
-        out = universal_dir(self.checkpoints.root)
+        out = self.run_folder.universal
         if self.env.is_main:
             shutil.rmtree(out, ignore_errors=True)
             done = subprocess.run(
                 [sys.executable, "-m", "deepspeed.checkpoint.ds_to_universal",
-                 "--input_folder", str(self.checkpoints.root / tag), "--output_folder",
+                 "--input_folder", str(self.run_folder.tag_dir(tag)), "--output_folder",
                  str(out / tag), "--inject_missing_state",  # tags saved before this field existed
                  "--num_extract_workers", "2", "--num_merge_workers", "1"],
                 capture_output=True, text=True)
             if done.returncode:
                 lines = (done.stderr or done.stdout).strip().splitlines() or ["no output"]
-                raise RunFailure(f"converting {self.checkpoints.root / tag} to a universal "
+                raise RunFailure(f"converting {self.run_folder.tag_dir(tag)} to a universal "
                                  f"checkpoint failed: {lines[-1]}")
         dist.barrier()
         return out
@@ -188,13 +187,13 @@ class Trainer:
             f"orders: {cfg.order.kind}"
             f"{f' (p_left_to_right {cfg.order.p_left_to_right})' if cfg.order.kind == 'mixture' else ''}"
             f" | EMA: "
-            f"{cfg.ema.decay if cfg.ema.enabled else 'off'} | out_dir: {self.out_dir}"
+            f"{cfg.ema.decay if cfg.ema.enabled else 'off'} | out_dir: {self.run_folder.root}"
         )
 
     def last_checkpoint(self) -> str:
         """The complete checkpoint a re-run resumes from, for messages."""
-        tag = self.checkpoints.latest_tag()
-        return str(self.checkpoints.root / tag) if tag else "none yet"
+        tag = self.run_folder.latest_tag()
+        return str(self.run_folder.tag_dir(tag)) if tag else "none yet"
 
     def close(self) -> None:
         """Ends the loaders' worker processes: nothing of the run outlives it (trainer/main.py)."""
@@ -292,12 +291,11 @@ class Trainer:
     def publish_final(self) -> None:
         """out_dir/final/: a copy of the last checkpoint's consolidated weights (collective only
         when that checkpoint is not of the current step and the weights must be gathered)."""
-        final = self.out_dir / "final"
-        saved = self.checkpoints.root / tag_for(self.step)
+        saved = self.run_folder.tag_dir(tag_for(self.step))
         if not (saved / WEIGHTS_FILE).is_file():
-            self.export(final)
+            self.export(self.run_folder.final)
         elif self.env.is_main:
-            copy_consolidated(saved, final)
+            copy_consolidated(saved, self.run_folder.final)
 
     def run_meta(self) -> dict:
         return {"step": self.step, "tokens_seen": self.step * self.cfg.train.tokens_per_step,
@@ -308,9 +306,9 @@ class Trainer:
         """Collective: the tag is complete or absent (trainer/checkpoint.py). A failed write (a
         full disk) removes what it wrote and ends the run, naming the checkpoint still intact."""
         tag = tag_for(self.step)
-        if self.checkpoints.problem(tag) is None:
+        if self.run_folder.problem(tag) is None:
             return  # resumed from this very step: nothing has changed since
-        work = self.checkpoints.partial_dir(tag)
+        work = self.run_folder.partial_dir(tag)
         if self.env.is_main and work.exists():
             shutil.rmtree(work)  # a save of this step that was interrupted earlier
         dist.barrier()
@@ -321,16 +319,16 @@ class Trainer:
         except OSError as err:
             if self.env.is_main:
                 shutil.rmtree(work, ignore_errors=True)
-            intact = self.checkpoints.latest_tag()
+            intact = self.run_folder.latest_tag()
             raise RunFailure(
                 f"saving checkpoint {tag} failed ({err.strerror or err}): "
-                + (f"{self.checkpoints.root / intact} is intact, free space and re-run to resume "
+                + (f"{self.run_folder.tag_dir(intact)} is intact, free space and re-run to resume "
                    "from it" if intact else "no earlier checkpoint exists, free space and re-run")
             ) from None
         dist.barrier()  # every rank's files are on disk
         if self.env.is_main:
-            self.checkpoints.commit(tag)
-            self.checkpoints.prune(self.cfg.checkpoint.keep_last)
+            commit_tag(self.run_folder, tag)
+            prune_tags(self.run_folder, self.cfg.checkpoint.keep_last)
         dist.barrier()
 
     def write_tag(self, folder: Path) -> None:
@@ -362,7 +360,7 @@ class Trainer:
                       flush=True)
             self.publish_final()
             return 0
-        logger = MetricsLogger(self.out_dir, env.rank, cfg.logging, config_to_dict(cfg))
+        logger = MetricsLogger(self.run_folder.root, env.rank, cfg.logging, config_to_dict(cfg))
         on_gpu = self.device.type == "cuda"
         peak = peak_flops(torch.cuda.get_device_name(self.device)) if on_gpu else None
         bar = progress(env.rank, total=cfg.train.max_steps, initial=self.step, desc="train",
@@ -409,7 +407,7 @@ class Trainer:
         self.publish_final()
         if env.is_main:
             print(f"done: {self.step} steps, {self.step * cfg.train.tokens_per_step:,} tokens; "
-                  f"weights in {self.out_dir / 'final' / WEIGHTS_FILE}", flush=True)
+                  f"weights in {self.run_folder.final_weights}", flush=True)
         return 0
 
     def step_metrics(self, sums: torch.Tensor, window_start: float, window_steps: int,

@@ -19,7 +19,8 @@ import sys
 import time
 
 from aogpt import RunFailure, UsageError, cli_entry
-from aogpt.trainer.checkpoint import CheckpointDir, check_resumable
+from aogpt.model.run_folder import RunFolder
+from aogpt.trainer.checkpoint import check_resumable, read_run_state
 from aogpt.trainer.config import load_config, resolve_device_choices
 from aogpt.trainer.data import check_data
 from aogpt.trainer.dist_env import DistEnv, setup_distributed_env
@@ -56,15 +57,15 @@ def preflight(args: argparse.Namespace, dist_env: DistEnv) -> Plan:
     cfg.validate(world_size=dist_env.world_size)
     ds_config = resolve_ds_config(load_ds_config(args.ds_config), cfg, dist_env.world_size)
     manifests = check_data(cfg, dist_env)
-    checkpoints = CheckpointDir(cfg.out_dir)
-    tag, warning = checkpoints.resume_tag()
+    run_folder = RunFolder(cfg.out_dir)
+    tag, warning = run_folder.resume_tag()
     if warning and dist_env.is_main:
         print(f"warning: {warning}", file=sys.stderr, flush=True)
     elastic = False
     if tag is not None:
-        state = checkpoints.run_state(tag)
+        state = read_run_state(run_folder, tag)
         elastic = check_resumable(state, cfg.model, dist_env.world_size, zero_stage(ds_config),
-                                  checkpoints.root / tag)
+                                  run_folder.tag_dir(tag))
     if elastic:
         ds_config.setdefault("checkpoint", {})["load_universal"] = True
         if dist_env.is_main:

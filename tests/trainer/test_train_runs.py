@@ -28,7 +28,8 @@ from trainer_testing import (
 
 from aogpt.model import load_checkpoint
 from aogpt.model.checkpoint import read_consolidated
-from aogpt.trainer.checkpoint import EXIT_PREEMPTED, CheckpointDir
+from aogpt.model.run_folder import RunFolder
+from aogpt.trainer.checkpoint import EXIT_PREEMPTED
 from aogpt.trainer.config import load_config
 from aogpt.trainer.main import main
 from aogpt.trainer.metrics import read_metrics
@@ -208,20 +209,20 @@ def test_kill_9_at_any_moment_leaves_a_complete_checkpoint_and_the_same_run(refe
     out_ref, _ = reference
     out = tmp_path / "killed"
     args = run_args(text_data, out, "ds_configs/cpu.json", "checkpoint.every=1")
-    checkpoints, resumed_at = CheckpointDir(out), 0
+    run, resumed_at = RunFolder(out), 0
     for attempt, delay in enumerate(random.Random(0).uniform(0.0, 2.0) for _ in range(2)):
         with (tmp_path / f"attempt{attempt}.log").open("w") as log:
             proc = subprocess.Popen(launcher.command("deepspeed", args), cwd=REPO, stdout=log,
                                     stderr=subprocess.STDOUT, start_new_session=True)
-            latest, deadline = checkpoints.root / "latest", time.monotonic() + 300
+            latest, deadline = out / "checkpoints" / "latest", time.monotonic() + 300
             while not (latest.is_file() and int(latest.read_text()[5:]) > resumed_at):
                 assert proc.poll() is None and time.monotonic() < deadline, attempt
                 time.sleep(0.05)  # wait for a checkpoint of this launch, then kill at random
             time.sleep(delay)
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait(timeout=60)
-        tag, warning = checkpoints.resume_tag()
-        assert tag is not None and checkpoints.problem(tag) is None, (attempt, warning)
+        tag, warning = run.resume_tag()
+        assert tag is not None and run.problem(tag) is None, (attempt, warning)
         assert int(tag[5:]) > resumed_at  # never behind what was complete before
         resumed_at = int(tag[5:])
     rerun = launcher.run("deepspeed", args)
@@ -256,7 +257,7 @@ def test_a_full_disk_during_a_save_ends_the_run_and_keeps_the_last_checkpoint(te
     assert result.stderr.strip().splitlines()[-1] == (
         "error: saving checkpoint step_00000004 failed (No space left on device): "
         f"{intact} is intact, free space and re-run to resume from it")
-    assert CheckpointDir(out).tags() == [intact.name]  # step 4's partial folder is gone
+    assert RunFolder(out).tags() == [intact.name]  # step 4's partial folder is gone
     assert not list((out / "checkpoints").glob("*.partial"))
     rerun = subprocess.run([sys.executable, MAIN, *args], cwd=REPO, capture_output=True,
                            text=True, timeout=300)

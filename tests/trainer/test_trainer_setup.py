@@ -10,14 +10,16 @@ import pytest
 import torch
 
 from aogpt import UsageError
+from aogpt.model.run_folder import RunFolder, tag_for
 from aogpt.trainer.checkpoint import (
     RUN_STATE,
-    CheckpointDir,
     check_resumable,
+    commit_tag,
+    prune_tags,
     rank_files,
+    read_run_state,
     restore_rng_states,
     rng_states,
-    tag_for,
 )
 from aogpt.trainer.config import OptimConfig, StreamConfig, load_config, resolve_device_choices
 from aogpt.trainer.data import training_locations
@@ -203,24 +205,32 @@ def test_plain_srun_with_one_gpu_per_task_trains_on_device_zero(monkeypatch):
 # ---- checkpoints -----------------------------------------------------------------------------------
 
 
-def _saved_tag(checkpoints, step, files=("model.pt", "trainer_rank00000.pt",
-                                          "zero_pp_rank_1_mp_rank_00_optim_states.pt")):
+def _saved_tag(run, step, files=("model.pt", "trainer_rank00000.pt",
+                                  "zero_pp_rank_1_mp_rank_00_optim_states.pt")):
     """A tag saved the way the trainer saves one: files into the .partial folder, then commit."""
-    work = checkpoints.partial_dir(tag_for(step))
+    work = run.partial_dir(tag_for(step))
     work.mkdir(parents=True)
     for name in files:
         (work / name).write_bytes(bytes(step))
-    checkpoints.commit(tag_for(step))
-    return checkpoints.root / tag_for(step)
+    commit_tag(run, tag_for(step))
+    return run.tag_dir(tag_for(step))
 
 
 def test_a_committed_tag_is_complete_and_latest_names_it(tmp_path):
-    checkpoints = CheckpointDir(tmp_path)
-    folder = _saved_tag(checkpoints, 4)
-    assert checkpoints.problem(tag_for(4)) is None
-    assert checkpoints.resume_tag() == (tag_for(4), None)
-    assert sorted(p.name for p in checkpoints.root.iterdir()) == ["latest", tag_for(4)]
+    run = RunFolder(tmp_path)
+    folder = _saved_tag(run, 4)
+    assert run.problem(tag_for(4)) is None
+    assert run.resume_tag() == (tag_for(4), None)
+    assert sorted(p.name for p in (tmp_path / "checkpoints").iterdir()) == ["latest", tag_for(4)]
+    assert (tmp_path / "checkpoints" / "latest").read_text() == "step_00000004"
     assert json.loads((folder / "complete.json").read_text())["files"]["model.pt"] == 4
+
+
+def test_a_commit_replaces_an_incomplete_tag_of_the_same_step(tmp_path):
+    run = RunFolder(tmp_path)
+    run.tag_dir(tag_for(4)).mkdir(parents=True)  # an earlier, interrupted run's leftover
+    _saved_tag(run, 4)
+    assert run.problem(tag_for(4)) is None and run.resume_tag() == (tag_for(4), None)
 
 
 def test_each_rank_fsyncs_its_own_files_and_rank_zero_the_shared_ones(tmp_path):
@@ -237,54 +247,25 @@ def test_each_rank_fsyncs_its_own_files_and_rank_zero_the_shared_ones(tmp_path):
         "mp_rank_00_model_states.pt", "trainer_rank00000.pt", "trainer_state.json"]
 
 
-@pytest.mark.parametrize("damage, named", [
-    (lambda folder: (folder / "complete.json").unlink(), "has no complete.json"),
-    (lambda folder: (folder / "trainer_rank00000.pt").unlink(), "trainer_rank00000.pt is missing"),
-    (lambda folder: (folder / "model.pt").write_bytes(b"x"), "model.pt has 1 bytes, 8 were written"),
-])
-def test_resume_falls_back_to_the_newest_complete_tag_and_says_why(tmp_path, damage, named):
-    checkpoints = CheckpointDir(tmp_path)
-    _saved_tag(checkpoints, 4)
-    damage(_saved_tag(checkpoints, 8))
-    tag, warning = checkpoints.resume_tag()
-    assert tag == tag_for(4)
-    assert named in warning and f"resuming from {tag_for(4)}" in warning
-
-
-def test_latest_naming_a_missing_tag_falls_back_or_is_a_usage_error(tmp_path):
-    checkpoints = CheckpointDir(tmp_path)
-    checkpoints.root.mkdir()
-    (checkpoints.root / "latest").write_text("step_00000099")
-    with pytest.raises(UsageError, match="no complete checkpoint .* names 'step_00000099'"):
-        checkpoints.resume_tag()
-    _saved_tag(checkpoints, 4)
-    (checkpoints.root / "latest").write_text("step_00000099")
-    assert checkpoints.resume_tag()[0] == tag_for(4)
-
-
-def test_nothing_saved_means_nothing_to_resume(tmp_path):
-    assert CheckpointDir(tmp_path).resume_tag() == (None, None)
-
-
 def test_retention_keeps_the_last_k_complete_tags_and_removes_leftovers(tmp_path):
-    checkpoints = CheckpointDir(tmp_path)
+    run = RunFolder(tmp_path)
     for step in (4, 8, 12, 16):
-        _saved_tag(checkpoints, step)
-    (checkpoints.root / tag_for(12) / "model.pt").unlink()  # damaged after its save
-    (checkpoints.root / tag_for(20)).mkdir()  # a tag without complete.json
-    checkpoints.partial_dir(tag_for(24)).mkdir()  # an interrupted save
-    checkpoints.prune(keep_last=2)
-    assert checkpoints.tags() == [tag_for(8), tag_for(16)]  # the 2 newest complete ones
-    assert not list(checkpoints.root.glob("*.partial"))
+        _saved_tag(run, step)
+    (run.tag_dir(tag_for(12)) / "model.pt").unlink()  # damaged after its save
+    run.tag_dir(tag_for(20)).mkdir()  # a tag without complete.json
+    run.partial_dir(tag_for(24)).mkdir()  # an interrupted save
+    prune_tags(run, keep_last=2)
+    assert run.tags() == [tag_for(8), tag_for(16)]  # the 2 newest complete ones
+    assert not list(run.checkpoints.glob("*.partial"))
 
 
 def test_retention_never_deletes_the_tag_latest_names_nor_newer_complete_ones(tmp_path):
-    checkpoints = CheckpointDir(tmp_path)
+    run = RunFolder(tmp_path)
     for step in (4, 8, 12):
-        _saved_tag(checkpoints, step)
-    (checkpoints.root / "latest").write_text(tag_for(8))  # edited by hand
-    checkpoints.prune(keep_last=1)
-    assert checkpoints.tags() == [tag_for(8), tag_for(12)]
+        _saved_tag(run, step)
+    run.latest_file.write_text(tag_for(8))  # edited by hand
+    prune_tags(run, keep_last=1)
+    assert run.tags() == [tag_for(8), tag_for(12)]
 
 
 def test_resuming_another_model_shape_names_the_fields(tiny, tmp_path):
@@ -304,11 +285,11 @@ def test_another_world_size_or_zero_stage_resumes_elastically(tiny, tmp_path):
 
 
 def test_unreadable_run_state_is_a_usage_error(tmp_path):
-    checkpoints = CheckpointDir(tmp_path)
-    _saved_tag(checkpoints, 4, files=(RUN_STATE,))
-    (checkpoints.root / tag_for(4) / RUN_STATE).write_text("{")
+    run = RunFolder(tmp_path)
+    _saved_tag(run, 4, files=(RUN_STATE,))
+    (run.tag_dir(tag_for(4)) / RUN_STATE).write_text("{")
     with pytest.raises(UsageError, match="is unreadable"):
-        checkpoints.run_state(tag_for(4))
+        read_run_state(run, tag_for(4))
 
 
 def test_rng_states_round_trip():

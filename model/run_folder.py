@@ -1,0 +1,131 @@
+"""The run folder: where a training run keeps everything in its out_dir, and which checkpoint is
+the newest complete one.
+
+    out_dir/
+        config.yaml                     the run's resolved config
+        metrics.jsonl                   one JSON record per logged step
+        wandb_id                        the wandb run that a resumed run continues
+        final/                          the finished run's consolidated checkpoint:
+            model.safetensors           raw + EMA weights, their model config in the header
+            model.json                  the same header, indented, for people and tools
+        checkpoints/
+            latest                      the newest complete tag's name, written last
+            step_00001000/              a tag: the step it was saved at, 8 digits
+                model.safetensors       the consolidated checkpoint of that step, as in final/
+                model.json
+                ...                     the trainer's own files (trainer/checkpoint.py)
+                complete.json           every file of the tag with its size, written last
+            step_00001000.partial/      a save not yet complete (or interrupted)
+            universal/                  an elastic resume's conversion, removed once loaded
+
+The trainer writes this layout; load_checkpoint, the experiments, the demo and the benchmarks read
+it. A tag is complete when complete.json lists its files at their sizes. A resume takes the tag
+`latest` names when it is complete, and otherwise the newest complete tag, with a warning.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from pathlib import Path
+
+from aogpt import UsageError
+
+WEIGHTS_FILE = "model.safetensors"  # the format of both files: model/checkpoint.py
+CONFIG_FILE = "model.json"
+LATEST = "latest"
+COMPLETE = "complete.json"
+PARTIAL = ".partial"
+TAG_PATTERN = re.compile(r"step_(\d+)$")
+
+
+def tag_for(step: int) -> str:
+    return f"step_{step:08d}"
+
+
+def step_of(tag: str) -> int:
+    return int(TAG_PATTERN.match(tag).group(1))
+
+
+def complete_record(folder: Path, tag: str) -> dict:
+    """What complete.json holds for a tag whose files are all in `folder`: each one's size."""
+    files = {p.name: p.stat().st_size for p in sorted(folder.iterdir()) if p.is_file()}
+    return {"tag": tag, "files": files}
+
+
+def named_tag(checkpoints: Path) -> str | None:
+    """The tag that CHECKPOINTS/latest names, as written (not checked); None without that file."""
+    latest = Path(checkpoints) / LATEST
+    return latest.read_text().strip() if latest.is_file() else None
+
+
+class RunFolder:
+    """The paths of one run's out_dir, and the checks of its checkpoint tags."""
+
+    def __init__(self, out_dir: str | os.PathLike):
+        self.root = Path(out_dir)
+        self.config_file = self.root / "config.yaml"
+        self.metrics_file = self.root / "metrics.jsonl"
+        self.wandb_id_file = self.root / "wandb_id"
+        self.final = self.root / "final"
+        self.final_weights = self.final / WEIGHTS_FILE
+        self.checkpoints = self.root / "checkpoints"
+        self.latest_file = self.checkpoints / LATEST
+        self.universal = self.checkpoints / "universal"
+
+    def tag_dir(self, tag: str) -> Path:
+        return self.checkpoints / tag
+
+    def partial_dir(self, tag: str) -> Path:
+        """Where a save of `tag` writes until it is complete."""
+        return self.checkpoints / f"{tag}{PARTIAL}"
+
+    def complete_file(self, tag: str) -> Path:
+        return self.tag_dir(tag) / COMPLETE
+
+    def tags(self) -> list[str]:
+        """Every step_* folder (complete or not, never .partial), oldest first."""
+        found = [p.name for p in self.checkpoints.glob("step_*") if TAG_PATTERN.match(p.name)]
+        return sorted(found, key=step_of)
+
+    def problem(self, tag: str) -> str | None:
+        """Why `tag` is not a complete checkpoint (None when it is)."""
+        folder = self.tag_dir(tag)
+        if not folder.is_dir():
+            return f"{folder} does not exist"
+        try:
+            record = json.loads(self.complete_file(tag).read_text())
+        except FileNotFoundError:
+            return f"{folder} has no {COMPLETE} (its save did not finish)"
+        except (OSError, json.JSONDecodeError) as err:
+            return f"{self.complete_file(tag)} is unreadable ({err})"
+        for name, size in record["files"].items():
+            path = folder / name
+            if not path.is_file():
+                return f"{path} is missing"
+            if path.stat().st_size != size:
+                return f"{path} has {path.stat().st_size} bytes, {size} were written"
+        return None
+
+    def resume_tag(self) -> tuple[str | None, str | None]:
+        """(the tag to resume from, a warning when it is not the one `latest` names).
+
+        None when there is nothing to resume; a UsageError when checkpoints exist and none is
+        complete (starting over would overwrite the run's metrics)."""
+        named = named_tag(self.checkpoints)
+        complete = [tag for tag in reversed(self.tags()) if self.problem(tag) is None]
+        if named is not None and self.problem(named) is None:
+            return named, None
+        if named is None and not complete:
+            return None, None
+        if not complete:
+            raise UsageError(f"no complete checkpoint in {self.checkpoints} ({LATEST} names "
+                             f"{named!r}: {self.problem(named)}): delete {self.checkpoints} to "
+                             "start over")
+        why = f"{LATEST} names {named!r}: {self.problem(named)}" if named else f"no {LATEST} file"
+        return complete[0], f"{why}; resuming from {complete[0]}, the newest complete checkpoint"
+
+    def latest_tag(self) -> str | None:
+        """The tag a resume starts from (see resume_tag)."""
+        return self.resume_tag()[0]
