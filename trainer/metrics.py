@@ -19,6 +19,7 @@ from tqdm import tqdm
 
 from aogpt import UsageError
 from aogpt.files import write_text_atomic
+from aogpt.model.run_folder import RunFolder
 from aogpt.trainer.config import LoggingConfig
 
 
@@ -33,11 +34,12 @@ class MetricsLogger:
     def __init__(self, out_dir: str | os.PathLike, rank: int, logging: LoggingConfig,
                  run_config: dict | None = None):
         self.enabled = rank == 0
-        self.path = Path(out_dir) / "metrics.jsonl"
+        self.run_folder = RunFolder(out_dir)
+        self.path = self.run_folder.metrics_file
         self._wandb_run = None
         if not self.enabled:
             return
-        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self.run_folder.root.mkdir(parents=True, exist_ok=True)
         self._file = self.path.open("a", buffering=1)
         mode = wandb_mode(logging.wandb)
         if mode != "disabled":
@@ -48,7 +50,7 @@ class MetricsLogger:
             import wandb
         except ImportError:
             raise UsageError("logging.wandb is on but wandb is not installed: pip install wandb") from None
-        id_file = self.path.parent / "wandb_id"
+        id_file = self.run_folder.wandb_id_file
         run_id = id_file.read_text().strip() if id_file.is_file() else secrets.token_hex(4)
         id_file.write_text(run_id)
         return wandb.init(
@@ -57,7 +59,7 @@ class MetricsLogger:
             id=run_id,
             resume="allow",
             mode=mode,
-            dir=str(self.path.parent),
+            dir=str(self.run_folder.root),
             config=run_config,
             settings=wandb.Settings(silent=True),
         )
@@ -100,7 +102,7 @@ def read_metrics(path: str | os.PathLike) -> list[dict]:
 def run_records(out_dir: str | os.PathLike) -> list[dict]:
     """A training run's records in step order, the last one of each step (a resumed run repeats
     the steps after its checkpoint)."""
-    path = Path(out_dir) / "metrics.jsonl"
+    path = RunFolder(out_dir).metrics_file
     if not path.is_file():
         raise UsageError(f"{path} does not exist: give a training out_dir")
     by_step = {record["step"]: record for record in read_metrics(path) if "step" in record}
