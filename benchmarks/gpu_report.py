@@ -41,7 +41,7 @@ import torch
 from aogpt import UsageError, cli_entry
 from aogpt.data_prep.corpora import python_docs
 from aogpt.files import write_json_atomic, write_text_atomic
-from aogpt.model.checkpoint import WEIGHTS_FILE
+from aogpt.model.run_folder import RunFolder
 from aogpt.trainer.metrics import read_metrics
 
 REPO = Path(__file__).resolve().parent.parent
@@ -186,6 +186,7 @@ def measure_training(grid: list[dict], data: Path, scratch: Path, args) -> list[
 def end_to_end(data: Path, scratch: Path, args) -> dict:
     """30 steps of trainer/main.py in two launches (20, then resumed to 30)."""
     out = scratch / "e2e_run"
+    trained = RunFolder(out)
     micro, seq = (4, 128) if args.smoke else (16, 1024)
     steps = 6 if args.smoke else 30
     first = 4 if args.smoke else 20
@@ -198,16 +199,16 @@ def end_to_end(data: Path, scratch: Path, args) -> dict:
               f"eval.every={first}", "eval.batches=1", "eval.num_orders=1", "logging.wandb='off'"]
     code1, output1, seconds1 = run([*common, f"train.max_steps={first}"], args.timeout)
     code2, output2, seconds2 = run([*common, f"train.max_steps={steps}"], args.timeout)
-    records = read_metrics(out / "metrics.jsonl") if (out / "metrics.jsonl").is_file() else []
+    records = read_metrics(trained.metrics_file) if trained.metrics_file.is_file() else []
     losses = [(r["step"], r["loss"]) for r in records if r.get("loss") is not None]
-    checkpoints = sorted(p.name for p in (out / "checkpoints").glob("step_*")) if out.exists() else []
+    checkpoints = trained.tags()
     result = {
         "steps": steps, "first_launch_steps": first, "tokens_per_step": micro * seq * 4,
         "exit_codes": [code1, code2], "seconds": [seconds1, seconds2],
         "first_loss": losses[0][1] if losses else None, "last_loss": losses[-1][1] if losses else None,
         "last_step": losses[-1][0] if losses else None, "checkpoints": checkpoints,
         "resumed": f"at step {first}" in output2 and "resumed from" in output2,
-        "final_weights": (out / "final" / WEIGHTS_FILE).is_file(),
+        "final_weights": trained.final_weights.is_file(),
     }
     result["ok"] = (code1 == code2 == 0 and result["resumed"] and result["final_weights"]
                     and result["last_step"] == steps and result["last_loss"] < result["first_loss"])

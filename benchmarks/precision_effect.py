@@ -42,6 +42,7 @@ from aogpt.data_prep.corpora import python_docs
 from aogpt.files import write_json_atomic
 from aogpt.model import AOGPT
 from aogpt.model.config import small
+from aogpt.model.run_folder import RunFolder
 from aogpt.trainer.metrics import read_metrics
 
 REPO = Path(__file__).resolve().parent.parent
@@ -131,7 +132,7 @@ def train(precision: str, data: Path, args) -> dict:
     if done.returncode:
         lines = done.stderr.strip().splitlines() or ["no output"]
         raise UsageError(f"the {precision} run failed: {lines[-1]}")
-    records = read_metrics(run / "metrics.jsonl")
+    records = read_metrics(RunFolder(run).metrics_file)
     losses = [r["loss"] for r in records if r.get("loss") is not None]
     tail = losses[-max(1, len(losses) // 5):]
     final = [r for r in records if r.get("val_loss_l2r") is not None][-1]

@@ -27,6 +27,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 from aogpt import UsageError  # noqa: E402
 from aogpt.data_prep.manifest import read_manifest  # noqa: E402
 from aogpt.files import write_atomic, write_text_atomic
+from aogpt.model.run_folder import RunFolder  # noqa: E402
 from aogpt.trainer.evaluation import EvalData, unigram_reference  # noqa: E402
 from aogpt.trainer.metrics import curve, run_records  # noqa: E402
 
@@ -227,9 +228,8 @@ def load_results(out: Path) -> SuiteResults:
                          "(python experiments/run.py --suite findings --out DIR)")
     results = SuiteResults(out, suite)
     for name, run in suite["runs"].items():
-        metrics = Path(run["out_dir"]) / "metrics.jsonl"
-        if metrics.is_file():
-            results.records[name] = run_records(metrics.parent)
+        if RunFolder(run["out_dir"]).metrics_file.is_file():
+            results.records[name] = run_records(run["out_dir"])
         for store, suffix in ((results.evals, ""), (results.ensembles, ".ensemble")):
             payload = read_json(out / "evals" / f"{name}{suffix}.json")
             if payload is not None:

@@ -47,7 +47,7 @@ from aogpt import UsageError, cli_entry
 from aogpt.data_prep.corpora import shakespeare_plays
 from aogpt.data_prep.manifest import read_manifest
 from aogpt.files import git_sha, write_json_atomic
-from aogpt.model.checkpoint import WEIGHTS_FILE
+from aogpt.model.run_folder import RunFolder
 from aogpt.trainer.config import config_to_dict
 from aogpt.trainer.metrics import read_metrics
 
@@ -240,28 +240,28 @@ def claim_run_dir(run: plan.Run) -> None:
 
 
 def is_trained(run: plan.Run) -> bool:
-    return run_state(run)["done"] and (run.out_dir / "final" / WEIGHTS_FILE).is_file()
+    return run_state(run)["done"] and RunFolder(run.out_dir).final_weights.is_file()
 
 
 def record_launch(run: plan.Run, exit_status: int, seconds: float) -> None:
     state = run_state(run)
     state["launches"].append({"exit": exit_status, "wall_s": round(seconds, 1),
                               "ended": now()})
-    state["done"] = exit_status == 0 and (run.out_dir / "final" / WEIGHTS_FILE).is_file()
+    state["done"] = exit_status == 0 and RunFolder(run.out_dir).final_weights.is_file()
     write_json_atomic(state, run.out_dir / RUN_STATE)
 
 
 def logged_since(run: plan.Run) -> Callable[[float], bool]:
     """Whether the run has logged a step since it was launched (its loader is up by then)."""
     def started_up(launched: float) -> bool:
-        metrics = run.out_dir / "metrics.jsonl"
+        metrics = RunFolder(run.out_dir).metrics_file
         return metrics.is_file() and metrics.stat().st_mtime > launched
     return started_up
 
 
 def training_progress(run: plan.Run) -> Callable[[], str]:
     def progress() -> str:
-        metrics = run.out_dir / "metrics.jsonl"
+        metrics = RunFolder(run.out_dir).metrics_file
         records = read_metrics(metrics) if metrics.is_file() else []
         return f"{records[-1]['step'] if records else 0}/{run.config.train.max_steps}"
     return progress
@@ -269,7 +269,7 @@ def training_progress(run: plan.Run) -> Callable[[], str]:
 
 def eval_is_current(path: Path, run: plan.Run, expected: dict) -> bool:
     """A cached evaluation counts when it scored these settings on the run's final weights."""
-    weights = run.out_dir / "final" / WEIGHTS_FILE
+    weights = RunFolder(run.out_dir).final_weights
     if not path.is_file() or not weights.is_file() or path.stat().st_mtime < weights.stat().st_mtime:
         return False
     settings = json.loads(path.read_text())["settings"]

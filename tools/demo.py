@@ -24,6 +24,7 @@ from pathlib import Path
 
 from aogpt import UsageError, cli_entry
 from aogpt.data_prep.corpora import shakespeare_plays
+from aogpt.model.run_folder import RunFolder
 from aogpt.trainer.dist_env import free_port
 
 REPO = Path(__file__).resolve().parent.parent
@@ -138,8 +139,9 @@ def main(argv: list[str] | None = None) -> int:
     print(f"  a sample: {' '.join(first.split())[:240]}")
     print("  (after ~1M tokens a tiny AO-GPT sits near the unigram reference: any-order training "
           "learns\n   to use context slowly, the paper's Finding 1; see docs/findings/ for longer runs)")
+    trained = RunFolder(train_dir)
     for name, path in [("data (MDS + manifest)", data), ("training run", train_dir),
-                       ("metrics", train_dir / "metrics.jsonl"), ("weights (raw + EMA)", train_dir / "final"),
+                       ("metrics", trained.metrics_file), ("weights (raw + EMA)", trained.final),
                        ("evaluation", eval_json), ("samples", samples), ("training curves", curves)]:
         print(f"  {name:24s} {path}")
     return 0
