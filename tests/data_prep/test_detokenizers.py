@@ -44,6 +44,6 @@ def test_lambada_straightens_quotes_and_starts_a_new_line():
 
 
 def test_every_eval_set_has_a_detokenizer():
-    from aogpt.data_prep.eval_to_mds import EVAL_SETS
+    from aogpt.data_prep.eval_sets import EVAL_SETS
 
     assert {eval_set.detokenizer for eval_set in EVAL_SETS.values()} == set(DETOKENIZERS)
