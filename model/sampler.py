@@ -34,7 +34,7 @@ position depend only on (seed, sample id), never on the batch a sample runs in.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Literal, get_args, get_type_hints
 
@@ -84,6 +84,49 @@ class SamplingConfig:
             raise UsageError(f"top_p must be in (0, 1], got {self.top_p}")
         if self.top_k < 0:
             raise UsageError(f"top_k must be >= 0 (0 = off), got {self.top_k}")
+
+
+# ---- given tokens: a prompt and infill ------------------------------------------------------------
+
+
+def given_from_text(encoding, seq_len: int, prompt: str | None = None,
+                    infill: Mapping[int | str, str | list[int]] | None = None,
+                    ) -> tuple[torch.Tensor, torch.Tensor]:
+    """(seq_len,) tokens and mask of the given positions, as generate() takes them (expanded to
+    (b, seq_len)): the prompt's tokens from position 0, then each infill value, text or a list
+    of token ids, from its start position, e.g. {40: " the river", "60": [13, 383]} (a key may
+    be a string, as in a JSON object: trainer/sample.py's --infill, whose flags the errors name).
+
+    encoding turns text into GPT-2 ids: tiktoken's (aogpt.data_prep.tokenizer.load_gpt2), whose
+    encode_ordinary reads "<|endoftext|>" as plain text, or any tokenizer with encode(text).
+    """
+    # tiktoken's encode refuses special tokens in text: prefer its encode_ordinary when present
+    encode = getattr(encoding, "encode_ordinary", None) or encoding.encode
+    pieces = [] if prompt is None else [(0, prompt)]
+    pieces += list((infill or {}).items())
+    tokens = torch.zeros(seq_len, dtype=torch.long)
+    mask = torch.zeros(seq_len, dtype=torch.bool)
+    for start, piece in pieces:
+        try:
+            start = int(start)
+        except ValueError as err:
+            raise UsageError(f"--infill key {start!r} is not a token position") from err
+        if isinstance(piece, str):
+            ids = encode(piece)
+        elif isinstance(piece, list) and all(isinstance(t, int) for t in piece):
+            ids = piece
+        else:
+            raise UsageError(f"--infill at {start}: give a string or a list of token ids")
+        if any(not 0 <= t < GPT2_VOCAB for t in ids):
+            raise UsageError(f"--infill at {start}: token ids must be in 0..{GPT2_VOCAB - 1}")
+        end = start + len(ids)
+        if start < 0 or end > seq_len:
+            raise UsageError(f"given text at {start}..{end - 1} does not fit in --seq-len {seq_len}")
+        if mask[start:end].any():
+            raise UsageError(f"given text at {start}..{end - 1} overlaps other given text")
+        tokens[start:end] = torch.tensor(ids, dtype=torch.long)
+        mask[start:end] = True
+    return tokens, mask
 
 
 # ---- what to reveal, and when: decided before any network call -----------------------------------
@@ -273,6 +316,11 @@ class KVCacheSampler:
         sampler = KVCacheSampler(model, batch_size=32, seq_len=1024, config=SamplingConfig())
         out = sampler.generate(torch.arange(32))     # sample ids 0..31
         out.tokens                                   # (32, 1024)
+
+    A prompt and infill in text (given_from_text) are the same for every sample of the batch:
+
+        tokens, mask = given_from_text(encoding, 1024, prompt="The city of", infill={40: " river"})
+        out = sampler.generate(torch.arange(32), tokens.expand(32, -1), mask.expand(32, -1))
 
     The model runs in its own dtype (cast it to bf16 on a GPU) and must be in eval mode.
     cuda_graphs: None = on a CUDA device.

@@ -37,9 +37,8 @@ from tqdm import tqdm
 from aogpt import UsageError, cli_entry
 from aogpt.data_prep.tokenizer import EOS, load_gpt2
 from aogpt.model import load_checkpoint
-from aogpt.model.config import GPT2_VOCAB
 from aogpt.model.precision import resolve_device
-from aogpt.model.sampler import KVCacheSampler, SamplingConfig
+from aogpt.model.sampler import KVCacheSampler, SamplingConfig, given_from_text
 from aogpt.trainer.genppl import Judge, format_report, generative_perplexity
 
 DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32}
@@ -96,34 +95,6 @@ def read_infill(spec: str) -> dict:
     return value
 
 
-def given_tokens(pieces: list[tuple[str, str | list[int]]], encoding,
-                 seq_len: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """(seq_len,) tokens and mask of the given positions, from (start, text or ids) pairs."""
-    tokens = torch.zeros(seq_len, dtype=torch.long)
-    mask = torch.zeros(seq_len, dtype=torch.bool)
-    for start, piece in pieces:
-        try:
-            start = int(start)
-        except ValueError as err:
-            raise UsageError(f"--infill key {start!r} is not a token position") from err
-        if isinstance(piece, str):
-            ids = encoding.encode_ordinary(piece)
-        elif isinstance(piece, list) and all(isinstance(t, int) for t in piece):
-            ids = piece
-        else:
-            raise UsageError(f"--infill at {start}: give a string or a list of token ids")
-        if any(not 0 <= t < GPT2_VOCAB for t in ids):
-            raise UsageError(f"--infill at {start}: token ids must be in 0..{GPT2_VOCAB - 1}")
-        end = start + len(ids)
-        if start < 0 or end > seq_len:
-            raise UsageError(f"given text at {start}..{end - 1} does not fit in --seq-len {seq_len}")
-        if mask[start:end].any():
-            raise UsageError(f"given text at {start}..{end - 1} overlaps other given text")
-        tokens[start:end] = torch.tensor(ids, dtype=torch.long)
-        mask[start:end] = True
-    return tokens, mask
-
-
 def readable(text: str) -> str:
     return text.replace("<|endoftext|>", "\n<|endoftext|>\n")
 
@@ -145,10 +116,8 @@ def main(argv: list[str] | None = None) -> int:
     if not 1 <= seq_len <= model.config.block_size:
         raise UsageError(f"--seq-len must be in 1..{model.config.block_size} (the model's block "
                          f"size), got {seq_len}")
-    pieces = list(read_infill(args.infill).items()) if args.infill else []
-    if args.prompt is not None:
-        pieces.insert(0, ("0", args.prompt))
-    tokens, mask = given_tokens(pieces, encoding, seq_len)
+    infill = read_infill(args.infill) if args.infill else None
+    tokens, mask = given_from_text(encoding, seq_len, prompt=args.prompt, infill=infill)
     to_generate = seq_len - int(mask.sum())
     if to_generate == 0:
         raise UsageError("the prompt and infill already fill every position: nothing to generate")
