@@ -310,10 +310,17 @@ class AOGPT(nn.Module):
         elif not self.config.any_order:
             _require_left_to_right(orders)
         targets = shuffle(idx, orders)  # (b, t): slot k predicts the k-th token of the order
+        return (*self.slots(targets, orders), targets)
+
+    @staticmethod
+    def slots(in_order: torch.Tensor, orders: torch.Tensor
+              ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """tokens, positions, target_positions (the inputs of forward_stream) for the tokens
+        in_order (b, L) read at orders (b, L): slot 0 is [None], slot k holds the (k-1)-th token
+        of the order at its position and asks for the k-th. L may stop short of the sequence."""
         start = torch.full_like(orders[:, :1], -1)  # the [None] slot
-        tokens = torch.cat([start, targets[:, :-1]], dim=1)
-        positions = torch.cat([start, orders[:, :-1]], dim=1)
-        return tokens, positions, orders, targets
+        return (torch.cat([start, in_order[:, :-1]], dim=1), torch.cat([start, orders[:, :-1]], dim=1),
+                orders)
 
     def forward(self, idx: torch.Tensor, orders: torch.Tensor | None = None,
                 return_mean: bool = False):

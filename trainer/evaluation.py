@@ -238,9 +238,7 @@ def last_slot_hidden(model: AOGPT, idx: torch.Tensor, orders: torch.Tensor,
     """
     rows = torch.arange(len(idx), device=idx.device)
     tokens = idx.gather(1, orders)  # (R, L) in order
-    start = torch.full_like(orders[:, :1], -1)  # the [None] slot (model/gpt.py's stream layout)
-    hidden = model.forward_stream(torch.cat([start, tokens[:, :-1]], dim=1),
-                                  torch.cat([start, orders[:, :-1]], dim=1), orders)  # (R, L, d)
+    hidden = model.forward_stream(*model.slots(tokens, orders))  # (R, L, d)
     return hidden[rows, targets], tokens[rows, targets]
 
 
@@ -394,19 +392,7 @@ class Evaluator:
     def run(self, data: EvalData, progress: bool = False) -> dict:
         """The results for one data folder (every rank gets them; collective)."""
         s = self.settings
-
-        def sums(*shape: int) -> torch.Tensor:
-            return torch.zeros(*shape, dtype=torch.float64, device=self.device)
-
-        tallies = {}  # per kind: sums (nll, tokens) or, for the ensemble, (estimate, variance)
-        if "l2r" in s.orders:
-            tallies["l2r"] = Tally(sums(2))
-        if "random" in s.orders:
-            tallies["random"] = Tally(sums(s.num_orders, 2))
-        if s.ensemble:
-            tallies["ensemble"] = Tally(sums(len(s.ensemble), 2),
-                                        extra={"tokens": 0, "scored_targets": 0})
-        sampler = OrderSampler(OrderConfig(kind="uniform"), data.seq_len, s.seed)
+        tallies, sampler = self.new_tallies(), self.order_sampler(data.seq_len)
         batches = data.batches(self.rank, self.world_size, s.batch_size)
         total = data.num_batches(self.rank, self.world_size, s.batch_size)
         with self.autocast():
@@ -420,8 +406,33 @@ class Evaluator:
                 "samples": data.num_samples, "seq_len": data.seq_len,
                 **{kind: summarize[kind](tally.reduced()) for kind, tally in tallies.items()}}
 
+    def new_tallies(self) -> dict[str, Tally]:
+        """Empty sums per kind of score: (nll, tokens), per random order for "random", and
+        (estimate, variance) per size for the ensemble."""
+        s = self.settings
+
+        def sums(*shape: int) -> torch.Tensor:
+            return torch.zeros(*shape, dtype=torch.float64, device=self.device)
+
+        tallies = {}
+        if "l2r" in s.orders:
+            tallies["l2r"] = Tally(sums(2))
+        if "random" in s.orders:
+            tallies["random"] = Tally(sums(s.num_orders, 2))
+        if s.ensemble:
+            tallies["ensemble"] = Tally(sums(len(s.ensemble), 2),
+                                        extra={"tokens": 0, "scored_targets": 0})
+        return tallies
+
+    def order_sampler(self, seq_len: int) -> OrderSampler:
+        """The seed convention of every evaluation: the k-th random order of the sample with
+        dataset index i is the uniform OrderSampler's draw at step k for i, under settings.seed."""
+        return OrderSampler(OrderConfig(kind="uniform"), seq_len, self.settings.seed)
+
     def score_batch(self, sampler: OrderSampler, tallies: dict[str, Tally],
                     sample_indices: torch.Tensor, idx: torch.Tensor, lengths: torch.Tensor) -> None:
+        """Adds one batch's scores to the tallies: idx (b, n) with real tokens before lengths
+        (b,), sample_indices (b,) their indices in the dataset (which pick their orders)."""
         s, model = self.settings, self.model
         b, n = idx.shape
         real = torch.arange(n, device=idx.device) < lengths[:, None]  # (b, n): slot k scores a token

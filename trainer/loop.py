@@ -18,7 +18,6 @@ import subprocess
 import sys
 import time
 import warnings
-from contextlib import nullcontext
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -28,7 +27,7 @@ import torch
 
 from aogpt import RunFailure
 from aogpt.files import fsync_path, git_sha, write_json_atomic
-from aogpt.model import AOGPT, OrderConfig, OrderSampler, save_consolidated
+from aogpt.model import AOGPT, OrderSampler, save_consolidated
 from aogpt.model.checkpoint import copy_consolidated, read_consolidated
 from aogpt.model.run_folder import WEIGHTS_FILE, RunFolder, tag_for
 from aogpt.trainer.checkpoint import (
@@ -48,6 +47,7 @@ from aogpt.trainer.data import TrainBatches, clean_stale_shared_memory, validati
 from aogpt.trainer.dist_env import DistEnv, all_reduce_sum, init_process_group
 from aogpt.trainer.ds_config import zero_stage
 from aogpt.trainer.ema import ShardedEMA, gather_full_weights, load_full_ema
+from aogpt.trainer.evaluation import EvalSettings, Evaluator
 from aogpt.trainer.failsafe import EveryRankFailure, SignalWatchdog, step_flags
 from aogpt.trainer.lr_schedule import learning_rate
 from aogpt.trainer.metrics import MetricsLogger, peak_flops, progress, truncate_metrics
@@ -107,8 +107,6 @@ class Trainer:
                                                     config=self.ds_config)
         self.ema = ShardedEMA(self.engine, cfg.ema.decay) if cfg.ema.enabled else None
         self.sampler = OrderSampler(cfg.order, cfg.model.block_size, cfg.train.seed)
-        self.eval_sampler = OrderSampler(OrderConfig(kind="uniform"), cfg.model.block_size,
-                                         EVAL_ORDER_SEED)
         self.batches = TrainBatches(cfg, plan.manifests, dist_env, self.device)
         self.val_loader = (validation_loader(cfg, plan.manifests, dist_env, self.device)
                            if cfg.eval.every else None)
@@ -166,13 +164,6 @@ class Trainer:
                                  f"checkpoint failed: {lines[-1]}")
         dist.barrier()
         return out
-
-    def eval_autocast(self):
-        """bf16 autocast for the evaluation copy of the network unless the run trains in fp32
-        (training forward passes get theirs from the engine: ds_config.py)."""
-        if self.cfg.train.precision == "fp32":
-            return nullcontext()
-        return torch.autocast(self.device.type, dtype=torch.bfloat16)
 
     def describe(self) -> str:
         cfg, env = self.cfg, self.env
@@ -255,26 +246,28 @@ class Trainer:
 
     @torch.no_grad()
     def evaluate(self) -> dict[str, float | None]:
-        """val_loss_l2r and val_loss_ao (mean over eval.num_orders fixed orders) on the val split."""
+        """val_loss_l2r and val_loss_ao (token-weighted over eval.num_orders seeded orders) on the
+        val split, scored by the routine of trainer/evaluate.py (Evaluator.score_batch)."""
         cfg, env = self.cfg, self.env
         model = self.eval_model(self.full_weights(ema=True))
-        sums = torch.zeros(4, dtype=torch.float64, device=self.device)
+        settings = EvalSettings(orders=("l2r", "random") if cfg.model.any_order else ("l2r",),
+                                num_orders=cfg.eval.num_orders, seed=EVAL_ORDER_SEED,
+                                precision="fp32" if cfg.train.precision == "fp32" else "bf16")
+        evaluator = Evaluator(model, settings, self.device, env.rank, env.world_size)
+        tallies, sampler = evaluator.new_tallies(), evaluator.order_sampler(cfg.model.block_size)
         micro = cfg.train.micro_batch_size
-        num_orders = cfg.eval.num_orders if cfg.model.target_injection != "none" else 0  # l2r only
-        with self.eval_autocast():
+        with evaluator.autocast():
             for batch_index, (idx, _) in enumerate(self.val_loader):
                 if batch_index == cfg.eval.batches:
                     break
                 idx = idx.to(self.device)  # (b, t)
                 first = (batch_index * env.world_size + env.rank) * micro
-                sample_indices = torch.arange(first, first + idx.shape[0], device=self.device)
-                sums[0] += model(idx).double().sum()
-                sums[1] += idx.numel()
-                for k in range(num_orders):
-                    orders, _ = self.eval_sampler(k, sample_indices)
-                    sums[2] += model(idx, orders).double().sum()
-                    sums[3] += idx.numel()
-        total = all_reduce_sum(sums, self.device).tolist()
+                sample_indices = torch.arange(first, first + len(idx), device=self.device)
+                lengths = torch.full_like(sample_indices, idx.shape[1])  # no padding in training data
+                evaluator.score_batch(sampler, tallies, sample_indices, idx, lengths)
+        sums = [tallies[kind].sums.view(-1, 2).sum(dim=0) if kind in tallies
+                else torch.zeros(2, dtype=torch.float64, device=self.device) for kind in ("l2r", "random")]
+        total = all_reduce_sum(torch.cat(sums), self.device).tolist()
         return {"val_loss_l2r": token_weighted(total[0], total[1]),
                 "val_loss_ao": token_weighted(total[2], total[3])}
 
