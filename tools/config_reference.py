@@ -1,7 +1,7 @@
 """Prints the configuration reference (Markdown) from the config dataclasses themselves.
 
 Every key of a run config, with its type, default and the comment written next to it in the
-source, so the README's reference cannot drift from the code: tests/test_config_reference.py
+source, so the README's reference cannot drift from the code: tests/tools/test_config_reference.py
 checks the README holds exactly this output between its two marker lines.
 
     python tools/config_reference.py            # print
