@@ -35,7 +35,7 @@ from aogpt.data_prep.eval_sets import (
     split_of,
 )
 from aogpt.data_prep.manifest import new_manifest
-from aogpt.data_prep.tokenizer import EOS, describe, load_gpt2
+from aogpt.data_prep.tokenizer import EOS, describe
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -85,8 +85,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> int:
     wall_start = time.perf_counter()
     args = parse_args(argv)
-    encoding = load_gpt2(args.tokenizer_file)
-    packing.check_fits_uint16(encoding)
+    encoding = packing.load_encoding(args.tokenizer_file)
     eval_set = EVAL_SETS[args.dataset]
     out = OutputDir(args.out, owns=_owned)
     examples, description = read_examples(eval_set, args.split, args.source)

@@ -29,7 +29,7 @@ from aogpt import UsageError, cli_entry
 from aogpt.data_prep import packing, sources
 from aogpt.data_prep.build_dir import OutputDir
 from aogpt.data_prep.manifest import new_manifest, read_manifest
-from aogpt.data_prep.tokenizer import describe, load_gpt2
+from aogpt.data_prep.tokenizer import describe
 
 SPLITS = ("train", "val")
 OPENWEBTEXT_DOCUMENTS = 8_013_769  # for the progress bar's total
@@ -109,8 +109,7 @@ def parse_compression(name: str) -> str | None:
 def main(argv: list[str] | None = None) -> int:
     wall_start = time.perf_counter()
     args = parse_args(argv)
-    encoding = load_gpt2(args.tokenizer_file)
-    packing.check_fits_uint16(encoding)
+    encoding = packing.load_encoding(args.tokenizer_file)
     inputs = [sources.resolve(spec, args.hf_split, args.hf_config, args.hf_revision)
               for spec in args.source or [sources.OPENWEBTEXT]]
     spec = packing.PackSpec(seq_len=args.seq_len, splits=SPLITS, val_fraction=args.val_fraction,

@@ -38,7 +38,7 @@ from aogpt.data_prep import mds
 from aogpt.data_prep.detokenizers import DETOKENIZERS
 from aogpt.data_prep.manifest import COLUMN
 from aogpt.data_prep.sources import Chunk
-from aogpt.data_prep.tokenizer import EOS
+from aogpt.data_prep.tokenizer import EOS, load_gpt2
 from aogpt.files import write_bytes_atomic
 
 SHARD_BYTES = 1 << 26  # 64 MiB of tokens per shard: streaming's default shard size
@@ -83,6 +83,13 @@ class BuildResult:
     splits: dict[str, dict]  # per split: the counts for the manifest
     tokenized: int  # tokens tokenized by this run (a resumed run skips finished chunks)
     seconds: float
+
+
+def load_encoding(tokenizer_file: str | os.PathLike | None) -> tiktoken.Encoding:
+    """GPT-2's encoding (tokenizer.load_gpt2), refused at once if its ids do not fit the shards."""
+    encoding = load_gpt2(tokenizer_file)
+    check_fits_uint16(encoding)
+    return encoding
 
 
 def check_fits_uint16(encoding: tiktoken.Encoding) -> None:

@@ -17,6 +17,16 @@ PADDED_VOCAB = 50304  # GPT-2's vocab rounded up to a multiple of 64, for faster
 TargetInjection = Literal["adaln", "sigma_sum", "none"]
 
 
+def require_choices(config, names: tuple[str, ...], prefix: str = "") -> None:
+    """UsageError naming the first of the dataclass `config`'s Literal fields `names` that holds
+    none of its type's values, and listing them."""
+    hints = get_type_hints(type(config))
+    for name in names:
+        if getattr(config, name) not in get_args(hints[name]):
+            raise UsageError(f"{prefix}{name}={getattr(config, name)!r} is unknown: use one of "
+                             f"{', '.join(get_args(hints[name]))}")
+
+
 @dataclass
 class ModelConfig:
     n_layer: int = 12
@@ -85,11 +95,7 @@ class ModelConfig:
             raise UsageError(f"model.loss_chunk_size must be >= 0, got {self.loss_chunk_size}")
         if self.init_std <= 0:
             raise UsageError(f"model.init_std must be positive, got {self.init_std}")
-        hints = get_type_hints(ModelConfig)
-        for name in ("target_injection", "norm", "init", "attn_impl"):
-            if getattr(self, name) not in get_args(hints[name]):
-                raise UsageError(f"model.{name}={getattr(self, name)!r} is unknown: use one of "
-                                 f"{', '.join(get_args(hints[name]))}")
+        require_choices(self, ("target_injection", "norm", "init", "attn_impl"), prefix="model.")
 
 
 def small() -> ModelConfig:

@@ -36,12 +36,12 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Literal, get_args, get_type_hints
+from typing import Literal
 
 import torch
 
 from aogpt import UsageError
-from aogpt.model.config import GPT2_VOCAB
+from aogpt.model.config import GPT2_VOCAB, require_choices
 from aogpt.model.gpt import AOGPT
 from aogpt.model.orders import counter_uniform, shuffle, unshuffle
 
@@ -73,11 +73,7 @@ class SamplingConfig:
     def validate(self) -> None:
         if self.steps < 1:
             raise UsageError(f"steps must be >= 1, got {self.steps}")
-        hints = get_type_hints(SamplingConfig)
-        for name in ("schedule", "counts", "order", "top_p_rule"):
-            if getattr(self, name) not in get_args(hints[name]):
-                raise UsageError(f"{name}={getattr(self, name)!r} is unknown: use one of "
-                                 f"{', '.join(get_args(hints[name]))}")
+        require_choices(self, ("schedule", "counts", "order", "top_p_rule"))
         if self.temperature < 0:
             raise UsageError(f"temperature must be >= 0 (0 = greedy), got {self.temperature}")
         if not 0.0 < self.top_p <= 1.0:

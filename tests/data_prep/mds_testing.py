@@ -29,6 +29,12 @@ def clean_streaming_shared_memory() -> None:
     streaming.base.util.clean_stale_shared_memory()
 
 
+@pytest.fixture(autouse=True)
+def no_stale_shared_memory():
+    """Imported by the test modules that read MDS back: cleans up before each of their tests."""
+    clean_streaming_shared_memory()
+
+
 def generated_documents(count: int = 40, seed: int = 0) -> list[str]:
     """Stand-in text where ../shared/data is absent: sentences of common words, numbers, unicode."""
     rng = random.Random(seed)

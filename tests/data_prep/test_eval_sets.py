@@ -6,7 +6,11 @@ import json
 
 import numpy as np
 import pytest
-from mds_testing import clean_streaming_shared_memory, read_column, read_samples
+from mds_testing import (
+    no_stale_shared_memory,  # noqa: F401 (an autouse fixture)
+    read_column,
+    read_samples,
+)
 
 from aogpt import UsageError
 from aogpt.data_prep.detokenizers import DETOKENIZERS
@@ -22,11 +26,6 @@ from aogpt.data_prep.eval_sets import (
 from aogpt.data_prep.tokenizer import EOS, load_gpt2
 
 SEQ_LEN = 16
-
-
-@pytest.fixture(autouse=True)
-def _no_stale_shared_memory():
-    clean_streaming_shared_memory()
 
 
 @pytest.fixture(scope="module")

@@ -9,7 +9,7 @@ from conftest import SHARED_DATA, run_cli
 from mds_testing import (
     EVAL_TO_MDS,
     FakeHub,
-    clean_streaming_shared_memory,
+    no_stale_shared_memory,  # noqa: F401 (an autouse fixture)
     read_column,
     read_samples,
 )
@@ -20,11 +20,6 @@ from aogpt.data_prep.eval_to_mds import main
 from aogpt.data_prep.tokenizer import EOS, load_gpt2
 
 SEQ_LEN = 64
-
-
-@pytest.fixture(autouse=True)
-def _no_stale_shared_memory():
-    clean_streaming_shared_memory()
 
 
 def _wikitext_lines(rng: random.Random) -> list[str]:

@@ -4,17 +4,16 @@ import json
 
 import numpy as np
 import pytest
-from mds_testing import clean_streaming_shared_memory, read_column, read_samples
+from mds_testing import (
+    no_stale_shared_memory,  # noqa: F401 (an autouse fixture)
+    read_column,
+    read_samples,
+)
 
 from aogpt.data_prep import mds
 from aogpt.data_prep.streaming_compat import streaming
 
 COLUMNS = {"tokens": "ndarray:uint16:16", "length": "int32", "last_word_start": "int32"}
-
-
-@pytest.fixture(autouse=True)
-def _no_stale_shared_memory():
-    clean_streaming_shared_memory()
 
 
 def _rows(count: int) -> np.ndarray:

@@ -18,10 +18,10 @@ from conftest import run_cli
 from mds_testing import (
     OWT_TO_MDS,
     FakeHub,
-    clean_streaming_shared_memory,
     files_of,
     in_val,
     manifest_of,
+    no_stale_shared_memory,  # noqa: F401 (an autouse fixture)
     read_samples,
     real_or_generated_documents,
     token_stream,
@@ -36,11 +36,6 @@ from aogpt.data_prep.tokenizer import EOS, RANKS_SHA256, load_gpt2
 
 SEQ_LEN = 64
 SAMPLES_PER_SHARD = "4"  # many small shards: an interrupted run stops with some written, some not
-
-
-@pytest.fixture(autouse=True)
-def _no_stale_shared_memory():
-    clean_streaming_shared_memory()
 
 
 @pytest.fixture
