@@ -21,7 +21,6 @@ interleaved so that load from other processes hits both alike.
 """
 
 import argparse
-import json
 import sys
 import time
 from pathlib import Path
@@ -29,6 +28,7 @@ from pathlib import Path
 import torch
 
 from aogpt import UsageError, cli_entry
+from aogpt.files import write_json_atomic
 from aogpt.model import AOGPT
 from aogpt.model.attention import BIDIRECTIONAL
 from aogpt.model.config import medium, small, tiny
@@ -187,11 +187,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{s:>6}{row['decoder_s']:>11.3f}{row['encoder_s']:>11.3f}{row['ratio']:>7.1f}x"
               f"{row['decoder_rows']:>14}{row['encoder_rows']:>14}", flush=True)
     if args.json:
-        tmp = args.json.with_name(f".{args.json.name}.tmp")
-        tmp.write_text(json.dumps({"preset": args.preset, "device": name, "dtype": str(dtype),
-                                   "batch_size": args.batch_size, "seq_len": args.seq_len,
-                                   "results": results}, indent=2))
-        tmp.replace(args.json)
+        write_json_atomic({"preset": args.preset, "device": name, "dtype": str(dtype),
+                           "batch_size": args.batch_size, "seq_len": args.seq_len,
+                           "results": results}, args.json, indent=2)
     return 0
 
 

@@ -29,6 +29,7 @@ import torch.nn.functional as F
 from tqdm import tqdm
 
 from aogpt import UsageError, cli_entry
+from aogpt.files import write_json_atomic
 from aogpt.model import load_checkpoint
 from aogpt.model.precision import resolve_device
 
@@ -146,9 +147,7 @@ def main(argv: list[str] | None = None) -> int:
     report = generative_perplexity(samples, judge, args.batch_size)
     print(format_report(report))
     if args.json:
-        tmp = args.json.with_name(f".{args.json.name}.tmp")
-        tmp.write_text(json.dumps(report, indent=2))
-        tmp.replace(args.json)
+        write_json_atomic(report, args.json, indent=2)
     return 0
 
 

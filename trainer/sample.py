@@ -36,6 +36,7 @@ from tqdm import tqdm
 
 from aogpt import UsageError, cli_entry
 from aogpt.data_prep.tokenizer import EOS, load_gpt2
+from aogpt.files import write_text_atomic
 from aogpt.model import load_checkpoint
 from aogpt.model.precision import resolve_device
 from aogpt.model.sampler import KVCacheSampler, SamplingConfig, given_from_text
@@ -155,10 +156,7 @@ def main(argv: list[str] | None = None) -> int:
           f"({len(records) * to_generate / elapsed:,.0f} generated tokens/s), {steps} steps, "
           f"{eos} end-of-text tokens")
     if args.out:
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        tmp = args.out.with_name(f".{args.out.name}.tmp")
-        tmp.write_text("".join(json.dumps(r) + "\n" for r in records))
-        tmp.replace(args.out)
+        write_text_atomic(args.out, "".join(json.dumps(r) + "\n" for r in records))
         print(f"wrote {args.out}")
     if args.judge:
         del model, sampler  # make room for the judge
