@@ -30,12 +30,19 @@ def test_demo_runs_the_main_job_end_to_end(tmp_path):
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     for name in ("left to right", "any order (bound)", "unigram reference"):
         assert f"held-out {name}" in result.stdout
-    assert "a sample: " in result.stdout
+    for line in ("sample, left to right: ", "sample, any order: ", "infilling, [the gap]: ",
+                 "To be, or not to be, that is the question:[", "] to take arms against a sea of troubles"):
+        assert line in result.stdout
     steps = [json.loads(line)["step"] for line in (out / "ao_gpt_tiny" / "metrics.jsonl").open()]
     assert steps == [1, 2, 3, 4]
     manifest = json.loads((out / "data" / "manifest.json").read_text())
     assert manifest["dataset"] == "shakespeare" and manifest["splits"]["val"]["samples"] > 0
-    samples = [json.loads(line) for line in (out / "samples.jsonl").open()]
-    assert len(samples) == 4 and all(len(s["tokens"]) == 128 for s in samples)
+    recipe_len = 64  # configs/demo.yaml's model.block_size
+    for name, order in (("sample_l2r", "l2r"), ("sample_any_order", "random"), ("sample_infill", "random")):
+        samples = [json.loads(line) for line in (out / f"{name}.jsonl").open()]
+        assert len(samples) == 1 and samples[0]["settings"]["order"] == order
+    assert len(json.loads((out / "sample_l2r.jsonl").read_text())["tokens"]) == recipe_len
+    infill = json.loads((out / "sample_infill.jsonl").read_text())
+    assert len(infill["given_positions"]) == len(infill["tokens"]) - 8  # tools/demo.py's INFILL_GAP
     assert (out / "curves.png").stat().st_size > 10_000
     assert (out / "ao_gpt_tiny" / "final" / "model.safetensors").is_file()

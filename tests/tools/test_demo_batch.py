@@ -1,10 +1,12 @@
 """tools/demo.py picks a batch that the trainer accepts on any number of GPUs."""
 
 import importlib.util
+import json
 
 import pytest
 from conftest import REPO
 
+from aogpt.data_prep.tokenizer import load_gpt2
 from aogpt.trainer.config import load_config
 
 spec = importlib.util.spec_from_file_location("demo", REPO / "tools" / "demo.py")
@@ -12,23 +14,44 @@ demo = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(demo)
 
 
+RECIPE = load_config(REPO / demo.CONFIG)
+
+
+def batch_for(processes: int) -> tuple[int, int]:
+    return demo.demo_batch(processes, RECIPE.model.block_size, RECIPE.train.tokens_per_step,
+                           RECIPE.train.micro_batch_size)
+
+
 @pytest.mark.parametrize("processes", range(1, 17))
 def test_demo_batch_is_accepted_by_the_trainer_on_any_gpu_count(processes):
-    micro_batch, tokens_per_step = demo.demo_batch(processes)
-    cfg = load_config(REPO / "configs" / "tiny.yaml", [f"train.micro_batch_size={micro_batch}",
-                                                       f"train.tokens_per_step={tokens_per_step}"])
+    micro_batch, tokens_per_step = batch_for(processes)
+    cfg = load_config(REPO / demo.CONFIG, [f"train.micro_batch_size={micro_batch}",
+                                           f"train.tokens_per_step={tokens_per_step}"])
     cfg.validate(world_size=processes)  # raises a UsageError for a batch that does not divide
     accumulation = cfg.gradient_accumulation_steps(processes)  # what DeepSpeed is given
     assert cfg.sequences_per_step == micro_batch * processes * accumulation
-    assert 1 <= micro_batch <= 8 and 1 <= accumulation <= 4
-    assert abs(tokens_per_step - 4096) <= 4096 // 5  # close to tiny.yaml's batch
+    assert 1 <= micro_batch <= RECIPE.train.micro_batch_size and 1 <= accumulation <= 4
+    assert abs(tokens_per_step - 4096) <= 4096 // 5  # close to the recipe's batch
 
 
 @pytest.mark.parametrize("processes", [1, 2, 4])
-def test_demo_keeps_tiny_yamls_batch_where_it_divides(processes, repo):
-    tiny = load_config(repo / "configs" / "tiny.yaml")
-    assert demo.demo_batch(processes) == (tiny.train.micro_batch_size, tiny.train.tokens_per_step)
+def test_demo_keeps_the_recipes_batch_where_it_divides(processes):
+    assert batch_for(processes) == (RECIPE.train.micro_batch_size, RECIPE.train.tokens_per_step)
 
 
 def test_demo_batch_on_eight_gpus_keeps_4096_tokens_with_smaller_micro_batches():
-    assert demo.demo_batch(8) == (4, 4096)
+    assert batch_for(8) == (8, 4096)
+
+
+def test_the_infilling_example_gives_both_pieces_and_shows_the_gap_in_brackets():
+    encoding = load_gpt2()
+    spec, seq_len = demo.infill_spec()
+    pieces = {int(start): encoding.encode_ordinary(text) for start, text in json.loads(spec).items()}
+    (before_at, before), (after_at, after) = sorted(pieces.items())
+    assert before_at == 0 and after_at == len(before) + demo.INFILL_GAP == seq_len - len(after)
+    gap = encoding.encode_ordinary(" whether 'tis nobler in the mind to suffer")[:demo.INFILL_GAP]
+    assert len(gap) == demo.INFILL_GAP
+    record = {"tokens": before + gap + after,
+              "given_positions": [*range(len(before)), *range(after_at, seq_len)]}
+    assert demo.show_infill(record) == (f"{demo.INFILL_BEFORE}[{encoding.decode(gap)}]"
+                                        f"{demo.INFILL_AFTER}")
