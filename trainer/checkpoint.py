@@ -137,6 +137,18 @@ def restore_rng_states(states: dict) -> None:
         torch.cuda.set_rng_state(states["cuda"])
 
 
+# The only globals a rank-state file holds besides torch's own are numpy's (np.random.get_state's
+# key array), so it loads with torch.load(weights_only=True) and nothing else can be unpickled.
+_NUMPY_ARRAY_GLOBALS = [np.zeros(1).__reduce__()[0],  # numpy's _reconstruct, wherever it lives
+                        np.ndarray, np.dtype, type(np.dtype(np.uint32))]
+
+
+def load_rank_state(path: Path) -> dict:
+    """A rank's EMA shard and RNG states, as written by the trainer (see rank_state_file)."""
+    with torch.serialization.safe_globals(_NUMPY_ARRAY_GLOBALS):
+        return torch.load(path, weights_only=True)
+
+
 def save_torch_atomic(obj, path: Path) -> None:
     write_atomic(path, lambda partial: torch.save(obj, partial))
 

@@ -35,6 +35,7 @@ from aogpt.trainer.checkpoint import (
     RUN_STATE,
     PreemptionFlag,
     commit_tag,
+    load_rank_state,
     prune_tags,
     rank_files,
     rank_state_file,
@@ -128,8 +129,7 @@ class Trainer:
                 shutil.rmtree(load_dir, ignore_errors=True)
         self.batches.load_state_dict(client["loader"])
         # another partitioning has other rank files: rank 0's carries what all ranks share
-        rank_state = torch.load(rank_state_file(folder, 0 if elastic else self.env.rank),
-                                weights_only=False)
+        rank_state = load_rank_state(rank_state_file(folder, 0 if elastic else self.env.rank))
         if self.ema is not None and rank_state["ema"] is not None:
             if elastic:  # the shard layout changed: reshard from the consolidated EMA
                 ema = read_consolidated(folder, weights=("ema",))["weights"]["ema"]

@@ -4,6 +4,7 @@ bookkeeping, MFU peaks. No process group, no data."""
 import dataclasses
 import json
 import math
+import pickle
 import re
 
 import pytest
@@ -15,11 +16,13 @@ from aogpt.trainer.checkpoint import (
     RUN_STATE,
     check_resumable,
     commit_tag,
+    load_rank_state,
     prune_tags,
     rank_files,
     read_run_state,
     restore_rng_states,
     rng_states,
+    save_torch_atomic,
 )
 from aogpt.trainer.config import OptimConfig, StreamConfig, load_config, resolve_device_choices
 from aogpt.trainer.data import training_locations
@@ -298,6 +301,25 @@ def test_rng_states_round_trip():
     torch.rand(5)
     restore_rng_states(states)
     assert torch.equal(torch.rand(3), expected)
+
+
+class _Payload:
+    """What an untrusted pickle could carry: unpickling it would run its __reduce__."""
+
+    def __reduce__(self):
+        return (print, ("unpickled",))
+
+
+def test_rank_state_files_load_without_unpickling_anything_but_tensors_and_numpy_arrays(tmp_path):
+    state = {"ema": {"num_updates": 3, "decay": 0.99, "shadow": [torch.ones(2)]}, "rng": rng_states()}
+    save_torch_atomic(state, tmp_path / "rank.pt")
+    loaded = load_rank_state(tmp_path / "rank.pt")
+    assert loaded["ema"]["num_updates"] == 3 and torch.equal(loaded["ema"]["shadow"][0], torch.ones(2))
+    numpy_state = loaded["rng"]["numpy"]
+    assert numpy_state[0] == "MT19937" and (numpy_state[1] == state["rng"]["numpy"][1]).all()
+    save_torch_atomic({"rng": _Payload()}, tmp_path / "foreign.pt")
+    with pytest.raises(pickle.UnpicklingError, match="Weights only load failed"):
+        load_rank_state(tmp_path / "foreign.pt")
 
 
 def test_resumed_run_drops_metrics_logged_after_its_checkpoint(tmp_path):
