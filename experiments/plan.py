@@ -31,6 +31,9 @@ class Arm:
     label: str
     # The key comparisons (Findings 1 and 3) train every seed; the other arms the first only.
     every_seed: bool
+    # An order schedule spanning this share of the run's steps (order.schedule_steps follows
+    # --steps); None: the arm's orders do not change during the run.
+    schedule_fraction: float | None = None
 
     @property
     def config_file(self) -> Path:
@@ -44,6 +47,8 @@ ARMS = (
     Arm("fixed_random", "one fixed random order", every_seed=False),
     Arm("blockwise8", "fixed block-wise order, blocks of 8", every_seed=False),
     Arm("blockwise32", "fixed block-wise order, blocks of 32", every_seed=False),
+    Arm("curriculum", "AO-GPT, left to right first (100% -> 10% over half the run)",
+        every_seed=True, schedule_fraction=0.5),
 )
 ARMS_BY_NAME = {arm.name: arm for arm in ARMS}
 ENSEMBLE_ARM = "mixture10"  # Finding 5 scores the paper's own recipe
@@ -167,6 +172,10 @@ def plan_runs(scale: str, arms: tuple[Arm, ...], seeds: tuple[int, ...], out: Pa
             overrides = [*arm_overrides(arm), f"train.seed={seed}", f"out_dir={out_dir}",
                          f"data.path={data}", *extra]
             config = load_config(base_config(scale), overrides)
+            if arm.schedule_fraction is not None:  # before the user's values, which still win
+                steps = max(1, round(arm.schedule_fraction * config.train.max_steps))
+                overrides.insert(len(overrides) - len(extra), f"order.schedule_steps={steps}")
+                config = load_config(base_config(scale), overrides)
             config.validate()
             runs.append(Run(arm, seed, out_dir, overrides, config))
     return runs

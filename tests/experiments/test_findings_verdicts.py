@@ -129,3 +129,18 @@ def test_finding_2_orders_fixed_orders_with_the_pooled_spread(tmp_path):
     assert finding_2.verdict == REPRODUCED
     assert len(finding_2.comparisons) == 8  # 4 pairs x (final, AUC)
     assert all("l2r" in c.noise_source for c in finding_2.comparisons)
+
+
+def test_the_curriculum_is_compared_with_the_papers_constant_10_percent_on_held_out_loss(tmp_path):
+    write_suite(tmp_path, {"mixture10": [3.4, 3.42], "curriculum": [3.2, 3.21]})
+    held_out = {"mixture10": (5.0, 6.50), "curriculum": (4.0, 6.30)}  # (l2r, random) nll
+    (tmp_path / "evals").mkdir()
+    for arm, (l2r, random) in held_out.items():
+        for seed, jitter in ((1337, 0.0), (1338, 0.01)):
+            result = {"l2r": {"nll": l2r + jitter}, "random": {"nll": random + jitter}}
+            (tmp_path / "evals" / f"{arm}-s{seed}.json").write_text(json.dumps({"results": [result]}))
+    report, findings = write_report(tmp_path)
+    curriculum = {f.key: f for f in findings}["C"]
+    assert curriculum.verdict == REPRODUCED and len(curriculum.comparisons) == 2
+    assert "| C | Beyond the paper: a left-to-right curriculum against the constant 10% | " \
+           "**reproduced** |" in report.read_text()
