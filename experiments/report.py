@@ -284,6 +284,16 @@ def training_loss_comparisons(r: SuiteResults, pairs: list[tuple[str, str]]) -> 
     return comparisons
 
 
+def held_out_comparisons(r: SuiteResults, lower: str, higher: str) -> list[Comparison]:
+    """Arm `lower` against arm `higher` on the held-out left-to-right and any-order NLL."""
+    comparisons = []
+    for kind, label in (("l2r", "held-out left-to-right nll"),
+                        ("random", "held-out any-order nll (bound)")):
+        values = r.per_arm(lambda name, kind=kind: r.eval_nll(name, kind))
+        comparisons += compare_chain(label, values, [(lower, higher)])
+    return comparisons
+
+
 def finding_1(r: SuiteResults) -> Finding:
     arms = ("l2r", "uniform")
     title = "AO-GPT converges slower than the same decoder trained left to right"
@@ -313,39 +323,30 @@ def finding_2(r: SuiteResults) -> Finding:
                    comparisons, [*figure, *arm_table(r, arms)])
 
 
-def finding_3(r: SuiteResults) -> Finding:
-    arms = ("uniform", "mixture10")
-    title = "10% left-to-right orders improve both losses"
-    if skipped := not_run("3", title, r, arms):
+def held_out_finding(r: SuiteResults, key: str, title: str, claim: str, lower: str, higher: str,
+                     figure_file: str) -> Finding:
+    """A finding claiming that arm `lower` beats arm `higher` on both held-out NLLs."""
+    arms = (higher, lower)
+    if skipped := not_run(key, title, r, arms):
         return skipped
-    comparisons = []
-    for kind, label in (("l2r", "held-out left-to-right nll"),
-                        ("random", "held-out any-order nll (bound)")):
-        values = r.per_arm(lambda name, kind=kind: r.eval_nll(name, kind))
-        comparisons += compare_chain(label, values, [("mixture10", "uniform")])
-    figure = plot_validation(r, arms, "finding3.png")
-    return Finding("3", title,
-                   "AO-GPT trained with 10% of its sequences left to right has a lower "
-                   "left-to-right and a lower any-order validation loss than with 0%.",
-                   comparisons, [*figure, *arm_table(r, arms)])
+    figure = plot_validation(r, arms, figure_file)
+    return Finding(key, title, claim, held_out_comparisons(r, lower, higher),
+                   [*figure, *arm_table(r, arms)])
+
+
+def finding_3(r: SuiteResults) -> Finding:
+    return held_out_finding(
+        r, "3", "10% left-to-right orders improve both losses",
+        "AO-GPT trained with 10% of its sequences left to right has a lower left-to-right and a "
+        "lower any-order validation loss than with 0%.", "mixture10", "uniform", "finding3.png")
 
 
 def finding_curriculum(r: SuiteResults) -> Finding:
-    arms = ("mixture10", "curriculum")
-    title = "Beyond the paper: a left-to-right curriculum against the constant 10%"
-    if skipped := not_run("C", title, r, arms):
-        return skipped
-    comparisons = []
-    for kind, label in (("l2r", "held-out left-to-right nll"),
-                        ("random", "held-out any-order nll (bound)")):
-        values = r.per_arm(lambda name, kind=kind: r.eval_nll(name, kind))
-        comparisons += compare_chain(label, values, [("curriculum", "mixture10")])
-    figure = plot_validation(r, arms, "curriculum.png")
-    return Finding("C", title,
-                   "Reading left to right first (p_left_to_right 1.0 -> 0.1 over the first half "
-                   "of the run, then 0.1) gives a lower left-to-right and a lower any-order "
-                   "held-out loss than the paper's constant 10% for the same tokens.",
-                   comparisons, [*figure, *arm_table(r, arms)])
+    return held_out_finding(
+        r, "C", "Beyond the paper: a left-to-right curriculum against the constant 10%",
+        "Reading left to right first (p_left_to_right 1.0 -> 0.1 over the first half of the run, "
+        "then 0.1) gives a lower left-to-right and a lower any-order held-out loss than the "
+        "paper's constant 10% for the same tokens.", "curriculum", "mixture10", "curriculum.png")
 
 
 def finding_5(r: SuiteResults) -> Finding:
