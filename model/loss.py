@@ -175,8 +175,8 @@ def linear_cross_entropy(hidden: torch.Tensor, weight: torch.Tensor, bias: torch
     """
     flat_hidden = hidden.reshape(-1, hidden.size(-1))  # (b*t, d)
     flat_targets = targets.reshape(-1)
-    if hidden.device.type == "cpu":
-        chunk_size = min(chunk_size, cache_fitted_chunk(weight.shape[0])) if chunk_size else 0
+    if hidden.device.type == "cpu" and chunk_size:
+        chunk_size = min(chunk_size, cache_fitted_chunk(weight.shape[0]))
     if chunk_size == 0:
         logits = _upcast(F.linear(flat_hidden, weight, bias))
         nll = F.cross_entropy(logits, flat_targets, reduction="none")

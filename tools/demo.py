@@ -18,6 +18,7 @@ Each stage is skipped when its output is complete, so a re-run only redoes what 
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import os
 import subprocess
@@ -80,25 +81,20 @@ def demo_batch(processes: int, seq_len: int, tokens_per_step: int,
     return micro, micro * processes * accum * seq_len
 
 
-def infill_spec() -> tuple[str, int]:
+def infill_spec(encoding) -> tuple[str, int]:
     """sample.py's --infill JSON for the infilling example, and the sequence length it fills."""
-    encoding = load_gpt2()
     after_start = len(encoding.encode_ordinary(INFILL_BEFORE)) + INFILL_GAP
     spec = json.dumps({"0": INFILL_BEFORE, str(after_start): INFILL_AFTER})
     return spec, after_start + len(encoding.encode_ordinary(INFILL_AFTER))
 
 
-def show_infill(record: dict) -> str:
+def show_infill(record: dict, encoding) -> str:
     """The filled line with the generated gap in [brackets]."""
-    encoding = load_gpt2()
     given = set(record["given_positions"])
-    pieces, current, inside = [], [], False
-    for position, token in enumerate(record["tokens"]):
-        if (position not in given) != inside:
-            pieces.append(("[" if inside else "") + encoding.decode(current) + ("]" if inside else ""))
-            current, inside = [], position not in given
-        current.append(token)
-    pieces.append(("[" if inside else "") + encoding.decode(current) + ("]" if inside else ""))
+    pieces = []
+    for is_given, run in itertools.groupby(enumerate(record["tokens"]), key=lambda t: t[0] in given):
+        text = encoding.decode([token for _, token in run])
+        pieces.append(text if is_given else f"[{text}]")
     return " ".join("".join(pieces).split())
 
 
@@ -166,7 +162,8 @@ def main(argv: list[str] | None = None) -> int:
                "infill": out / "sample_infill.jsonl"}
     for order in ("l2r", "random"):
         run([*sample, "--order", order, "--seq-len", str(seq_len), "--out", str(samples[order])])
-    spec, infill_len = infill_spec()
+    encoding = load_gpt2()
+    spec, infill_len = infill_spec(encoding)
     run([*sample, "--infill", spec, "--seq-len", str(infill_len), "--out", str(samples["infill"])])
 
     stage("6/6 plot the training curves")
@@ -183,7 +180,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"  sample, left to right: {first_sample_text(samples['l2r'])}")
     print(f"  sample, any order:     {first_sample_text(samples['random'])}")
     infilled = json.loads(samples["infill"].read_text().splitlines()[0])
-    print(f"  infilling, [the gap]:  {show_infill(infilled)}")
+    print(f"  infilling, [the gap]:  {show_infill(infilled, encoding)}")
     trained = RunFolder(train_dir)
     for name, path in [("data (MDS + manifest)", data), ("training run", train_dir),
                        ("metrics", trained.metrics_file), ("weights (raw + EMA)", trained.final),

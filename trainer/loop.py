@@ -265,9 +265,9 @@ class Trainer:
                 sample_indices = torch.arange(first, first + len(idx), device=self.device)
                 lengths = torch.full_like(sample_indices, idx.shape[1])  # no padding in training data
                 evaluator.score_batch(sampler, tallies, sample_indices, idx, lengths)
-        sums = [tallies[kind].sums.view(-1, 2).sum(dim=0) if kind in tallies
-                else torch.zeros(2, dtype=torch.float64, device=self.device) for kind in ("l2r", "random")]
-        total = all_reduce_sum(torch.cat(sums), self.device).tolist()
+        l2r = tallies["l2r"].sums  # (nll, tokens)
+        any_order = tallies["random"].sums.sum(dim=0) if "random" in tallies else torch.zeros_like(l2r)
+        total = all_reduce_sum(torch.cat([l2r, any_order]), self.device).tolist()
         return {"val_loss_l2r": token_weighted(total[0], total[1]),
                 "val_loss_ao": token_weighted(total[2], total[3])}
 

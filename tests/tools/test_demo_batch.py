@@ -45,7 +45,7 @@ def test_demo_batch_on_eight_gpus_keeps_4096_tokens_with_smaller_micro_batches()
 
 def test_the_infilling_example_gives_both_pieces_and_shows_the_gap_in_brackets():
     encoding = load_gpt2()
-    spec, seq_len = demo.infill_spec()
+    spec, seq_len = demo.infill_spec(encoding)
     pieces = {int(start): encoding.encode_ordinary(text) for start, text in json.loads(spec).items()}
     (before_at, before), (after_at, after) = sorted(pieces.items())
     assert before_at == 0 and after_at == len(before) + demo.INFILL_GAP == seq_len - len(after)
@@ -53,5 +53,5 @@ def test_the_infilling_example_gives_both_pieces_and_shows_the_gap_in_brackets()
     assert len(gap) == demo.INFILL_GAP
     record = {"tokens": before + gap + after,
               "given_positions": [*range(len(before)), *range(after_at, seq_len)]}
-    assert demo.show_infill(record) == (f"{demo.INFILL_BEFORE}[{encoding.decode(gap)}]"
+    assert demo.show_infill(record, encoding) == (f"{demo.INFILL_BEFORE}[{encoding.decode(gap)}]"
                                         f"{demo.INFILL_AFTER}")
