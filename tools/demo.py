@@ -114,8 +114,12 @@ def main(argv: list[str] | None = None) -> int:
                         help=f"extra config overrides for training (on top of {CONFIG})")
     args = parser.parse_args(argv)
     cfg = load_config(REPO / CONFIG, args.overrides)
-    seq_len, steps = cfg.model.block_size, args.steps or cfg.train.max_steps
-    eval_samples = args.eval_samples or 32768 // seq_len
+    for flag, value in (("--steps", args.steps), ("--eval-samples", args.eval_samples)):
+        if value is not None and value < 1:
+            raise UsageError(f"{flag} must be at least 1, got {value}")
+    seq_len = cfg.model.block_size
+    steps = cfg.train.max_steps if args.steps is None else args.steps
+    eval_samples = 32768 // seq_len if args.eval_samples is None else args.eval_samples
     out = args.out.resolve()
     started = time.time()
     python = sys.executable

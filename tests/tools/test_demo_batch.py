@@ -55,3 +55,10 @@ def test_the_infilling_example_gives_both_pieces_and_shows_the_gap_in_brackets()
               "given_positions": [*range(len(before)), *range(after_at, seq_len)]}
     assert demo.show_infill(record, encoding) == (f"{demo.INFILL_BEFORE}[{encoding.decode(gap)}]"
                                         f"{demo.INFILL_AFTER}")
+
+
+@pytest.mark.parametrize("flag", ["--steps", "--eval-samples"])
+def test_a_count_below_one_is_refused_before_any_stage_runs(flag, tmp_path, capsys):
+    assert demo.main(["--out", str(tmp_path / "demo"), flag, "0"]) == 2
+    assert capsys.readouterr().err == f"error: {flag} must be at least 1, got 0\n"
+    assert not (tmp_path / "demo").exists()
