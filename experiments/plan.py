@@ -77,7 +77,7 @@ SCALE_SETTINGS = {
         ds_config="ds_configs/cpu.json", parallel=2,
         step_keys=("train.max_steps", "optim.decay_steps"),
         eval_samples=256, eval_batch_size=8, num_orders=4, ensemble_samples=64,
-        ensemble_targets=32, speed_args=("--preset", "tiny", "--device", "cpu", "--repeats", "3"),
+        ensemble_targets=32, speed_args=("--preset", "tiny", "--device", "cpu", "--repeats", "5"),
         speed_steps="16,32,64,128", threads=1),
     "gpu": ScaleSettings(
         ds_config="ds_configs/zero2.json", parallel=1, step_keys=("train.max_steps",),
@@ -208,7 +208,7 @@ def eval_command(scale: str, run: Run, data: Path, out_json: Path, samples: int)
     return [*_evaluate(scale), "--ckpt", str(run.out_dir), "--data", str(data),
             "--orders", "l2r,random", "--num-orders", str(s.num_orders),
             "--max-samples", str(samples), "--batch-size", str(s.eval_batch_size),
-            "--json", str(out_json)]
+            "--unigram-from", str(data), "--json", str(out_json)]
 
 
 def ensemble_command(scale: str, run: Run, data: Path, out_json: Path, samples: int) -> list[str]:
@@ -233,10 +233,11 @@ def speed_command(scale: str, steps: str, out_json: Path) -> list[str]:
             "--json", str(out_json)]
 
 
-def data_command(corpus: Path, data: Path) -> list[str]:
-    """Shakespeare packed exactly as tools/demo.py packs it (sequences of 128, 8% held out)."""
+def data_command(corpus: Path, data: Path, seq_len: int) -> list[str]:
+    """Shakespeare packed as tools/demo.py packs it (8% held out), in sequences of the runs'
+    block size."""
     return [python(), "data_prep/owt_to_mds.py", "--source", str(corpus), "--out", str(data),
-            "--seq-len", "128", "--val-fraction", "0.08", "--name", "shakespeare"]
+            "--seq-len", str(seq_len), "--val-fraction", "0.08", "--name", "shakespeare"]
 
 
 def child_env(scale: str) -> dict[str, str]:

@@ -25,10 +25,8 @@ matplotlib.use("Agg")  # files only: runs on a node without a display
 import matplotlib.pyplot as plt  # noqa: E402
 
 from aogpt import UsageError  # noqa: E402
-from aogpt.data_prep.manifest import read_manifest  # noqa: E402
 from aogpt.files import write_atomic, write_text_atomic
 from aogpt.model.run_folder import RunFolder  # noqa: E402
-from aogpt.trainer.evaluation import EvalData, unigram_reference  # noqa: E402
 from aogpt.trainer.metrics import curve, run_records  # noqa: E402
 
 TAIL = 0.1  # "final" loss: the mean over the last 10% of the steps
@@ -222,31 +220,25 @@ def read_json(path: Path) -> dict | None:
 
 
 def load_results(out: Path) -> SuiteResults:
+    """Everything the report is built from, all inside `out` (the runs in out/runs/NAME): a copy
+    of those files elsewhere (experiments/run.py --publish) rebuilds the same report."""
     suite = read_json(out / "suite.json")
     if suite is None:
         raise UsageError(f"{out / 'suite.json'} does not exist: run the suite into {out} first "
                          "(python experiments/run.py --suite findings --out DIR)")
     results = SuiteResults(out, suite)
-    for name, run in suite["runs"].items():
-        if RunFolder(run["out_dir"]).metrics_file.is_file():
-            results.records[name] = run_records(run["out_dir"])
+    for name in suite["runs"]:
+        if RunFolder(out / "runs" / name).metrics_file.is_file():
+            results.records[name] = run_records(out / "runs" / name)
         for store, suffix in ((results.evals, ""), (results.ensembles, ".ensemble")):
             payload = read_json(out / "evals" / f"{name}{suffix}.json")
             if payload is not None:
                 store[name] = payload["results"][0]
     results.speed = read_json(out / "speed.json")
-    results.unigram_nll = unigram_nll(Path(suite["data"]["path"]), results.evals)
+    # the context-free reference, scored by each evaluation on its own samples (--unigram-from)
+    results.unigram_nll = next((result["unigram"]["nll"] for result in results.evals.values()
+                                if "unigram" in result), None)
     return results
-
-
-def unigram_nll(data: Path, evals: dict[str, dict]) -> float | None:
-    """The unigram reference (train-split token frequencies) on the samples the evaluations
-    scored: where a model that has learned no use of context stands."""
-    if not evals or not (data / "manifest.json").is_file():
-        return None
-    samples = next(iter(evals.values()))["samples"]
-    seq_len = read_manifest(data)["seq_len"]
-    return unigram_reference(data, EvalData(data, seq_len, samples))["nll"]
 
 
 # ---- the findings ----------------------------------------------------------------------------------
@@ -415,7 +407,24 @@ def arm_table(r: SuiteResults, arms: tuple[str, ...]) -> list[str]:
     if r.unigram_nll is not None:
         rows.append(f"| unigram reference (token frequencies, no context) | | | "
                     f"{_num(r.unigram_nll)} | {_num(r.unigram_nll)} |")
-    return rows
+    return rows + against_unigram(r, arms)
+
+
+def against_unigram(r: SuiteResults, arms: tuple[str, ...]) -> list[str]:
+    """Each run's held-out any-order NLL against the context-free reference, in words: a claim
+    about how orders shape what a model learns from its context can only show once it does."""
+    if r.unigram_nll is None:
+        return []
+    parts = []
+    for name, run in r.runs.items():
+        nll = r.eval_nll(name, "random")
+        if run["arm"] in arms and nll is not None:
+            gap = nll - r.unigram_nll
+            parts.append(f"{name} {abs(gap):.4f} nats {'above' if gap > 0 else 'below'}")
+    if not parts:
+        return []
+    return ["", "Held-out any-order NLL against the unigram reference: " + ", ".join(parts) +
+            " (above it, a run does not yet beat a model that ignores its context)."]
 
 
 def _num(value: float | None) -> str:

