@@ -137,10 +137,14 @@ def test_the_curriculum_is_compared_with_the_papers_constant_10_percent_on_held_
     (tmp_path / "evals").mkdir()
     for arm, (l2r, random) in held_out.items():
         for seed, jitter in ((1337, 0.0), (1338, 0.01)):
-            result = {"l2r": {"nll": l2r + jitter}, "random": {"nll": random + jitter}}
+            result = {"l2r": {"nll": l2r + jitter}, "random": {"nll": random + jitter},
+                      "unigram": {"nll": 6.4}}
             (tmp_path / "evals" / f"{arm}-s{seed}.json").write_text(json.dumps({"results": [result]}))
     report, findings = write_report(tmp_path)
     curriculum = {f.key: f for f in findings}["C"]
     assert curriculum.verdict == REPRODUCED and len(curriculum.comparisons) == 2
     assert "| C | Beyond the paper: a left-to-right curriculum against the constant 10% | " \
            "**reproduced** |" in report.read_text()
+    assert ("Held-out any-order NLL against the unigram reference: mixture10-s1337 0.1000 nats "
+            "above, mixture10-s1338 0.1100 nats above, curriculum-s1337 0.1000 nats below, "
+            "curriculum-s1338 0.0900 nats below") in report.read_text()
