@@ -252,10 +252,15 @@ class Finding:
     comparisons: list[Comparison]
     body: list[str]  # Markdown: tables, figures, notes
     noise_name: str = "seed noise"
+    arms: tuple[str, ...] = ()  # whose runs explain an undecided verdict (context_free_runs)
 
     @property
     def verdict(self) -> str:
         return verdict([c.outcome for c in self.comparisons], self.noise_name)
+
+    @property
+    def undecided(self) -> bool:
+        return self.verdict not in (REPRODUCED, NOT_REPRODUCED, NOT_RUN)
 
 
 def not_run(key: str, title: str, r: SuiteResults, arms: tuple[str, ...]) -> Finding | None:
@@ -312,7 +317,7 @@ def finding_2(r: SuiteResults) -> Finding:
                    "Each trained on one fixed order, the training loss (in the arm's own order) "
                    "converges fastest left to right, slower for a fixed block-wise random order "
                    "and slowest for a fixed fully random order.",
-                   comparisons, [*figure, *arm_table(r, arms)])
+                   comparisons, [*figure, *arm_table(r, arms)], arms=arms)
 
 
 def held_out_finding(r: SuiteResults, key: str, title: str, claim: str, lower: str, higher: str,
@@ -323,7 +328,7 @@ def held_out_finding(r: SuiteResults, key: str, title: str, claim: str, lower: s
         return skipped
     figure = plot_validation(r, arms, figure_file)
     return Finding(key, title, claim, held_out_comparisons(r, lower, higher),
-                   [*figure, *arm_table(r, arms), *against_unigram(r, arms)])
+                   [*figure, *arm_table(r, arms), *against_unigram(r, arms)], arms=arms)
 
 
 def finding_3(r: SuiteResults) -> Finding:
@@ -365,7 +370,7 @@ def finding_5(r: SuiteResults) -> Finding:
     return Finding("5", title,
                    "Averaging the probabilities of M re-orderings of the context lowers the "
                    "perplexity of AO-GPT (10% left to right) as M grows.",
-                   falls_with_size(nll_by_seed, max(errors)), body)
+                   falls_with_size(nll_by_seed, max(errors)), body, arms=("mixture10",))
 
 
 def finding_speed(r: SuiteResults) -> Finding:
@@ -426,6 +431,31 @@ def against_unigram(r: SuiteResults, arms: tuple[str, ...]) -> list[str]:
         return []
     return ["", "Held-out any-order NLL against the unigram reference: " + ", ".join(parts) +
             " (above it, a run does not yet beat a model that ignores its context)."]
+
+
+def context_free_runs(r: SuiteResults, arms: tuple[str, ...]) -> list[tuple[str, float, float]]:
+    """(run, left-to-right gap, any-order gap) of the runs of these arms whose held-out NLL is
+    above the unigram reference in both readings: models that do not use their context yet."""
+    if r.unigram_nll is None:
+        return []
+    found = []
+    for name, run in r.runs.items():
+        l2r, random = r.eval_nll(name, "l2r"), r.eval_nll(name, "random")
+        if run["arm"] in arms and l2r is not None and random is not None and min(
+                l2r, random) > r.unigram_nll:
+            found.append((name, l2r - r.unigram_nll, random - r.unigram_nll))
+    return found
+
+
+def why_undecided(runs: list[tuple[str, float, float]]) -> list[str]:
+    if not runs:
+        return []
+    gaps = ", ".join(f"{name} {l2r:+.4f} / {random:+.4f}" for name, l2r, random in runs)
+    return [f"Why it is undecided here: held out, {len(runs)} of its runs score worse than the "
+            "unigram reference (a model that ignores its context) both left to right and in "
+            f"random orders (nats above it, left to right / any order: {gaps}). At this budget "
+            "they have not begun to use their context, and the claim is about how they use it.",
+            ""]
 
 
 def _num(value: float | None) -> str:
@@ -548,6 +578,8 @@ def render(r: SuiteResults, findings: list[Finding]) -> str:
             lines += [f"Claim: {f.claim}", "", f"Verdict: **{f.verdict}**", ""]
             lines += [f"- {c.describe()}" for c in f.comparisons]
             lines.append("")
+            if f.undecided:
+                lines += why_undecided(context_free_runs(r, f.arms))
         lines += f.body
     lines += ["", *runs_section(r)]
     return "\n".join(lines) + "\n"

@@ -148,3 +148,24 @@ def test_the_curriculum_is_compared_with_the_papers_constant_10_percent_on_held_
     assert ("Held-out any-order NLL against the unigram reference: mixture10-s1337 0.1000 nats "
             "above, mixture10-s1338 0.1100 nats above, curriculum-s1337 0.1000 nats below, "
             "curriculum-s1338 0.0900 nats below") in report.read_text()
+
+
+def test_an_undecided_finding_names_its_runs_that_do_not_use_their_context_yet(tmp_path):
+    write_suite(tmp_path, {"l2r": [3.0, 3.01], "uniform": [3.5, 3.52], "mixture10": [3.5, 3.51]})
+    held_out = {"l2r": (5.0, 8.3), "uniform": (6.65, 6.66), "mixture10": (6.64, 6.655)}
+    (tmp_path / "evals").mkdir()
+    for arm, (l2r, random) in held_out.items():
+        for seed, jitter in ((1337, 0.0), (1338, 0.01)):
+            result = {"l2r": {"nll": l2r + jitter}, "random": {"nll": random + jitter},
+                      "unigram": {"nll": 6.6}}
+            (tmp_path / "evals" / f"{arm}-s{seed}.json").write_text(json.dumps({"results": [result]}))
+    report, findings = write_report(tmp_path)
+    by_key = {f.key: f for f in findings}
+    assert by_key["3"].undecided and not by_key["1"].undecided
+    text = report.read_text()
+    assert ("Why it is undecided here: held out, 4 of its runs score worse than the unigram "
+            "reference (a model that ignores its context) both left to right and in random "
+            "orders (nats above it, left to right / any order: uniform-s1337 +0.0500 / +0.0600, "
+            "uniform-s1338 +0.0600 / +0.0700, mixture10-s1337 +0.0400 / +0.0550, "
+            "mixture10-s1338 +0.0500 / +0.0650).") in text
+    assert text.count("Why it is undecided here") == 1  # Finding 1 is decided; l2r uses context
