@@ -180,6 +180,9 @@ def main(argv: list[str] | None = None) -> int:
           f"{args.batch_size}, n = {args.seq_len}, best of {args.repeats}")
     print(f"{'steps':>6}{'decoder s':>11}{'encoder s':>11}{'ratio':>8}{'decoder rows':>14}"
           f"{'encoder rows':>14}")
+    # The process's first generations run slower (allocator, kernel set-up: the first step count
+    # measured ~2x its later time on one CPU thread) even after each sampler's own warm-up.
+    measure(model, steps[0], argparse.Namespace(**{**vars(args), "repeats": 1}), device)
     results = []
     for s in steps:
         row = measure(model, s, args, device)

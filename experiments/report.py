@@ -34,7 +34,10 @@ SMOOTH = 0.8  # exponential smoothing of plotted training curves
 TIMING_MARGIN = 0.1  # timings within 10% of each other are treated as equal
 
 AS_CLAIMED, OPPOSITE, WITHIN_NOISE = "as claimed", "opposite", "within noise"
+# both sides are models that do not use their context yet: their gap says nothing of the claim
+CONTEXT_FREE = "both on the unigram plateau"
 REPRODUCED, NOT_REPRODUCED = "reproduced", "not reproduced"
+UNDECIDED_HERE = "inconclusive (not yet using context)"
 NOT_RUN = "not run"
 
 
@@ -63,6 +66,8 @@ def verdict(outcomes: list[str], noise_name: str = "seed noise") -> str:
         return REPRODUCED
     if OPPOSITE in outcomes:
         return NOT_REPRODUCED
+    if CONTEXT_FREE in outcomes:
+        return UNDECIDED_HERE
     return f"inconclusive (within {noise_name})"
 
 
@@ -77,6 +82,7 @@ class Comparison:
     higher: list[float]
     noise: float
     noise_source: str
+    context_free: bool = False  # every run on both sides is on the unigram plateau (on_plateau)
 
     @property
     def difference(self) -> float:
@@ -84,10 +90,11 @@ class Comparison:
 
     @property
     def outcome(self) -> str:
-        return outcome(self.lower, self.higher, self.noise)
+        return CONTEXT_FREE if self.context_free else outcome(self.lower, self.higher, self.noise)
 
     def describe(self) -> str:
-        relation = {AS_CLAIMED: ">", OPPOSITE: "< -", WITHIN_NOISE: "within ±"}[self.outcome]
+        relation = {AS_CLAIMED: ">", OPPOSITE: "< -", WITHIN_NOISE: "within ±"}[
+            outcome(self.lower, self.higher, self.noise)]
         return (f"{self.metric}: {self.lower_name} {values_text(self.lower)} < "
                 f"{self.higher_name} {values_text(self.higher)}? difference "
                 f"{self.difference:+.4f} {relation} {self.noise:.4f} ({self.noise_source}): "
@@ -258,10 +265,6 @@ class Finding:
     def verdict(self) -> str:
         return verdict([c.outcome for c in self.comparisons], self.noise_name)
 
-    @property
-    def undecided(self) -> bool:
-        return self.verdict not in (REPRODUCED, NOT_REPRODUCED, NOT_RUN)
-
 
 def not_run(key: str, title: str, r: SuiteResults, arms: tuple[str, ...]) -> Finding | None:
     """A finding without all its arms in this suite (e.g. left out with --only) is not run."""
@@ -311,7 +314,7 @@ def finding_2(r: SuiteResults) -> Finding:
     if skipped := not_run("2", title, r, arms):
         return skipped
     pairs = [("l2r", b) for b in blocks] + [(b, "fixed_random") for b in blocks]
-    comparisons = training_loss_comparisons(r, pairs)
+    comparisons = on_plateau(r, training_loss_comparisons(r, pairs))
     figure = plot_training(r, arms, "finding2.png", "Finding 2: one fixed order per arm")
     return Finding("2", title,
                    "Each trained on one fixed order, the training loss (in the arm's own order) "
@@ -327,7 +330,7 @@ def held_out_finding(r: SuiteResults, key: str, title: str, claim: str, lower: s
     if skipped := not_run(key, title, r, arms):
         return skipped
     figure = plot_validation(r, arms, figure_file)
-    return Finding(key, title, claim, held_out_comparisons(r, lower, higher),
+    return Finding(key, title, claim, on_plateau(r, held_out_comparisons(r, lower, higher)),
                    [*figure, *arm_table(r, arms), *against_unigram(r, arms)], arms=arms)
 
 
@@ -370,7 +373,9 @@ def finding_5(r: SuiteResults) -> Finding:
     return Finding("5", title,
                    "Averaging the probabilities of M re-orderings of the context lowers the "
                    "perplexity of AO-GPT (10% left to right) as M grows.",
-                   falls_with_size(nll_by_seed, max(errors)), body, arms=("mixture10",))
+                   on_plateau(r, falls_with_size(nll_by_seed, max(errors)),
+                              lambda comparison: ("mixture10",)),
+                   body, arms=("mixture10",))
 
 
 def finding_speed(r: SuiteResults) -> Finding:
@@ -445,6 +450,19 @@ def context_free_runs(r: SuiteResults, arms: tuple[str, ...]) -> list[tuple[str,
                 l2r, random) > r.unigram_nll:
             found.append((name, l2r - r.unigram_nll, random - r.unigram_nll))
     return found
+
+
+def on_plateau(r: SuiteResults, comparisons: list[Comparison],
+               arms_of: Callable[[Comparison], tuple[str, ...]] = lambda c: (
+                   c.lower_name, c.higher_name)) -> list[Comparison]:
+    """Marks the comparisons whose arms (every evaluated run of each) are all on the plateau."""
+    all_arms = tuple({run["arm"] for run in r.runs.values()})
+    idle = {name for name, _, _ in context_free_runs(r, all_arms)}
+    idle_arms = {arm for arm in all_arms
+                 if all(name in idle for name, run in r.runs.items() if run["arm"] == arm)}
+    for comparison in comparisons:
+        comparison.context_free = all(arm in idle_arms for arm in arms_of(comparison))
+    return comparisons
 
 
 def why_undecided(runs: list[tuple[str, float, float]]) -> list[str]:
@@ -578,7 +596,7 @@ def render(r: SuiteResults, findings: list[Finding]) -> str:
             lines += [f"Claim: {f.claim}", "", f"Verdict: **{f.verdict}**", ""]
             lines += [f"- {c.describe()}" for c in f.comparisons]
             lines.append("")
-            if f.undecided:
+            if f.verdict == UNDECIDED_HERE:
                 lines += why_undecided(context_free_runs(r, f.arms))
         lines += f.body
     lines += ["", *runs_section(r)]
