@@ -101,6 +101,17 @@ def write_suite(out, arm_offsets: dict[str, list[float]], steps: int = 200):
     (out / "suite.json").write_text(json.dumps(suite))
 
 
+def write_evals(out, held_out: dict[str, tuple[float, float]], unigram: float):
+    """evaluate.py's JSON for seeds 1337 and 1338 of each arm: (l2r, random) nll, the second seed
+    0.01 higher, and the unigram reference on the same samples."""
+    (out / "evals").mkdir()
+    for arm, (l2r, random) in held_out.items():
+        for seed, jitter in ((1337, 0.0), (1338, 0.01)):
+            result = {"l2r": {"nll": l2r + jitter}, "random": {"nll": random + jitter},
+                      "unigram": {"nll": unigram}}
+            (out / "evals" / f"{arm}-s{seed}.json").write_text(json.dumps({"results": [result]}))
+
+
 def test_report_reproduces_finding_1_when_the_gap_exceeds_the_seed_spread(tmp_path):
     write_suite(tmp_path, {"l2r": [3.0, 3.02], "uniform": [3.5, 3.53]})
     report, findings = write_report(tmp_path)
@@ -134,12 +145,7 @@ def test_finding_2_orders_fixed_orders_with_the_pooled_spread(tmp_path):
 def test_the_curriculum_is_compared_with_the_papers_constant_10_percent_on_held_out_loss(tmp_path):
     write_suite(tmp_path, {"mixture10": [3.4, 3.42], "curriculum": [3.2, 3.21]})
     held_out = {"mixture10": (5.0, 6.50), "curriculum": (4.0, 6.30)}  # (l2r, random) nll
-    (tmp_path / "evals").mkdir()
-    for arm, (l2r, random) in held_out.items():
-        for seed, jitter in ((1337, 0.0), (1338, 0.01)):
-            result = {"l2r": {"nll": l2r + jitter}, "random": {"nll": random + jitter},
-                      "unigram": {"nll": 6.4}}
-            (tmp_path / "evals" / f"{arm}-s{seed}.json").write_text(json.dumps({"results": [result]}))
+    write_evals(tmp_path, held_out, unigram=6.4)
     report, findings = write_report(tmp_path)
     curriculum = {f.key: f for f in findings}["C"]
     assert curriculum.verdict == REPRODUCED and len(curriculum.comparisons) == 2
@@ -153,12 +159,7 @@ def test_the_curriculum_is_compared_with_the_papers_constant_10_percent_on_held_
 def test_an_undecided_finding_names_its_runs_that_do_not_use_their_context_yet(tmp_path):
     write_suite(tmp_path, {"l2r": [3.0, 3.01], "uniform": [3.5, 3.52], "mixture10": [3.5, 3.51]})
     held_out = {"l2r": (5.0, 8.3), "uniform": (6.65, 6.66), "mixture10": (6.64, 6.655)}
-    (tmp_path / "evals").mkdir()
-    for arm, (l2r, random) in held_out.items():
-        for seed, jitter in ((1337, 0.0), (1338, 0.01)):
-            result = {"l2r": {"nll": l2r + jitter}, "random": {"nll": random + jitter},
-                      "unigram": {"nll": 6.6}}
-            (tmp_path / "evals" / f"{arm}-s{seed}.json").write_text(json.dumps({"results": [result]}))
+    write_evals(tmp_path, held_out, unigram=6.6)
     report, findings = write_report(tmp_path)
     by_key = {f.key: f for f in findings}
     assert by_key["3"].verdict == "inconclusive (not yet using context)"
