@@ -182,7 +182,7 @@ def main(argv: list[str] | None = None) -> int:
           f"{'encoder rows':>14}")
     # The process's first generations run slower (allocator, kernel set-up: the first step count
     # measured ~2x its later time on one CPU thread) even after each sampler's own warm-up.
-    measure(model, steps[0], argparse.Namespace(**{**vars(args), "repeats": 1}), device)
+    measure(model, steps[0], argparse.Namespace(**vars(args) | {"repeats": 1}), device)
     results = []
     for s in steps:
         row = measure(model, s, args, device)

@@ -420,18 +420,25 @@ def arm_table(r: SuiteResults, arms: tuple[str, ...]) -> list[str]:
     return rows
 
 
+def unigram_gaps(r: SuiteResults, arms: tuple[str, ...]) -> list[tuple[str, float, float]]:
+    """(run, left-to-right gap, any-order gap) of the evaluated runs of these arms: their
+    held-out NLL minus the unigram reference's (positive: worse than ignoring the context)."""
+    if r.unigram_nll is None:
+        return []
+    gaps = []
+    for name, run in r.runs.items():
+        l2r, random = r.eval_nll(name, "l2r"), r.eval_nll(name, "random")
+        if run["arm"] in arms and l2r is not None and random is not None:
+            gaps.append((name, l2r - r.unigram_nll, random - r.unigram_nll))
+    return gaps
+
+
 def against_unigram(r: SuiteResults, arms: tuple[str, ...]) -> list[str]:
     """Each run's held-out any-order NLL against the context-free reference, in words (for arms
     trained in random orders): a claim about what orders do to a model's use of its context can
     only show once the model uses it."""
-    if r.unigram_nll is None:
-        return []
-    parts = []
-    for name, run in r.runs.items():
-        nll = r.eval_nll(name, "random")
-        if run["arm"] in arms and nll is not None:
-            gap = nll - r.unigram_nll
-            parts.append(f"{name} {abs(gap):.4f} nats {'above' if gap > 0 else 'below'}")
+    parts = [f"{name} {abs(gap):.4f} nats {'above' if gap > 0 else 'below'}"
+             for name, _, gap in unigram_gaps(r, arms)]
     if not parts:
         return []
     return ["", "Held-out any-order NLL against the unigram reference: " + ", ".join(parts) +
@@ -439,17 +446,9 @@ def against_unigram(r: SuiteResults, arms: tuple[str, ...]) -> list[str]:
 
 
 def context_free_runs(r: SuiteResults, arms: tuple[str, ...]) -> list[tuple[str, float, float]]:
-    """(run, left-to-right gap, any-order gap) of the runs of these arms whose held-out NLL is
-    above the unigram reference in both readings: models that do not use their context yet."""
-    if r.unigram_nll is None:
-        return []
-    found = []
-    for name, run in r.runs.items():
-        l2r, random = r.eval_nll(name, "l2r"), r.eval_nll(name, "random")
-        if run["arm"] in arms and l2r is not None and random is not None and min(
-                l2r, random) > r.unigram_nll:
-            found.append((name, l2r - r.unigram_nll, random - r.unigram_nll))
-    return found
+    """The runs of unigram_gaps above the reference in both readings: models that do not use
+    their context yet."""
+    return [gaps for gaps in unigram_gaps(r, arms) if min(gaps[1:]) > 0]
 
 
 def on_plateau(r: SuiteResults, comparisons: list[Comparison],

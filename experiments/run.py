@@ -501,6 +501,16 @@ def publish(out: Path, dest: Path) -> None:
             write_bytes_atomic(dest / source.relative_to(out), source.read_bytes())
 
 
+def write_reports(out: Path, publish_to: Path | None) -> tuple[Path, list]:
+    """OUT/report.md, and with --publish its inputs and report in that folder too; returns the
+    last report written and its findings."""
+    written = write_report(out)
+    if publish_to is None:
+        return written
+    publish(out, publish_to)
+    return write_report(publish_to.resolve())
+
+
 def print_verdicts(report: Path, findings) -> None:
     print(f"report: {report}")
     for finding in findings:
@@ -512,10 +522,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     out = args.out.resolve()
     if args.report_only:
-        print_verdicts(*write_report(out))
-        if args.publish is not None:
-            publish(out, args.publish)
-            print_verdicts(*write_report(args.publish.resolve()))
+        print_verdicts(*write_reports(out, args.publish))
         return 0
     started = time.time()
     data = data_location(args, out)
@@ -539,10 +546,7 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         suite.record(started)
     failed = [name for name, code in status.items() if code != 0]
-    report, findings = write_report(out)
-    if args.publish is not None:
-        publish(out, args.publish)
-        report, findings = write_report(args.publish.resolve())
+    report, findings = write_reports(out, args.publish)
     minutes = (time.time() - started) / 60
     print(f"done in {minutes:.1f} min: jobs run: {len(jobs) - len(failed)}, done before: {cached}"
           + (f", failed or skipped: {len(failed)} ({', '.join(failed)})" if failed else ""))
