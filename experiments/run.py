@@ -110,6 +110,8 @@ def validate(args: argparse.Namespace) -> None:
     args.speed_steps = args.speed_steps or settings.speed_steps
     if not all(part.isdigit() for part in args.speed_steps.split(",")):
         raise UsageError(f"--speed-steps {args.speed_steps!r}: give step counts like 16,64,128")
+    if args.publish is not None and args.publish.resolve() == args.out.resolve():
+        raise UsageError(f"--publish {args.publish} is --out itself: give another folder")
     for setting in args.settings:
         if "=" not in setting:
             raise UsageError(f"--set {setting!r} is not of the form key.sub=value")
@@ -487,8 +489,6 @@ def print_dry_run(suite: Suite) -> None:
 
 def publish(out: Path, dest: Path) -> None:
     """Copies the files the report reads from OUT to DEST, replacing what DEST held of them."""
-    if dest.resolve() == out:
-        raise UsageError(f"--publish {dest} is --out itself: give another folder")
     suite = out / "suite.json"
     if not suite.is_file():
         raise UsageError(f"{suite} does not exist: run the suite into {out} first")

@@ -85,5 +85,7 @@ def test_suite_trains_evaluates_reports_and_a_rerun_only_redoes_what_is_missing(
     rebuilt = run_cli("experiments/run.py", "--report-only", "--out", str(published))
     assert rebuilt.returncode == 0, rebuilt.stderr[-3000:]
     assert (published / "report.md").read_bytes() == (out / "report.md").read_bytes()
+    written = (out / "report.md").stat().st_mtime_ns
     refused = run_cli("experiments/run.py", "--report-only", "--out", str(out), "--publish", str(out))
     assert refused.returncode == 2 and "is --out itself" in refused.stderr
+    assert (out / "report.md").stat().st_mtime_ns == written  # refused before writing anything
