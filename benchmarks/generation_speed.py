@@ -1,7 +1,7 @@
 """Generation time: the decoder's KV-cache sampler against an encoder-style masked-diffusion sampler.
 
     python benchmarks/generation_speed.py [--preset small] [--batch-size B] [--seq-len N]
-        [--steps 16,64,256,N] [--json OUT]
+        [--steps 16,64,256,N] [--compile auto|on|off|both] [--json OUT]
 
 In one process, on the same network, weights and device, for each number of steps S:
 - decoder: model/sampler.py, the paper's AO-GPT sampler (KV cache, Lemma 1, CUDA graphs on a GPU);
@@ -14,6 +14,12 @@ In one process, on the same network, weights and device, for each number of step
 Both draw the same numbers of tokens per step (the paper's deterministic linear schedule) with the
 same sampling code. Prints both times, their ratio and the token rows each pushed through the
 network per sequence (the decoder's stay near 2n at any S, the encoder's are S x n).
+Both run eager and compiled (torch.compile: the decoder's whole step, the encoder's network
+call), so the ratio is reported eager/eager and compiled/compiled (--compile both, the default
+on a GPU; a CPU compiles for longer than these runs take, so it defaults to eager). The
+decoder's milliseconds per network call are set against the floor of the device's memory
+bandwidth: every call must read the weights its matmuls use and the KV cache its attention
+sees (on average half of it over a generation of S = n steps).
 Defaults: the paper's setting on a GPU (small model, batch 32, n = 1024); a smaller one on a CPU
 (batch 8, n = 128); bf16 weights on a GPU and on CPUs with native bf16 (AVX512-BF16 or AMX),
 fp32 on others, where bf16 is emulated ~50x slower (--dtype overrides). Each sampler is warmed up before it is timed; their timed runs are
@@ -34,6 +40,7 @@ from aogpt.model.attention import BIDIRECTIONAL
 from aogpt.model.config import medium, small, tiny
 from aogpt.model.precision import auto_dtype
 from aogpt.model.sampler import (
+    KEY_BLOCK,
     KVCacheSampler,
     SamplingConfig,
     draw_orders,
@@ -41,6 +48,7 @@ from aogpt.model.sampler import (
     sample_from_logits,
     token_uniforms,
 )
+from aogpt.trainer.metrics import peak_memory_bandwidth
 
 PRESETS = {"tiny": tiny, "small": small, "medium": medium}
 GPU_DEFAULTS = {"batch_size": 32, "seq_len": 1024, "steps": "16,64,256,1024"}
@@ -58,6 +66,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--steps", help="comma list of step counts (GPU 16,64,256,1024; CPU 16,64,128)")
     parser.add_argument("--repeats", type=int, default=1, help="timed runs per sampler, best kept")
     parser.add_argument("--no-cuda-graphs", action="store_true", help="eager decoder steps on a GPU")
+    parser.add_argument("--compile", choices=("auto", "on", "off", "both"), default="auto",
+                        help="torch.compile both samplers: auto (default) = both on a GPU, off on a CPU")
     parser.add_argument("--json", type=Path, help="also write the results here")
     return parser.parse_args(argv)
 
@@ -69,7 +79,7 @@ class EncoderSampler:
     same shape at every step) replayed as a CUDA graph."""
 
     def __init__(self, model: AOGPT, batch_size: int, seq_len: int, config: SamplingConfig,
-                 cuda_graphs: bool):
+                 cuda_graphs: bool, compiled: bool = False):
         self.model, self.seq_len, self.config, self.cuda_graphs = model, seq_len, config, cuda_graphs
         device = model.lm_head.weight.device
         # the network's inputs, at fixed addresses for the graph: known slots read their token
@@ -78,9 +88,14 @@ class EncoderSampler:
         self.inputs = torch.full_like(self.tokens, -1)
         self.positions = torch.arange(seq_len, device=device).expand(batch_size, -1).contiguous()
         self._graph: tuple[torch.cuda.CUDAGraph, torch.Tensor] | None = None
+        with torch.no_grad():  # its AdaLN tables once, as the decoder's
+            self.adaln_tables, _ = model.adaln_tables()
+        self._network = (torch.compile(self._forward, dynamic=False, fullgraph=True) if compiled
+                         else self._forward)
 
-    def _network(self) -> torch.Tensor:
-        return self.model.forward_stream(self.tokens, self.inputs, self.positions, BIDIRECTIONAL)
+    def _forward(self) -> torch.Tensor:
+        return self.model.forward_stream(self.tokens, self.inputs, self.positions, BIDIRECTIONAL,
+                                         adaln_tables=self.adaln_tables)
 
     def hidden(self) -> torch.Tensor:
         """(b, n, d): the network on the current inputs."""
@@ -133,15 +148,17 @@ def timed(run, device: torch.device) -> tuple[float, object]:
     return time.perf_counter() - start, result
 
 
-def measure(model: AOGPT, steps: int, args: argparse.Namespace, device: torch.device) -> dict:
+def measure(model: AOGPT, steps: int, args: argparse.Namespace, device: torch.device,
+            compiled: bool) -> dict:
     config = SamplingConfig(steps=steps, seed=0)
     b, n = args.batch_size, args.seq_len
     ids = torch.arange(b, device=device)
     graphs = device.type == "cuda" and not args.no_cuda_graphs
-    decoder = KVCacheSampler(model, b, n, config, cuda_graphs=graphs)
-    decoder.generate(ids + b)  # warm-up: the same step shapes (graphs captured) on other samples
-    encoder = EncoderSampler(model, b, n, config, cuda_graphs=graphs)
-    EncoderSampler(model, b, n, SamplingConfig(steps=2), graphs).generate(ids)  # warm-up
+    decoder = KVCacheSampler(model, b, n, config, cuda_graphs=graphs, compile=compiled)
+    decoder.generate(ids + b)  # warm-up: the same step shapes (compiled, captured) on other samples
+    encoder = EncoderSampler(model, b, n, config, cuda_graphs=graphs, compiled=compiled)
+    with torch.no_grad():  # warm-up: its one network shape (compiled, captured), as generate runs it
+        encoder.hidden()
     # interleaved runs, the shortest of each kept: load from elsewhere only ever adds time
     decoder_s = encoder_s = float("inf")
     for _ in range(args.repeats):
@@ -149,9 +166,25 @@ def measure(model: AOGPT, steps: int, args: argparse.Namespace, device: torch.de
         decoder_s = min(decoder_s, seconds)
         seconds, encoder_rows = timed(lambda: encoder.generate(ids), device)
         encoder_s = min(encoder_s, seconds)
-    return {"steps": steps, "decoder_s": decoder_s, "encoder_s": encoder_s,
+    return {"steps": steps, "compiled": compiled, "decoder_s": decoder_s, "encoder_s": encoder_s,
             "ratio": encoder_s / decoder_s, "decoder_rows": generation.rows,
-            "encoder_rows": encoder_rows, "network_calls": generation.network_calls}
+            "encoder_rows": encoder_rows, "network_calls": generation.network_calls,
+            "decoder_ms_per_call": decoder_s / generation.network_calls * 1e3}
+
+
+def floor_bytes_per_call(model: AOGPT, batch_size: int, seq_len: int) -> float:
+    """Bytes a decoder call must read at least, averaged over a generation of S = n calls: the
+    weights of every matmul (the blocks' and the head; embeddings and the AdaLN tables are only
+    gathered, a few rows per call) and the KV cache of every layer up to the slots it attends
+    (1..n + 1 over the generation: (n + 2) / 2 on average, padding to KEY_BLOCK not counted)."""
+    c = model.config
+    lookups = [m.weight for m in model.modules() if isinstance(m, torch.nn.Embedding)]
+    adaln = [p for name, p in model.named_parameters() if "adaLN" in name]
+    skipped = {id(p) for p in lookups + adaln}
+    weight_bytes = sum(p.numel() * p.element_size() for p in model.parameters() if id(p) not in skipped)
+    element = model.lm_head.weight.element_size()
+    kv_bytes = c.n_layer * 2 * batch_size * c.n_embd * (seq_len + 2) / 2 * element
+    return weight_bytes + kv_bytes
 
 
 @cli_entry
@@ -176,23 +209,33 @@ def main(argv: list[str] | None = None) -> int:
              else torch.bfloat16 if args.dtype == "bf16" else torch.float32)
     model = AOGPT(config).to(device=device, dtype=dtype).eval()
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
+    modes = {"auto": [False, True] if device.type == "cuda" else [False], "on": [True],
+             "off": [False], "both": [False, True]}[args.compile]
+    bandwidth = peak_memory_bandwidth(name) if device.type == "cuda" else None
+    floor_ms = (floor_bytes_per_call(model, args.batch_size, args.seq_len) / bandwidth * 1e3
+                if bandwidth else None)
     print(f"{args.preset}: {model.num_params() / 1e6:.1f}M params on {name} ({dtype}), batch "
-          f"{args.batch_size}, n = {args.seq_len}, best of {args.repeats}")
-    print(f"{'steps':>6}{'decoder s':>11}{'encoder s':>11}{'ratio':>8}{'decoder rows':>14}"
-          f"{'encoder rows':>14}")
+          f"{args.batch_size}, n = {args.seq_len}, best of {args.repeats}"
+          + (f"; memory floor {floor_ms:.3f} ms per decoder call" if floor_ms else ""))
+    print(f"{'steps':>6}{'compiled':>10}{'decoder s':>11}{'encoder s':>11}{'ratio':>8}"
+          f"{'ms/call':>9}{'decoder rows':>14}{'encoder rows':>14}")
     # The process's first generations run slower (allocator, kernel set-up: the first step count
     # measured ~2x its later time on one CPU thread) even after each sampler's own warm-up.
-    measure(model, steps[0], argparse.Namespace(**vars(args) | {"repeats": 1}), device)
+    measure(model, steps[0], argparse.Namespace(**vars(args) | {"repeats": 1}), device, modes[0])
     results = []
-    for s in steps:
-        row = measure(model, s, args, device)
-        results.append(row)
-        print(f"{s:>6}{row['decoder_s']:>11.3f}{row['encoder_s']:>11.3f}{row['ratio']:>7.1f}x"
-              f"{row['decoder_rows']:>14}{row['encoder_rows']:>14}", flush=True)
+    for compiled in modes:
+        for s in steps:
+            row = measure(model, s, args, device, compiled)
+            results.append(row)
+            print(f"{s:>6}{'yes' if compiled else 'no':>10}{row['decoder_s']:>11.3f}"
+                  f"{row['encoder_s']:>11.3f}{row['ratio']:>7.1f}x"
+                  f"{row['decoder_ms_per_call']:>9.3f}{row['decoder_rows']:>14}"
+                  f"{row['encoder_rows']:>14}", flush=True)
     if args.json:
         write_json_atomic({"preset": args.preset, "device": name, "dtype": str(dtype),
                            "batch_size": args.batch_size, "seq_len": args.seq_len,
-                           "results": results}, args.json, indent=2)
+                           "memory_bandwidth": bandwidth, "hbm_floor_ms": floor_ms,
+                           "key_block": KEY_BLOCK, "results": results}, args.json, indent=2)
     return 0
 
 

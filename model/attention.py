@@ -4,7 +4,9 @@ All take q, k, v as (b, h, s, hd) and return (b, h, s_q, hd). Without a mask the
 causal (slot i sees slots 0..i); with a boolean mask (True = may attend, broadcastable to
 (b, h, s_q, s_k)) it is whatever the mask says, which the KV-cache sampler uses for its
 "parallel generation" steps; mask=BIDIRECTIONAL lets every slot see every slot (an encoder's
-attention, run by the kernels' unmasked paths). Attention dropout is always 0, as in the paper.
+attention, run by the kernels' unmasked paths). A mask may also come as the additive bias
+attention_bias makes of it, once for all layers of a network call (SDPA would convert a boolean
+mask in every layer). Attention dropout is always 0, as in the paper.
 """
 
 from __future__ import annotations
@@ -66,6 +68,16 @@ def resolve_backend(attn_impl: str, device: torch.device) -> str:
     return attn_impl
 
 
+def attention_bias(mask: torch.Tensor | str | None, x: torch.Tensor) -> torch.Tensor | str | None:
+    """A boolean mask as the additive bias SDPA makes of it (0 where True, -inf where False), in
+    the dtype attention runs in for activations x (autocast's, if on); anything else unchanged."""
+    if not isinstance(mask, torch.Tensor) or mask.dtype != torch.bool:
+        return mask
+    device = x.device.type
+    dtype = torch.get_autocast_dtype(device) if torch.is_autocast_enabled(device) else x.dtype
+    return torch.zeros(mask.shape, dtype=dtype, device=mask.device).masked_fill_(~mask, float("-inf"))
+
+
 def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, attn_impl: str,
            mask: torch.Tensor | str | None = None) -> torch.Tensor:
     """Scaled dot-product attention with the chosen kernel; causal when mask is None."""
@@ -104,10 +116,11 @@ def _flash_attn_obstacle(q: torch.Tensor, mask: torch.Tensor | None) -> str:
 
 def math_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                    mask: torch.Tensor | None = None) -> torch.Tensor:
-    """The textbook computation, softmax in fp32: the reference the kernels are tested against."""
+    """The textbook computation, softmax in fp32: the reference the kernels are tested against.
+    mask: boolean (True = may attend) or an additive bias (attention_bias)."""
     s_q, s_k = q.size(-2), k.size(-2)
     if mask is None:
         mask = torch.ones(s_q, s_k, dtype=torch.bool, device=q.device).tril()
     scores = (q @ k.transpose(-2, -1)).float() / math.sqrt(q.size(-1))  # (b, h, s_q, s_k)
-    weights = scores.masked_fill(~mask, float("-inf")).softmax(dim=-1)
-    return weights.to(v.dtype) @ v
+    scores = scores.masked_fill(~mask, float("-inf")) if mask.dtype == torch.bool else scores + mask
+    return scores.softmax(dim=-1).to(v.dtype) @ v

@@ -12,7 +12,9 @@ predict next. Its residual stream has one slot per prediction:
 Ordinary causal attention then makes slot k see [None] and the first k tokens of the order. The
 target position enters only through AdaLN: a 128-d embedding shared by all layers, projected per
 block to 6 per-token modulations (shift, scale, gate for attention and MLP) and to 2 (shift,
-scale) in the final layer. The paper's code also runs a last slot holding x[σ_{t-1}] with a zero
+scale) in the final layer. A slot's modulations depend on its target position alone, so each
+forward projects the block_size codes once, into one table per block (adaln_tables), and every
+slot gathers its row: block_size rows through each projection instead of one per token. The paper's code also runs a last slot holding x[σ_{t-1}] with a zero
 condition; its output is discarded and causal attention hides it from every other slot, so it is
 not computed here (the logits of all t predictions are identical).
 
@@ -30,7 +32,7 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 from aogpt import UsageError
-from aogpt.model.attention import KVCache, attend, check_backend, resolve_backend
+from aogpt.model.attention import KVCache, attend, attention_bias, check_backend, resolve_backend
 from aogpt.model.config import ModelConfig
 from aogpt.model.loss import compile_chunk_math, linear_cross_entropy
 from aogpt.model.orders import shuffle
@@ -121,13 +123,17 @@ class Block(nn.Module):
         self.mlp = MLP(config)
         self.adaLN = _adaln(config, 6)
 
-    def forward(self, x: torch.Tensor, cond: torch.Tensor | None = None,
-                mask: torch.Tensor | None = None, cache: KVCache | None = None) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, adaln_table: torch.Tensor | None = None,
+                rows: torch.Tensor | None = None, mask: torch.Tensor | None = None,
+                cache: KVCache | None = None) -> torch.Tensor:
+        """adaln_table: this block's modulations, (r, 6d), and rows (b, s): each slot's row in it
+        (AOGPT.adaln_tables; None without AdaLN)."""
         if self.adaLN is None:
             x = x + self.attn(self.ln_1(x), mask, cache)
             return x + self.mlp(self.ln_2(x))
         # per token: every slot is modulated by its own target position, (b, s, d) each
-        shift_msa, scale_msa, gate_msa, shift_mlp, scale_mlp, gate_mlp = self.adaLN(cond).chunk(6, -1)
+        modulations = F.embedding(rows, adaln_table)  # (b, s, 6d)
+        shift_msa, scale_msa, gate_msa, shift_mlp, scale_mlp, gate_mlp = modulations.chunk(6, -1)
         x = x + gate_msa * self.attn(modulate(self.ln_1(x), shift_msa, scale_msa), mask, cache)
         return x + gate_mlp * self.mlp(modulate(self.ln_2(x), shift_mlp, scale_mlp))
 
@@ -138,11 +144,12 @@ class FinalLayer(nn.Module):
         self.ln_f = Norm(config.n_embd, config.norm, config.bias)
         self.adaLN_final = _adaln(config, 2)
 
-    def forward(self, x: torch.Tensor, cond: torch.Tensor | None) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, adaln_table: torch.Tensor | None = None,
+                rows: torch.Tensor | None = None) -> torch.Tensor:
         x = self.ln_f(x)
         if self.adaLN_final is None:
             return x
-        shift, scale = self.adaLN_final(cond).chunk(2, -1)
+        shift, scale = F.embedding(rows, adaln_table).chunk(2, -1)
         return modulate(x, shift, scale)
 
 
@@ -257,40 +264,65 @@ class AOGPT(nn.Module):
     # ---- the network -----------------------------------------------------------------------------
 
     def embed(self, tokens: torch.Tensor, positions: torch.Tensor,
-              target_positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """Input of the residual stream, and the AdaLN condition (None without AdaLN).
+              target_positions: torch.Tensor) -> torch.Tensor:
+        """Input of the residual stream, x (b, s, d).
 
         tokens, positions, target_positions: (b, s). Each slot holds `tokens` from original
         `positions` (-1 = the [None] start slot, whose token is ignored) and is asked to predict
-        the token at `target_positions`. Returns x (b, s, d) and cond (b, s, cond_dim).
+        the token at `target_positions` (which sigma-GPT adds here; AO-GPT's AdaLN in each block).
         """
         t = self.transformer
         is_none = (positions < 0)[..., None]
         none = t.wnonee(positions.new_zeros(()))  # (d,); a module call, so ZeRO-3 gathers it
         x = torch.where(is_none, none, t.wte(tokens.clamp(min=0))) + t.wpe(positions + 1)
-        cond = None
-        if self.config.target_injection == "adaln":
-            cond = t.wtpe(target_positions)
-        elif self.config.target_injection == "sigma_sum":
+        if self.config.target_injection == "sigma_sum":
             x = x + t.wtpe(target_positions)
-        return t.drop(x), cond
+        return t.drop(x)
+
+    def adaln_tables(self, target_positions: torch.Tensor | None = None
+                     ) -> tuple[list[torch.Tensor | None], torch.Tensor | None]:
+        """The AdaLN modulations as tables, and each slot's row in them: (tables, rows).
+
+        tables: one (r, 6d) table per block, then the final layer's (r, 2d); all None without
+        AdaLN. Modulations depend on the target position only, so without target_positions (a
+        sampler, once), or when the slots (b, s) outnumber the positions, the tables hold every
+        target position (r = block_size) and a slot's row is its target position: training
+        projects block_size codes per forward instead of one per token, and backpropagates
+        through the rows its slots gathered. A call with fewer slots than positions (a short
+        prompt) projects its own slots' codes: r = b * s, one row per slot.
+        """
+        t = self.transformer
+        if self.config.target_injection != "adaln":
+            return [None] * (len(t.h) + 1), target_positions
+        codes, rows = t.wtpe.weight, target_positions  # (block_size, cond_dim)
+        if target_positions is not None and target_positions.numel() < len(codes):
+            codes = t.wtpe(target_positions).flatten(0, -2)  # (b * s, cond_dim)
+            rows = torch.arange(len(codes), device=codes.device).view_as(target_positions)
+        # module calls, so that ZeRO-3 gathers each projection's weights
+        return [block.adaLN(codes) for block in t.h] + [t.final_layer.adaLN_final(codes)], rows
 
     def forward_stream(self, tokens: torch.Tensor, positions: torch.Tensor,
-                       target_positions: torch.Tensor, mask: torch.Tensor | None = None,
-                       cache: KVCache | None = None) -> torch.Tensor:
+                       target_positions: torch.Tensor, mask: torch.Tensor | str | None = None,
+                       cache: KVCache | None = None,
+                       adaln_tables: list[torch.Tensor | None] | None = None) -> torch.Tensor:
         """The network on explicit slots (see `embed`): final hidden states (b, s, d).
 
         Logits are self.lm_head(hidden). Causal over the slots unless `mask` (boolean, True = may
-        attend) says otherwise; `cache` is a KV cache for incremental decoding (attention.KVCache).
+        attend, or attention.BIDIRECTIONAL) says otherwise; `cache` is a KV cache for incremental
+        decoding (attention.KVCache); adaln_tables: the tables of every target position,
+        self.adaln_tables()[0], made beforehand (a sampler's), else made here.
         """
-        x, cond = self.embed(tokens, positions, target_positions)
+        x = self.embed(tokens, positions, target_positions)
+        tables, rows = ((adaln_tables, target_positions) if adaln_tables is not None
+                        else self.adaln_tables(target_positions))
+        mask = attention_bias(mask, x)  # converted once for all layers
         recompute = self.config.activation_checkpointing and self.training and torch.is_grad_enabled()
-        for block in self.transformer.h:
+        for block, table in zip(self.transformer.h, tables[:-1], strict=True):
             if recompute:
-                x = checkpoint(block, x, cond, mask, cache, use_reentrant=False)
+                x = checkpoint(block, x, table, rows, mask, cache, use_reentrant=False)
             else:
-                x = block(x, cond, mask, cache)
-        return self.transformer.final_layer(x, cond)
+                x = block(x, table, rows, mask, cache)
+        return self.transformer.final_layer(x, tables[-1], rows)
 
     def training_stream(self, idx: torch.Tensor, orders: torch.Tensor | None = None):
         """The slots (see `embed`) for sequences idx (b, t) read in `orders`, and their targets.
@@ -336,15 +368,21 @@ class AOGPT(nn.Module):
         hidden = self.forward_stream(tokens, positions, target_positions)
         return self.lm_head(hidden, targets, self.config.loss_chunk_size, return_mean)
 
-    def compile_for_training(self) -> None:
-        """torch.compile the blocks and the loss's per-chunk softmax (model/loss.py).
+    def compile_for_training(self, scope: str = "block") -> None:
+        """torch.compile the network and the loss's per-chunk softmax (model/loss.py).
 
-        Each block's forward is compiled, not its module call, so that hooks around it (ZeRO-3's
-        parameter gathering, activation checkpointing) stay eager. All blocks share one graph;
-        shapes are static, so a run compiles once per sequence shape and never again.
+        scope "block": each block's forward is compiled, not its module call, so that hooks
+        around it (ZeRO-3's parameter gathering) stay eager; all blocks share one graph.
+        "network": forward_stream as one graph (embeddings, AdaLN tables, blocks, final layer),
+        so inductor also fuses across block boundaries (a residual add with the next norm); it
+        compiles for longer and holds no hooks. Shapes are static either way: a run compiles
+        once per sequence shape and never again.
         """
-        for block in self.transformer.h:
-            block.forward = torch.compile(block.forward, dynamic=False)
+        if scope == "network":
+            self.forward_stream = torch.compile(self.forward_stream, dynamic=False)
+        else:
+            for block in self.transformer.h:
+                block.forward = torch.compile(block.forward, dynamic=False)
         compile_chunk_math()
 
     def token_nll(self, idx: torch.Tensor, orders: torch.Tensor | None = None) -> torch.Tensor:

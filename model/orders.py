@@ -173,6 +173,14 @@ class OrderSampler:
         config.validate(seq_len)
         self._fixed = self._fixed_order()  # (seq_len,) on the CPU for fixed kinds, else None
         self._fixed_on: dict[torch.device, torch.Tensor] = {}  # copied to each device once
+        self._random_orders = self._random  # or its compiled form (compile())
+
+    def compile(self) -> None:
+        """Draws random orders through torch.compile: the ~100 small integer ops of the hash and
+        the shuffle become a few fused kernels. The same bits as eager (integer arithmetic and a
+        stable sort); the step and the mixture's probability enter as device scalars, so a new
+        step never recompiles."""
+        self._random_orders = torch.compile(self._random, dynamic=False, fullgraph=True)
 
     def _fixed_order(self) -> torch.Tensor | None:
         c = self.config
@@ -208,13 +216,26 @@ class OrderSampler:
                 self._fixed_on[device] = self._fixed.to(device)
             orders = self._fixed_on[device].expand(b, -1).clone()
             return orders, (orders == identity).all(dim=1)
+        # made on the device (a fill, no copy from the host): tensors, so a compiled draw is
+        # one graph for every step
+        step_on_device = torch.full((), step, dtype=torch.int64, device=device)
+        p_on_device = torch.full((), self.p_left_to_right(step), dtype=torch.float64, device=device)
+        return self._random_orders(step_on_device, sample_indices, p_on_device)
+
+    def _random(self, step: torch.Tensor, sample_indices: torch.Tensor, p_left_to_right: torch.Tensor
+                ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Orders of a random kind, and is_l2r: step and p_left_to_right are 0-dim tensors."""
+        b, device = sample_indices.numel(), sample_indices.device
+        kind = self.config.kind
         orders = self._draw(kind, self.seed, step, sample_indices)
         if kind != "mixture":
             return orders, torch.zeros(b, dtype=torch.bool, device=device)
-        is_l2r = counter_uniform(self.seed, step, sample_indices, _COIN) < self.p_left_to_right(step)
+        is_l2r = counter_uniform(self.seed, step, sample_indices, _COIN) < p_left_to_right
+        identity = torch.arange(self.seq_len, device=device).expand(b, -1)
         return torch.where(is_l2r[:, None], identity, orders), is_l2r
 
-    def _draw(self, kind: str, seed: int, step: int, sample_indices: torch.Tensor) -> torch.Tensor:
+    def _draw(self, kind: str, seed: int, step: int | torch.Tensor,
+              sample_indices: torch.Tensor) -> torch.Tensor:
         """Random orders of this kind, one per sample index: (b, seq_len)."""
         t, device = self.seq_len, sample_indices.device
         samples = sample_indices[:, None]  # (b, 1), broadcast against positions

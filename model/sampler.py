@@ -21,6 +21,12 @@ and values in the cache (a token's next target is fixed by the order, so they eq
 forward's); copies are overwritten by the next step. With S = n every step reveals one token and
 this is exact ancestral sampling; over all steps about 2n rows go through the network.
 
+A step is small (b x r rows) and made of hundreds of small operations, so its cost is their
+launches, not their arithmetic. On a GPU the whole step is compiled by inductor (one graph per
+step shape, fused kernels) and replayed as a CUDA graph; the AdaLN modulations, which depend on
+the target position only, are tables built once per sampler (AOGPT.adaln_tables), and the
+parallel generation mask is converted to an attention bias once per step, not in every layer.
+
 The cache is preallocated once, [n_layer, 2, b, h, n+1, hd]: slot n is a trash slot where rows
 that only pad a batch write. Samples of a batch may reveal different numbers of tokens per step
 (binomial counts, per-sample prompts): every sample runs the same number of rows, and the rows
@@ -243,6 +249,9 @@ def token_uniforms(config: SamplingConfig, sample_ids: torch.Tensor, seq_len: in
     return counter_uniform(config.seed, sample_ids[:, None], _TOKEN, positions)
 
 
+CDF_BLOCK = 256  # tokens per block of the two-level inverse CDF (sample_from_logits)
+
+
 def sample_from_logits(logits: torch.Tensor, config: SamplingConfig,
                        uniforms: torch.Tensor) -> torch.Tensor:
     """One token per row of logits (b, r, vocab): (b, r) int64, by inverse-CDF sampling with
@@ -250,27 +259,56 @@ def sample_from_logits(logits: torch.Tensor, config: SamplingConfig,
     logits = filter_logits(logits, config)
     if config.temperature == 0:
         return logits.argmax(dim=-1)
-    # excluded tokens add nothing; summing 50k probabilities needs float64
-    cdf = logits.float().softmax(dim=-1).cumsum(dim=-1, dtype=torch.float64)
-    u = uniforms
-    total = cdf[..., -1]
-    point = torch.minimum(u * total, torch.nextafter(total, torch.zeros_like(total)))  # < total
-    return torch.searchsorted(cdf, point[..., None], right=True).squeeze(-1)
+    return inverse_cdf(logits.float().softmax(dim=-1), uniforms)
+
+
+def inverse_cdf(probs: torch.Tensor, uniforms: torch.Tensor) -> torch.Tensor:
+    """The first token whose cumulative probability exceeds u x total: probs (..., vocab) fp32,
+    uniforms (...) float64 in [0, 1) -> (...) int64. A token of probability 0 (filtered out) is
+    never drawn.
+
+    Summing 50K probabilities needs float64, but not over the whole vocabulary: the blocks of
+    CDF_BLOCK tokens are summed (read once, fp32 in, float64 sums out), the uniform finds its
+    block in their (vocab / CDF_BLOCK) running sums, then its token in that block's own running
+    sum. Both levels sum the same fp32 numbers in float64, so the token is the one a float64
+    running sum over all 50K would give, except when u x total falls within float64 rounding
+    (~1e-16 relative) of a boundary between two tokens.
+    """
+    vocab = probs.size(-1)
+    blocks = -(-vocab // CDF_BLOCK)
+    padded = torch.nn.functional.pad(probs, (0, blocks * CDF_BLOCK - vocab))  # zeros: never drawn
+    by_block = padded.unflatten(-1, (blocks, CDF_BLOCK))  # (..., blocks, CDF_BLOCK)
+    ends = by_block.sum(dim=-1, dtype=torch.float64).cumsum(dim=-1)  # (..., blocks)
+    total = ends[..., -1]
+    point = torch.minimum(uniforms * total, torch.nextafter(total, torch.zeros_like(total)))
+    block = torch.searchsorted(ends, point[..., None], right=True).clamp(max=blocks - 1)  # (..., 1)
+    start = torch.where(block > 0, ends.gather(-1, (block - 1).clamp(min=0)), 0.0)  # (..., 1)
+    inside = by_block.gather(-2, block[..., None].expand(*block.shape, CDF_BLOCK)).squeeze(-2)
+    running = start + inside.cumsum(dim=-1, dtype=torch.float64)  # (..., CDF_BLOCK)
+    # the two levels round differently: should point reach past the block's own running sum
+    # (a ~1e-16 difference), its last token of non-zero probability is the one
+    last = (torch.arange(CDF_BLOCK, device=probs.device) * (inside > 0)).amax(dim=-1, keepdim=True)
+    offset = torch.searchsorted(running, point[..., None], right=True).clamp(max=last)
+    return (block * CDF_BLOCK + offset).squeeze(-1)
 
 
 # ---- the cache and the sampler ---------------------------------------------------------------------
 
 
 class StaticKVCache:
-    """Keys and values of every layer, [n_layer, 2, b, h, slots, hd], allocated once.
+    """Keys and values of every layer, each (b, h, slots, hd), allocated once.
 
     Before each call, `prepare` says where the new rows go and how many slots they may see;
-    attention then calls `update` (the attention.KVCache protocol) once per layer.
+    attention then calls `update` (the attention.KVCache protocol) once per layer. Each layer's
+    keys and values are a tensor of their own, not views of one: a compiled step then writes
+    its new rows into them in place, where writing into a view makes inductor copy the base.
     """
 
     def __init__(self, n_layer: int, batch: int, n_head: int, slots: int, head_dim: int,
                  dtype: torch.dtype, device: torch.device):
-        self.kv = torch.zeros(n_layer, 2, batch, n_head, slots, head_dim, dtype=dtype, device=device)
+        shape = (batch, n_head, slots, head_dim)
+        self.keys = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(n_layer)]
+        self.values = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(n_layer)]
         self.rows = torch.arange(batch, device=device)[:, None]  # (b, 1)
         self.write_slots: torch.Tensor | None = None
         self.visible = slots
@@ -279,8 +317,13 @@ class StaticKVCache:
         """write_slots (b, s): the slot of each new row; visible: slots 0..visible-1 are attended."""
         self.write_slots, self.visible = write_slots, visible
 
+    @property
+    def kv(self) -> torch.Tensor:
+        """A copy of the whole cache, (n_layer, 2, b, h, slots, hd): for inspection."""
+        return torch.stack([torch.stack(pair) for pair in zip(self.keys, self.values, strict=True)])
+
     def update(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        keys, values = self.kv[layer]
+        keys, values = self.keys[layer], self.values[layer]
         # indexing (b, s) pairs moves them first: the values go in as (b, s_new, h, hd)
         keys[self.rows, :, self.write_slots] = k.transpose(1, 2)
         values[self.rows, :, self.write_slots] = v.transpose(1, 2)
@@ -319,11 +362,12 @@ class KVCacheSampler:
         out = sampler.generate(torch.arange(32), tokens.expand(32, -1), mask.expand(32, -1))
 
     The model runs in its own dtype (cast it to bf16 on a GPU) and must be in eval mode.
-    cuda_graphs: None = on a CUDA device.
+    cuda_graphs, compile: None = on a CUDA device. compile: each step shape through
+    torch.compile (inductor; on a CPU it takes longer to compile than short runs gain).
     """
 
     def __init__(self, model: AOGPT, batch_size: int, seq_len: int, config: SamplingConfig,
-                 cuda_graphs: bool | None = None):
+                 cuda_graphs: bool | None = None, compile: bool | None = None):
         config.validate()
         mc = model.config
         if not 1 <= seq_len <= mc.block_size:
@@ -339,6 +383,14 @@ class KVCacheSampler:
         self.cuda_graphs = self.device.type == "cuda" if cuda_graphs is None else cuda_graphs
         if self.cuda_graphs and self.device.type != "cuda":
             raise UsageError("CUDA graphs need the model on a CUDA device")
+        self.compiled = self.device.type == "cuda" if compile is None else compile
+        # compiled: one graph per step shape, so shapes are bucketed to keep them few
+        self.bucketed = self.cuda_graphs or self.compiled
+        self._network_step = (torch.compile(self._step, dynamic=False, fullgraph=True)
+                              if self.compiled else self._step)
+        with torch.no_grad():
+            self.adaln_tables, _ = model.adaln_tables()  # fixed addresses, refreshed in place
+        self._tables_version = self._weights_version()
         self.cache = StaticKVCache(mc.n_layer, batch_size, mc.n_head, seq_len + 1, mc.head_dim,
                                    weight.dtype, self.device)
         # the state a step reads and writes (fixed addresses, as CUDA graphs need)
@@ -367,7 +419,8 @@ class KVCacheSampler:
         sample_ids, given_tokens, given_mask = (t.to(self.device)[pad]
                                                 for t in (sample_ids, given_tokens, given_mask))
         counts = reveal_counts(self.config, given_mask.sum(dim=1), n, sample_ids)
-        plan = plan_steps(counts, n, bucketed=self.cuda_graphs)
+        plan = plan_steps(counts, n, bucketed=self.bucketed)
+        self._refresh_tables()
         self.uniforms.copy_(token_uniforms(self.config, sample_ids, n))
         self.orders.copy_(draw_orders(self.config, given_mask, sample_ids))
         self.ordered[:, :n].copy_(shuffle(given_tokens.long(), self.orders))
@@ -381,23 +434,49 @@ class KVCacheSampler:
         return Generation(tokens[:b].clone(), self.orders[:b].clone(), len(plan.shapes),
                           sum(rows for rows, _, _ in plan.shapes))
 
+    def _weights_version(self) -> int:
+        """Changes whenever a weight the AdaLN tables are made of is changed in place (a host
+        counter: reading it waits for nothing). Weights made under torch.inference_mode keep no
+        counter: they count as unchanged."""
+        return sum(0 if p.is_inference() else p._version for name, p in self.model.named_parameters()
+                   if "adaLN" in name or "wtpe" in name)
+
+    def _refresh_tables(self) -> None:
+        """Rebuilds the AdaLN tables if the model's weights changed since (an optimizer step, a
+        load_state_dict): into the same tensors, which captured CUDA graphs read."""
+        version = self._weights_version()
+        if version == self._tables_version:
+            return
+        with torch.no_grad():
+            for table, fresh in zip(self.adaln_tables, self.model.adaln_tables()[0], strict=True):
+                if table is not None:
+                    table.copy_(fresh)
+        self._tables_version = self._weights_version()
+
     def _run(self, rows: int, targets: int, keys: int):
-        if not self.cuda_graphs:
-            return self._step(rows, targets, keys)
+        # a graph per step shape: raise dynamo's limit of recompilations of one function to the
+        # number of shapes a plan can have (rows, targets: powers of two; keys: KEY_BLOCK steps)
+        shapes = (self.seq_len.bit_length() + 1) ** 2 * (-(-self.seq_len // KEY_BLOCK))
+        with torch._dynamo.config.patch(recompile_limit=max(8, shapes)):
+            if not self.cuda_graphs:
+                return self._network_step(rows, targets, keys)
+            return self._replay(rows, targets, keys)
+
+    def _replay(self, rows: int, targets: int, keys: int):
         shape = (rows, targets, keys)
         if shape not in self._graphs:
             # A step is idempotent (same inputs, same writes), so the warm-up run that sets up
-            # cuBLAS and attention workspaces outside the capture may run it for real.
+            # cuBLAS and attention workspaces (and compiles) outside the capture may run it.
             side = torch.cuda.Stream(self.device)
             side.wait_stream(torch.cuda.current_stream(self.device))
             with torch.cuda.stream(side):
-                self._step(*shape)
+                self._network_step(*shape)
             torch.cuda.current_stream(self.device).wait_stream(side)
             if self._pool is None:
                 self._pool = torch.cuda.graph_pool_handle()
             graph = torch.cuda.CUDAGraph()
             with torch.cuda.graph(graph, pool=self._pool):
-                outputs = self._step(*shape)
+                outputs = self._network_step(*shape)
             self._graphs[shape] = (graph, outputs)
         graph, outputs = self._graphs[shape]
         graph.replay()
@@ -421,7 +500,8 @@ class KVCacheSampler:
         query = torch.where(fed, slot, c)[:, None, :, None]  # (b, 1, rows, 1)
         key = torch.arange(keys, device=self.device)
         mask = (key == query) | ((key <= query) & (key < c[:, None, None]))  # (b, 1, rows, keys)
-        hidden = self.model.forward_stream(tokens, positions, target_positions, mask, self.cache)
+        hidden = self.model.forward_stream(tokens, positions, target_positions, mask, self.cache,
+                                           self.adaln_tables)
         # target rows: slots c..hi-1, at row offset c - lo
         target_slots = c + torch.arange(targets, device=self.device)  # (b, targets)
         valid = target_slots < hi

@@ -157,12 +157,40 @@ PEAK_BF16_FLOPS = (
 )
 
 
+# Peak memory (HBM/GDDR) bandwidth in bytes/s, matched the same way: the floor of a step that
+# must read its weights and KV cache (benchmarks/generation_speed.py).
+PEAK_MEMORY_BANDWIDTH = (
+    ("H100 PCIe", 2.0e12),
+    ("H100 NVL", 3.9e12),
+    ("H100", 3.35e12),  # SXM, HBM3
+    ("GH200", 4.0e12),
+    ("H200", 4.8e12),
+    ("H800", 3.35e12),
+    ("B200", 8.0e12),
+    ("A100-SXM4-80GB", 2.039e12),
+    ("A100 80GB", 1.935e12),  # PCIe
+    ("A100", 1.555e12),  # 40GB
+    ("L40S", 0.864e12),
+    ("A10G", 0.6e12),
+    ("L4", 0.3e12),
+)
+
+
+def _look_up(table: tuple[tuple[str, float], ...], device_name: str) -> float | None:
+    for name, value in table:
+        if name.lower() in device_name.lower():
+            return value
+    return None
+
+
 def peak_flops(device_name: str) -> float | None:
     """The device's dense bf16 peak, or None for an unknown device (then MFU is not reported)."""
-    for name, flops in PEAK_BF16_FLOPS:
-        if name.lower() in device_name.lower():
-            return flops
-    return None
+    return _look_up(PEAK_BF16_FLOPS, device_name)
+
+
+def peak_memory_bandwidth(device_name: str) -> float | None:
+    """The device's memory bandwidth in bytes/s, or None for an unknown device."""
+    return _look_up(PEAK_MEMORY_BANDWIDTH, device_name)
 
 
 def truncate_metrics(path: str | os.PathLike, last_step: int) -> None:

@@ -238,12 +238,12 @@ def test_sigma_gpt_adds_the_target_position_at_the_input():
     tokens = torch.tensor([[0, 11, 12]])
     positions = torch.tensor([[-1, 4, 2]])
     targets = torch.tensor([[4, 2, 9]])
-    x, cond = model.embed(tokens, positions, targets)
+    x = model.embed(tokens, positions, targets)
     t = model.transformer
     expected = torch.stack([t.wnonee.weight[0] + t.wpe.weight[0] + t.wtpe.weight[4],
                             t.wte.weight[11] + t.wpe.weight[5] + t.wtpe.weight[2],
                             t.wte.weight[12] + t.wpe.weight[3] + t.wtpe.weight[9]])
-    assert cond is None and torch.equal(x[0], expected)
+    assert model.adaln_tables()[0] == [None] * 3 and torch.equal(x[0], expected)
     assert model.lm_head.weight is t.wte.weight
 
 
