@@ -61,9 +61,14 @@ class TrainConfig:
     # near-zero gates at init make block updates smaller than bf16's resolution of the residual
     # stream); fp32. auto: autocast_bf16 on a GPU, fp32 on a CPU (most CPUs emulate bf16).
     precision: Literal["auto", "autocast_bf16", "bf16", "fp32"] = "auto"
-    # torch.compile the blocks and the loss's softmax; auto: on a GPU only (on a CPU the
-    # compilation takes longer than short runs gain).
+    # torch.compile the network (compile_scope), the loss's softmax and the order sampler;
+    # auto: on a GPU only (on a CPU the compilation takes longer than short runs gain).
     compile: bool | Literal["auto"] = "auto"
+    # what one compiled graph spans: "block" (each transformer block; all blocks share the
+    # graph: compiles fast, and ZeRO-3 gathers each block's weights around it) or "network"
+    # (embeddings, every block and the final layer: inductor can also fuse across block
+    # boundaries, one long compile; ZeRO-1/2 only)
+    compile_scope: Literal["block", "network"] = "block"
     # A collective (gradient reduction, barrier) that waits longer for another rank fails and
     # ends the run (a dead or hung rank), instead of waiting forever.
     collective_timeout_s: float = 600.0

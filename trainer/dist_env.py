@@ -131,3 +131,21 @@ def all_reduce_sum(values: list[float] | torch.Tensor, device: torch.device) -> 
     tensor = torch.as_tensor(values, dtype=torch.float64, device=device).clone()
     dist.all_reduce(tensor)
     return tensor
+
+
+def host_group() -> torch.distributed.ProcessGroup | None:
+    """A gloo group over all ranks for host values (a signal received): agreeing on them over it
+    never waits for a GPU, as a collective over NCCL would. None in a world of one.
+    Collective: every rank calls it, at the same point."""
+    if torch.distributed.get_world_size() == 1:
+        return None
+    return torch.distributed.new_group(backend="gloo")
+
+
+def any_rank(flag: bool, group: torch.distributed.ProcessGroup | None) -> bool:
+    """Whether `flag` is set on any rank: an all-reduce of a host tensor over host_group()."""
+    if group is None:
+        return flag
+    value = torch.tensor([float(flag)])  # on the host whatever the training device
+    torch.distributed.all_reduce(value, op=torch.distributed.ReduceOp.MAX, group=group)
+    return value.item() > 0

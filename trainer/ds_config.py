@@ -5,6 +5,12 @@ optimizer and its schedule, the precision); the JSON owns how DeepSpeed runs it 
 buckets, communication). A YAML-owned key in the JSON is either "auto" (filled here) or a
 value that agrees with the YAML: anything else, or an optimizer/scheduler block, is a UsageError before any heavy
 work starts, so the two files can never silently disagree.
+
+DeepSpeed's own instruments stay off unless the JSON asks for them: its throughput timer (on by
+default) waits for the device at the start of every forward and at every engine.step(), twice
+per micro-step, which drains the GPU's queue while the host prepares the next micro-batch; the
+trainer's metrics already give tokens/s and step time without waiting. A JSON that turns a
+synchronising instrument on gets a one-line warning (sync_warnings).
 """
 
 from __future__ import annotations
@@ -66,6 +72,8 @@ def resolve_ds_config(ds_config: dict, cfg: RunConfig, world_size: int) -> dict:
                 f"(from {owner}): set {key} to \"auto\" in the JSON and change the YAML instead"
             )
     _resolve_precision(resolved, cfg.train.precision)
+    # absent means DeepSpeed's default, which is a timer that synchronises: off unless asked for
+    resolved.setdefault("timers", {}).setdefault("throughput", {}).setdefault("enabled", False)
     if resolved.get("fp16", {}).get("enabled"):
         raise UsageError("fp16 is not supported (no loss scaling here): use bf16 (zero*.json) "
                          "or fp32 (cpu.json)")
@@ -77,7 +85,15 @@ def resolve_ds_config(ds_config: dict, cfg: RunConfig, world_size: int) -> dict:
         if accum != "fp32":
             raise UsageError(f"data_types.grad_accum_dtype is {accum!r}: with bf16 it must be "
                              "\"fp32\" (or absent), bf16 accumulation drops small gradients")
+        # bf16 has fp32's range, so gradients do not overflow; ZeRO-2's check of every gradient
+        # for inf/NaN reads the device at each optimizer step. The trainer checks the loss and
+        # the gradient norm itself, at log boundaries (trainer/loop.py).
+        resolved["bf16"].setdefault("check_grad_overflow", False)
     stage = zero_stage(resolved)
+    if stage == 3 and cfg.train.compile is True and cfg.train.compile_scope == "network":
+        raise UsageError("train.compile_scope=network needs ZeRO-1 or 2: ZeRO-3 gathers each "
+                         "block's weights in hooks around it, which one graph cannot hold "
+                         "(use train.compile_scope=block)")
     if stage not in (1, 2, 3):
         raise UsageError(f"zero_optimization.stage is {stage}: use 1, 2 or 3 (ds_configs/zero*.json); "
                          "the EMA follows the fp32 master partition that ZeRO keeps")
@@ -113,6 +129,28 @@ def _resolve_precision(resolved: dict, precision: str) -> None:
     if autocast["enabled"]:
         autocast.setdefault("dtype", "bfloat16")
         autocast.setdefault("lower_precision_safe_modules", [])  # fp32 gradients, as the paper
+
+
+def sync_warnings(ds_config: dict) -> list[str]:
+    """One line for each setting of the resolved JSON that makes DeepSpeed wait for the device
+    inside every micro-step or optimizer step (the trainer itself never does: trainer/loop.py)."""
+    warnings = []
+    throughput = ds_config.get("timers", {}).get("throughput", {})
+    if throughput.get("enabled", True) and throughput.get("synchronized", True):
+        warnings.append("the DeepSpeed config enables timers.throughput with synchronized=true: it "
+                        "waits for the device twice per micro-step (set \"synchronized\": false or "
+                        "\"enabled\": false; metrics.jsonl has tokens_per_s and step_time anyway)")
+    if ds_config.get("wall_clock_breakdown"):
+        warnings.append("the DeepSpeed config sets wall_clock_breakdown=true: its timers wait for "
+                        "the device around every forward, backward and step (for profiling only)")
+    if bf16_enabled(ds_config) and ds_config["bf16"].get("check_grad_overflow"):
+        warnings.append("the DeepSpeed config sets bf16.check_grad_overflow=true: every optimizer "
+                        "step then reads an overflow flag from the device (bf16 does not overflow)")
+    if zero_stage(ds_config) in (1, 2) and ds_config["zero_optimization"].get("overlap_comm"):
+        warnings.append("the DeepSpeed config sets zero_optimization.overlap_comm=true: ZeRO-1/2 then "
+                        "wait for the whole device before each gradient bucket's reduction "
+                        "(docs/performance.md: false is faster on one node)")
+    return warnings
 
 
 def zero_stage(ds_config: dict) -> int:

@@ -1,8 +1,8 @@
 """How a run ends when it cannot go on: one line naming the cause, a non-zero exit status, within
 a bounded time, whatever state the process is in.
 
-    step_flags(sums, preempted)     the step's [signalled, loss not finite] flags, on the device,
-                                    summed over ranks by the step's one all-reduce (trainer/loop.py)
+    FirstNonFinite(device)          the first step whose loss or gradient norm was not finite,
+                                    kept on the device every step and read at boundaries only
     SignalWatchdog(grace_s, ...)    after SIGTERM/SIGUSR1, ends the process if the run has not
                                     saved and exited within grace_s (a step or a save that never
                                     finishes: a hung peer, a stuck filesystem)
@@ -18,6 +18,7 @@ signal after saving a checkpoint (EXIT_PREEMPTED).
 
 from __future__ import annotations
 
+import math
 import multiprocessing
 import os
 import signal
@@ -27,6 +28,7 @@ import time
 from collections.abc import Callable
 
 import torch
+import torch.distributed as dist
 
 from aogpt import RunFailure
 from aogpt.trainer.checkpoint import EXIT_PREEMPTED, PreemptionFlag
@@ -35,17 +37,42 @@ EXIT_FAILED = 1  # what aogpt.cli_entry returns for a RunFailure
 
 
 class EveryRankFailure(RunFailure):
-    """A RunFailure that every rank meets at the same point (a flag of the step's all-reduce):
+    """A RunFailure that every rank meets at the same point (a value all ranks reduce together):
     rank 0 alone reports it, so that the log holds one line and not one per rank."""
 
 
-def step_flags(sums: torch.Tensor, preempted: bool) -> torch.Tensor:
-    """[this rank was signalled, this rank's loss sums of the step are not finite] as a float64
-    (2,) vector on the device of `sums`, for the step's all-reduce: no copy, no device sync."""
-    flags = torch.zeros(2, dtype=torch.float64, device=sums.device)
-    flags[0] = float(preempted)
-    flags[1] = (~torch.isfinite(sums)).any()
-    return flags
+class FirstNonFinite:
+    """The first step whose loss or gradient norm was not finite, on this rank, kept on the device.
+
+    `note` runs every step and never reads the device (a GPU would drain its queue and idle while
+    the host prepares the next micro-batch); `check` reads it, over all ranks, at the boundaries
+    where the trainer reads the device anyway (logging, evaluation, a checkpoint): a run whose
+    loss turns NaN goes on for at most log_every steps, and no checkpoint is ever saved after it.
+    """
+
+    def __init__(self, device: torch.device):
+        # [first non-finite loss, first non-finite gradient norm]; inf = none yet
+        self.steps = torch.full((2,), float("inf"), dtype=torch.float64, device=device)
+
+    def note(self, step: int, loss_sums: torch.Tensor, grad_norm) -> None:
+        """loss_sums: the step's nll sums; grad_norm: DeepSpeed's (a device tensor whose inf/NaN
+        it marks -1; a number or None from an engine that computed none)."""
+        bad_loss = ~torch.isfinite(loss_sums).all()
+        bad_norm = torch.zeros_like(bad_loss)  # made on the device: no copy from the host
+        if torch.is_tensor(grad_norm):
+            bad_norm = (~torch.isfinite(grad_norm) | (grad_norm < 0)).reshape(())
+        elif grad_norm is not None and not math.isfinite(grad_norm):
+            bad_norm = ~bad_norm
+        bad = torch.stack([bad_loss, bad_norm])
+        torch.minimum(self.steps, torch.where(bad, float(step), float("inf")), out=self.steps)
+
+    def check(self) -> tuple[int | None, int | None]:
+        """(first non-finite loss step, first non-finite gradient norm step) over all ranks, None
+        where there is none: a collective and a device read."""
+        steps = self.steps.clone()
+        if dist.is_initialized():
+            dist.all_reduce(steps, op=dist.ReduceOp.MIN)
+        return tuple(int(s) if math.isfinite(s) else None for s in steps.tolist())
 
 
 def is_collective_failure(err: BaseException) -> bool:

@@ -7,6 +7,12 @@ at a time, with the EMA, validation, checkpoints and metrics around it.
 Steps are counted as completed optimizer updates: after `fit` has run update i (0-based, the
 index the LR schedule and the order sampler see), the run is at step i + 1, which is what
 metrics, checkpoint tags and `latest` report.
+
+The host never waits for the device inside a step: the loss sums, the non-finite check and the
+EMA stay on the device, DeepSpeed's step is made sync-free (trainer/sync_free.py), and signals
+are agreed on over a host (gloo) group. The device is read at log, evaluation and checkpoint
+boundaries only, so a GPU always has the next micro-batch queued while the host prepares one
+more (tests/trainer/test_trainer_syncs.py counts).
 """
 
 from __future__ import annotations
@@ -45,13 +51,14 @@ from aogpt.trainer.checkpoint import (
 )
 from aogpt.trainer.config import RunConfig, config_to_dict, save_config
 from aogpt.trainer.data import TrainBatches, clean_stale_shared_memory, validation_loader
-from aogpt.trainer.dist_env import DistEnv, all_reduce_sum, init_process_group
+from aogpt.trainer.dist_env import DistEnv, all_reduce_sum, any_rank, host_group, init_process_group
 from aogpt.trainer.ds_config import zero_stage
 from aogpt.trainer.ema import ShardedEMA, gather_full_weights, load_full_ema
 from aogpt.trainer.evaluation import EvalSettings, Evaluator
-from aogpt.trainer.failsafe import EveryRankFailure, SignalWatchdog, step_flags
+from aogpt.trainer.failsafe import EveryRankFailure, FirstNonFinite, SignalWatchdog
 from aogpt.trainer.lr_schedule import learning_rate
 from aogpt.trainer.metrics import MetricsLogger, peak_flops, progress, truncate_metrics
+from aogpt.trainer.sync_free import install as make_deepspeed_steps_sync_free
 
 EVAL_ORDER_SEED = 20250624  # validation orders never change, so evaluations compare across a run
 
@@ -85,6 +92,8 @@ class Trainer:
             torch.backends.cuda.matmul.allow_tf32 = True
             torch.backends.cudnn.allow_tf32 = True
         init_process_group(cfg.train.collective_timeout_s)  # a hung rank fails the others
+        self.host_group = host_group()
+        make_deepspeed_steps_sync_free()
         clean_stale_shared_memory()  # a killed run's leftovers would break the loader
         self.accum = cfg.gradient_accumulation_steps(dist_env.world_size)
         self.run_folder = RunFolder(cfg.out_dir)
@@ -98,20 +107,23 @@ class Trainer:
         self.flops_per_token = model.flops_per_token(cfg.model.block_size)
         self.attention_backend = model.attention_backend
         if cfg.train.compile:
-            model.compile_for_training()
+            model.compile_for_training(cfg.train.compile_scope)
         optimizer = torch.optim.AdamW(
             model.param_groups(cfg.optim.weight_decay), lr=cfg.optim.lr,
             betas=(cfg.optim.beta1, cfg.optim.beta2), eps=cfg.optim.eps,
-            fused=self.device.type == "cuda",
+            fused=True,  # one kernel per step, and its step count stays on the device (no .item())
         )
         self.engine, _, _, _ = deepspeed.initialize(model=model, optimizer=optimizer,
                                                     config=self.ds_config)
         self.ema = ShardedEMA(self.engine, cfg.ema.decay) if cfg.ema.enabled else None
         self.sampler = OrderSampler(cfg.order, cfg.model.block_size, cfg.train.seed)
+        if cfg.train.compile:
+            self.sampler.compile()
         self.batches = TrainBatches(cfg, plan.manifests, dist_env, self.device)
         self.val_loader = (validation_loader(cfg, plan.manifests, dist_env, self.device)
                            if cfg.eval.every else None)
         self._eval_model: AOGPT | None = None
+        self.non_finite = FirstNonFinite(self.device)
         self.step = self.resume(plan.resume_tag, plan.elastic) if plan.resume_tag else 0
 
     # ---- set-up ---------------------------------------------------------------------------------
@@ -170,7 +182,8 @@ class Trainer:
         return (
             f"model: {cfg.model.n_layer} layers x {cfg.model.n_embd}, "
             f"{self.num_params / 1e6:.2f}M parameters, attention {self.attention_backend}"
-            f"{', compiled' if cfg.train.compile else ''} | ZeRO-{zero_stage(self.ds_config)} "
+            f"{f', compiled per {cfg.train.compile_scope}' if cfg.train.compile else ''} | "
+            f"ZeRO-{zero_stage(self.ds_config)} "
             f"{cfg.train.precision} on {self.device.type} | world size "
             f"{env.world_size} ({env.local_world_size} per node) | per step: "
             f"{cfg.train.micro_batch_size} sequences x {self.accum} accumulation x "
@@ -222,6 +235,7 @@ class Trainer:
                 sums += torch.stack([(per_sample * is_l2r).sum(), tokens.sum(),
                                      (per_sample * ~is_l2r).sum(),
                                      nll.shape[1] * idx.shape[0] - tokens.sum()])
+        self.non_finite.note(update + 1, sums, self.engine.get_global_grad_norm())
         if self.ema is not None:
             self.ema.update()
         return sums, data_wait
@@ -377,15 +391,12 @@ class Trainer:
                     record.update(self.evaluate())
                 if record:
                     logger.log(self.step, **record)
-                # The step's one sync: was any rank signalled, was the loss finite on every rank.
-                flags = step_flags(sums, self.preemption.requested)
-                preempted, non_finite = (n > 0 for n in all_reduce_sum(flags, self.device).tolist())
-                if non_finite:
-                    raise EveryRankFailure(
-                        f"the loss is not finite at step {self.step}: stopped without saving this "
-                        f"step; the last complete checkpoint is {self.last_checkpoint()} (lower "
-                        "optim.lr or raise optim.warmup_steps if it happens again)")
-                if self.step % cfg.checkpoint.every == 0 or last or preempted:
+                # a host collective: which rank was signalled needs no device value
+                preempted = any_rank(self.preemption.requested, self.host_group)
+                save = self.step % cfg.checkpoint.every == 0 or last or preempted
+                if record or save:  # boundaries, where the device is read anyway
+                    self.stop_if_not_finite()
+                if save:
                     self.save_checkpoint()
                 if preempted:
                     self.watchdog.saved()
@@ -402,6 +413,21 @@ class Trainer:
             print(f"done: {self.step} steps, {self.step * cfg.train.tokens_per_step:,} tokens; "
                   f"weights in {self.run_folder.final_weights}", flush=True)
         return 0
+
+    def stop_if_not_finite(self) -> None:
+        """Ends the run (collective) if any step so far had a non-finite loss or gradient norm:
+        called before every save, so no checkpoint ever holds weights updated by such a step."""
+        loss_step, norm_step = self.non_finite.check()
+        found = [(step, what) for step, what in ((loss_step, "loss"), (norm_step, "gradient norm"))
+                 if step is not None]
+        if not found:
+            return
+        step, what = min(found, key=lambda pair: pair[0])  # the loss first when both
+        later = "" if step == self.step else f" (found at step {self.step}, the next check)"
+        raise EveryRankFailure(
+            f"the {what} is not finite at step {step}{later}: stopped without saving this step; "
+            f"the last complete checkpoint is {self.last_checkpoint()} (lower optim.lr or raise "
+            "optim.warmup_steps if it happens again)")
 
     def step_metrics(self, sums: torch.Tensor, window_start: float, window_steps: int,
                      window_wait: float, peak: float | None) -> dict:

@@ -24,7 +24,7 @@ from aogpt.trainer.checkpoint import check_resumable, read_run_state
 from aogpt.trainer.config import load_config, resolve_device_choices
 from aogpt.trainer.data import check_data
 from aogpt.trainer.dist_env import DistEnv, setup_distributed_env
-from aogpt.trainer.ds_config import load_ds_config, resolve_ds_config, zero_stage
+from aogpt.trainer.ds_config import load_ds_config, resolve_ds_config, sync_warnings, zero_stage
 from aogpt.trainer.failsafe import (
     EXIT_FAILED,
     EveryRankFailure,
@@ -59,8 +59,9 @@ def preflight(args: argparse.Namespace, dist_env: DistEnv) -> Plan:
     manifests = check_data(cfg, dist_env)
     run_folder = RunFolder(cfg.out_dir)
     tag, warning = run_folder.resume_tag()
-    if warning and dist_env.is_main:
-        print(f"warning: {warning}", file=sys.stderr, flush=True)
+    if dist_env.is_main:
+        for line in filter(None, [*sync_warnings(ds_config), warning]):
+            print(f"warning: {line}", file=sys.stderr, flush=True)
     elastic = False
     if tag is not None:
         state = read_run_state(run_folder, tag)

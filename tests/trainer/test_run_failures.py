@@ -24,7 +24,7 @@ from aogpt.trainer.checkpoint import EXIT_PREEMPTED
 from aogpt.trainer.config import load_config
 from aogpt.trainer.data import TrainBatches, validation_loader
 from aogpt.trainer.dist_env import free_port, setup_distributed_env
-from aogpt.trainer.failsafe import EXIT_FAILED, step_flags
+from aogpt.trainer.failsafe import EXIT_FAILED, FirstNonFinite
 from aogpt.trainer.metrics import read_metrics
 
 CPU = torch.device("cpu")
@@ -202,14 +202,26 @@ def test_the_validation_loader_names_the_shard(data, one_process):
 # ---- non-finite loss ----------------------------------------------------------------------------
 
 
-def test_the_step_flags_stay_on_the_device():
-    sums = torch.zeros(4, dtype=torch.float64, device=META)
+def test_noting_non_finite_steps_stays_on_the_device():
+    watch = FirstNonFinite(META)
     with DeviceCrossings() as crossings:
-        flags = step_flags(sums, preempted=True)
-    assert crossings.ops == [] and flags.device == META and flags.shape == (2,)
-    for value, non_finite in ((1.0, 0.0), (float("nan"), 1.0), (float("inf"), 1.0)):
-        sums = torch.tensor([value, 8.0, 2.0, 56.0], dtype=torch.float64)
-        assert step_flags(sums, preempted=False).tolist() == [0.0, non_finite]
+        for step, norm in ((1, torch.ones((), device=META)), (2, None), (3, float("inf")), (4, 2.0)):
+            watch.note(step, torch.zeros(4, dtype=torch.float64, device=META), norm)
+    assert crossings.ops == [] and watch.steps.device == META and watch.steps.shape == (2,)
+
+
+@pytest.mark.parametrize("steps, first", [
+    ([(1.0, 0.5), (2.0, 0.5)], (None, None)),
+    ([(1.0, 0.5), (float("nan"), 0.5), (1.0, 0.5), (float("inf"), 0.5)], (2, None)),
+    ([(1.0, 0.5), (1.0, -1.0), (1.0, float("nan"))], (None, 2)),  # -1: DeepSpeed's mark of inf/NaN
+    ([(1.0, 0.5), (1.0, float("inf")), (float("nan"), 0.5)], (3, 2)),
+], ids=["finite", "loss", "gradient-norm", "both"])
+def test_the_first_non_finite_loss_and_gradient_norm_steps_are_kept(steps, first):
+    watch = FirstNonFinite(CPU)
+    for step, (loss, norm) in enumerate(steps, start=1):
+        watch.note(step, torch.tensor([loss, 64.0, 2.0, 64.0], dtype=torch.float64),
+                   torch.tensor(norm))
+    assert watch.check() == first
 
 
 def test_a_non_finite_loss_ends_the_run_without_saving_that_step(text_data, tmp_path):

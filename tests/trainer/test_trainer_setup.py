@@ -27,7 +27,7 @@ from aogpt.trainer.checkpoint import (
 from aogpt.trainer.config import OptimConfig, StreamConfig, load_config, resolve_device_choices
 from aogpt.trainer.data import training_locations
 from aogpt.trainer.dist_env import DistEnv, local_gpu_index, setup_distributed_env
-from aogpt.trainer.ds_config import load_ds_config, resolve_ds_config, zero_stage
+from aogpt.trainer.ds_config import load_ds_config, resolve_ds_config, sync_warnings, zero_stage
 from aogpt.trainer.lr_schedule import learning_rate
 from aogpt.trainer.metrics import peak_flops, read_metrics, truncate_metrics
 
@@ -53,6 +53,46 @@ def test_shipped_ds_configs_take_batch_and_clipping_from_the_yaml(repo, tiny, na
     assert "optimizer" not in ds and "scheduler" not in ds
     if ds["bf16"]["enabled"]:
         assert ds["data_types"]["grad_accum_dtype"] == "fp32"
+
+
+@pytest.mark.parametrize("precision", ["autocast_bf16", "bf16", "fp32"])
+def test_shipped_ds_configs_leave_deepspeed_nothing_that_waits_for_the_device(repo, tiny, precision):
+    tiny.train.precision = precision
+    for name in ("zero1", "zero2", "zero3", "cpu"):
+        ds = resolve_ds_config(load_ds_config(repo / "ds_configs" / f"{name}.json"), tiny, 2)
+        assert sync_warnings(ds) == [], name
+        assert ds["timers"]["throughput"]["enabled"] is False
+
+
+def test_deepspeeds_synchronising_throughput_timer_is_off_unless_the_json_asks(tiny):
+    ds = resolve_ds_config({"zero_optimization": {"stage": 1}}, tiny, world_size=1)
+    assert ds["timers"] == {"throughput": {"enabled": False}}  # DeepSpeed's default is on
+
+
+@pytest.mark.parametrize("ds, warning", [
+    ({"timers": {"throughput": {"enabled": True}}}, "enables timers.throughput with synchronized=true"),
+    ({"wall_clock_breakdown": True}, "sets wall_clock_breakdown=true"),
+    ({"bf16": {"enabled": "auto", "check_grad_overflow": True}}, "sets bf16.check_grad_overflow=true"),
+    ({"zero_optimization": {"stage": 2, "overlap_comm": True}}, "sets zero_optimization.overlap_comm=true"),
+], ids=["timer", "wall-clock-breakdown", "overflow-check", "overlap-comm"])
+def test_a_json_that_makes_deepspeed_wait_for_the_device_gets_one_warning(tiny, ds, warning):
+    tiny.train.precision = "bf16"
+    ds.setdefault("zero_optimization", {"stage": 1})
+    warnings = sync_warnings(resolve_ds_config(ds, tiny, world_size=1))
+    assert len(warnings) == 1 and warning in warnings[0]
+
+
+def test_one_compiled_graph_for_the_whole_network_is_refused_under_zero3(tiny):
+    tiny.train.compile, tiny.train.compile_scope = True, "network"
+    with pytest.raises(UsageError, match="train.compile_scope=network needs ZeRO-1 or 2"):
+        resolve_ds_config({"zero_optimization": {"stage": 3}}, tiny, world_size=1)
+    assert zero_stage(resolve_ds_config({"zero_optimization": {"stage": 2}}, tiny, 1)) == 2
+
+
+def test_a_throughput_timer_that_does_not_synchronise_gets_no_warning(tiny):
+    ds = {"timers": {"throughput": {"enabled": True, "synchronized": False}},
+          "zero_optimization": {"stage": 1}}
+    assert sync_warnings(resolve_ds_config(ds, tiny, world_size=1)) == []
 
 
 def test_concrete_json_values_that_agree_with_the_yaml_are_accepted(tiny):

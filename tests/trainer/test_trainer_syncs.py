@@ -1,0 +1,82 @@
+"""Training never waits for its device between log boundaries: real 2-process DeepSpeed runs of
+trainer/main.py on a CPU, with every wait that a GPU would pay recorded (device_syncs.py).
+
+A wait drains the GPU's queue; the GPU then idles while the host loads the next micro-batch,
+draws its orders and runs DeepSpeed's Python. So inside a step nothing may wait: not DeepSpeed's
+throughput timer, not its gradient-norm checks, not our loss bookkeeping. The device is read at
+log boundaries (metrics), evaluations and checkpoints only.
+"""
+
+import json
+import re
+import subprocess
+from pathlib import Path
+
+import pytest
+from trainer_testing import BIN, REPO, build_data, real_documents
+
+from aogpt.trainer.dist_env import free_port
+
+LOG_EVERY, MAX_STEPS = 3, 7  # steps 1, 3, 6 and 7 (the last) read the device; 2, 4, 5 must not
+BOUNDARIES = {1, 3, 6, 7}
+RUN = [  # 2 ranks x 2 sequences of 64 x 2 accumulation steps: every micro-step path is taken
+    "model.block_size=64", "train.micro_batch_size=2", "train.tokens_per_step=512",
+    f"train.log_every={LOG_EVERY}", f"train.max_steps={MAX_STEPS}", "eval.every=0",
+    "checkpoint.every=100", "data.num_workers=1", "optim.warmup_steps=2",
+]
+# reads of values that live on the host in every run: the host group's signal flag, and torch's
+# DataLoader seeding its workers from the host RNG when an epoch's iterator starts
+HOST_VALUES = re.compile(r"^(dist_env\.py:\d+:any_rank|dataloader\.py:\d+:__init__)\b")
+# DeepSpeed's ZeRO-3 waits for its own streams inside its parameter partitioning (every fetch of
+# a layer's weights, every micro-step's gradient epilogue) and makes its norm's inf marker from
+# host data: stage 3 is the only one whose step cannot be made free of waits by settings
+ZERO3_MACHINERY = re.compile(r"^(partition_parameters|partitioned_param_coordinator|stage3)\.py:")
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory):
+    return build_data(tmp_path_factory.mktemp("data") / "text", real_documents())
+
+
+def waits_between_boundaries(ds_config: str, precision: str, data, tmp_path) -> list[dict]:
+    """Runs 2 ranks with the deepspeed launcher; the waits outside boundaries, over both ranks
+    (after checking that the recording saw the boundaries' own reads)."""
+    port = free_port()
+    log = tmp_path / "syncs"
+    command = [str(BIN / "deepspeed"), "--num_gpus", "2", "--master_port", str(port),
+               str(REPO / "tests" / "trainer" / "run_counting_syncs.py"), "--sync-log", str(log),
+               "--ds_config", f"ds_configs/{ds_config}.json", "--config", "configs/tiny.yaml",
+               f"data.path={data}", f"out_dir={tmp_path / 'run'}",
+               f"train.precision={precision}", *RUN]
+    try:
+        done = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=600)
+    finally:
+        for leftover in Path("/dev/shm").glob(f"deepspeed_*_{port}_*"):  # the CPU backend's
+            leftover.unlink(missing_ok=True)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    events = []
+    for rank in (0, 1):
+        rank_events = json.loads((tmp_path / f"syncs.rank{rank}.json").read_text())
+        # the metrics of a log boundary are read from the device: proof that reads are seen
+        assert any(e["step"] == LOG_EVERY and e["kind"] == ".tolist()" for e in rank_events)
+        events += [dict(e, rank=rank) for e in rank_events
+                   if e["step"] not in BOUNDARIES | {0} and not HOST_VALUES.match(e["where"])]
+    return events
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("ds_config, precision", [
+    ("cpu", "fp32"),  # the CPU default: ZeRO-1, an fp32 engine
+    ("zero1", "bf16"),  # DeepSpeed's BF16_Optimizer (bf16 weights, fp32 gradient accumulation)
+    ("zero2", "fp32"),  # an fp32 engine, as autocast_bf16 on a GPU: gradients reduced every micro-step
+    ("zero2", "bf16"),  # ZeRO-2's bf16 path (its overflow check)
+], ids=lambda value: value)
+def test_between_log_boundaries_no_step_waits_for_the_device(ds_config, precision, data, tmp_path):
+    assert waits_between_boundaries(ds_config, precision, data, tmp_path) == []
+
+
+@pytest.mark.slow
+def test_zero3_waits_only_inside_deepspeeds_parameter_partitioning(data, tmp_path):
+    waits = waits_between_boundaries("zero3", "fp32", data, tmp_path)
+    assert waits, "ZeRO-3 waits for its streams: if it no longer does, update docs/performance.md"
+    assert [w for w in waits if not ZERO3_MACHINERY.match(w["where"])] == []

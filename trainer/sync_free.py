@@ -1,0 +1,91 @@
+"""DeepSpeed's optimizer step without waiting for the device.
+
+A GPU runs ahead of the host only while the host never reads a device value: every read
+(`.item()`, `bool(tensor)`, a blocking copy of a host value to the device) drains the queue, and
+the GPU then idles while the host prepares the next micro-batch. The trainer reads the device
+only at log, evaluation and checkpoint boundaries (trainer/loop.py). DeepSpeed 0.19.8's ZeRO
+step reads it at every optimizer step, in three helpers:
+
+    is_invalid_grad_norm(norm)          bool() of the norm: skip the step if it is inf/NaN
+    clip_tensors_by_global_norm(...)    `if clip_coef < 1:` on a device tensor (bf16 ZeRO-1)
+    mask_nan_or_inf_with_val_inplace    torch.tensor(-1.0, device=...): a blocking copy
+
+`install()` replaces them, in the DeepSpeed modules that call them, with device-side equivalents:
+the norm's inf/NaN is marked -1 in place with a Python scalar; clipping multiplies by
+min(1, max_norm / norm) computed on the device (by exactly 1.0 when no clipping is due, so the
+gradients are bit for bit those of the original); and DeepSpeed no longer decides on the host to
+skip a step whose gradient norm is not finite. Instead the trainer folds the norm's finiteness
+into its own check of the loss (Trainer's non-finite flag), which ends the run at the next
+boundary without saving anything past the last finite step, as it ends a run whose loss is not
+finite. (With bf16 or fp32 gradients, which do not overflow, a non-finite norm means a
+non-finite loss or a broken step: there is nothing to skip and go on from.)
+
+The other syncs of a ZeRO step are settings (trainer/ds_config.py and docs/performance.md):
+the throughput timer, bf16's overflow check, and overlap_comm's stream waits.
+
+Only DeepSpeed 0.19.8 is patched (the pinned version, whose code these replacements were
+written against); another version is left alone with a one-line warning.
+"""
+
+from __future__ import annotations
+
+import math
+import sys
+
+import deepspeed
+import torch
+
+PATCHED_VERSION = "0.19.8"
+_installed = False
+
+
+def _mask_nan_or_inf_with_val_inplace(input: torch.Tensor, device=None, val: float = -1.0) -> None:
+    input.masked_fill_(~torch.isfinite(input), val)  # a Python scalar: no copy to the device
+
+
+def _is_invalid_grad_norm_on_host(norm) -> bool:
+    """A device norm is never read here (the trainer checks it at its next boundary); a host
+    number is checked as DeepSpeed does."""
+    if torch.is_tensor(norm):
+        return False
+    return not math.isfinite(float(norm)) or norm < 0
+
+
+def _clip_tensors_by_global_norm(input_tensors, max_norm=1.0, global_norm=None, mpu=None,
+                                 eps=1e-6):
+    """DeepSpeed's clip without the host branch: min(1, max_norm / norm) on the device. An
+    invalid norm (-1, see above) clips nothing; the trainer's check stops the run."""
+    from deepspeed.runtime.utils import get_global_norm_of_tensors
+
+    if global_norm is None:
+        global_norm = get_global_norm_of_tensors(input_tensors, mpu=mpu)
+    coefficient = (max_norm / (global_norm.clamp(min=0) + eps)).clamp(max=1.0)
+    torch._foreach_mul_([t.detach() for t in input_tensors], coefficient)
+    return global_norm
+
+
+def install() -> None:
+    """Makes DeepSpeed's ZeRO optimizer steps sync-free (process-wide, idempotent)."""
+    global _installed
+    if _installed:
+        return
+    _installed = True
+    if deepspeed.__version__ != PATCHED_VERSION:
+        print(f"warning: DeepSpeed {deepspeed.__version__} is not {PATCHED_VERSION}, whose optimizer "
+              "step aogpt makes sync-free: each optimizer step may wait for the device",
+              file=sys.stderr, flush=True)
+        return
+    from deepspeed.runtime import bf16_optimizer, utils
+    from deepspeed.runtime.zero import stage3, stage_1_and_2
+
+    replacements = {
+        "mask_nan_or_inf_with_val_inplace": (_mask_nan_or_inf_with_val_inplace,
+                                             (utils, stage_1_and_2, stage3, bf16_optimizer)),
+        "is_invalid_grad_norm": (_is_invalid_grad_norm_on_host,
+                                 (stage_1_and_2, stage3, bf16_optimizer)),
+        "clip_tensors_by_global_norm": (_clip_tensors_by_global_norm, (bf16_optimizer,)),
+    }
+    for name, (function, modules) in replacements.items():
+        for module in modules:
+            if hasattr(module, name):  # a module that does not import it does not call it
+                setattr(module, name, function)
