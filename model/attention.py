@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import functools
 import math
+from dataclasses import dataclass
 from typing import Protocol
 
 import torch
@@ -61,11 +62,30 @@ def check_backend(attn_impl: str) -> None:
         )
 
 
+@dataclass(frozen=True)
+class AttentionKernel:
+    """The kernel attention runs for a setting on a device, decided once, when the model is
+    built or moved (AOGPT._apply): a compiled graph cannot ask the device what it supports."""
+
+    name: str  # "flash_attn", "sdpa" or "math"
+    strict: bool = False  # asked for by name (model.attn_impl=flash_attn): no quiet fallback
+    unavailable: str = ""  # why flash-attn cannot run on this device ("" = it can)
+
+
+def attention_kernel(attn_impl: str, device: torch.device) -> AttentionKernel:
+    """auto: flash-attn where it runs (sm80+ with flash-attn installed), else SDPA."""
+    supported = flash_attn_supported(device)
+    if attn_impl == "auto":
+        return AttentionKernel("flash_attn" if supported else "sdpa")
+    if attn_impl == "flash_attn" and not supported:
+        return AttentionKernel(attn_impl, strict=True, unavailable=(
+            f"the device {device} is not a CUDA GPU of compute capability 8.0+"))
+    return AttentionKernel(attn_impl, strict=attn_impl == "flash_attn")
+
+
 def resolve_backend(attn_impl: str, device: torch.device) -> str:
     """The kernel that causal training attention uses for this setting on this device."""
-    if attn_impl == "auto":
-        return "flash_attn" if flash_attn_supported(device) else "sdpa"
-    return attn_impl
+    return attention_kernel(attn_impl, device).name
 
 
 def attention_bias(mask: torch.Tensor | str | None, x: torch.Tensor) -> torch.Tensor | str | None:
@@ -78,13 +98,16 @@ def attention_bias(mask: torch.Tensor | str | None, x: torch.Tensor) -> torch.Te
     return torch.zeros(mask.shape, dtype=dtype, device=mask.device).masked_fill_(~mask, float("-inf"))
 
 
-def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, attn_impl: str,
+def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kernel: AttentionKernel | str,
            mask: torch.Tensor | str | None = None) -> torch.Tensor:
-    """Scaled dot-product attention with the chosen kernel; causal when mask is None."""
-    backend = resolve_backend(attn_impl, q.device)
+    """Scaled dot-product attention with the chosen kernel (an AttentionKernel, or a setting
+    decided here for q's device); causal when mask is None."""
+    if isinstance(kernel, str):
+        kernel = attention_kernel(kernel, q.device)
+    backend = kernel.name
     if backend == "flash_attn":
-        why_not = _flash_attn_obstacle(q, mask)
-        if why_not and attn_impl == "flash_attn":
+        why_not = kernel.unavailable or _flash_attn_obstacle(q, mask)
+        if why_not and kernel.strict:
             raise UsageError(f"model.attn_impl=flash_attn cannot run: {why_not}; "
                              "or set model.attn_impl=auto")
         if why_not:  # auto: flash-attn has no fp32 or masked kernel, SDPA has
@@ -104,9 +127,8 @@ def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, attn_impl: str,
 
 
 def _flash_attn_obstacle(q: torch.Tensor, mask: torch.Tensor | None) -> str:
-    """Why flash-attn's kernel cannot compute this attention ("" when it can)."""
-    if not flash_attn_supported(q.device):
-        return f"the device {q.device} is not a CUDA GPU of compute capability 8.0+"
+    """Why flash-attn's kernel cannot compute this attention ("" when it can), on a device it
+    runs on."""
     if q.dtype not in (torch.bfloat16, torch.float16):
         return f"activations are {q.dtype}, it needs bf16/fp16: use bf16 autocast"
     if mask is not None and mask is not BIDIRECTIONAL:

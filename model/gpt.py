@@ -32,7 +32,7 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 from aogpt import UsageError
-from aogpt.model.attention import KVCache, attend, attention_bias, check_backend, resolve_backend
+from aogpt.model.attention import KVCache, attend, attention_bias, attention_kernel, check_backend
 from aogpt.model.config import ModelConfig
 from aogpt.model.loss import compile_chunk_math, linear_cross_entropy
 from aogpt.model.orders import shuffle
@@ -71,7 +71,7 @@ class CausalSelfAttention(nn.Module):
         super().__init__()
         self.layer_idx = layer_idx  # which layer's entries of a KV cache are ours
         self.n_head = config.n_head
-        self.attn_impl = config.attn_impl
+        self.kernel = attention_kernel(config.attn_impl, torch.device("cpu"))  # AOGPT decides
         self.c_attn = nn.Linear(config.n_embd, 3 * config.n_embd, bias=config.bias)
         self.c_proj = nn.Linear(config.n_embd, config.n_embd, bias=config.bias)
         if config.qk_norm:  # per head, over head_dim, shared by all heads of the layer
@@ -91,7 +91,7 @@ class CausalSelfAttention(nn.Module):
         q, k, v = (t.transpose(1, 2) for t in (q, k, v))  # (b, h, s, hd)
         if cache is not None:
             k, v = cache.update(self.layer_idx, k, v)
-        y = attend(q, k, v, self.attn_impl, mask)  # (b, h, s, hd)
+        y = attend(q, k, v, self.kernel, mask)  # (b, h, s, hd)
         return self.resid_dropout(self.c_proj(y.transpose(1, 2).reshape(b, s, d)))
 
 
@@ -199,6 +199,7 @@ class AOGPT(nn.Module):
         if config.tie_embeddings:
             self.lm_head.weight = self.transformer.wte.weight
         self._init_weights()
+        self._decide_attention_kernel()  # e.g. built under `with torch.device("cuda")`
 
     def _init_weights(self) -> None:
         """Every linear and embedding weight ~ N(0, 0.02), cut at 3 std for "trunc_normal"; biases 0.
@@ -232,7 +233,19 @@ class AOGPT(nn.Module):
 
         "flash_attn" applies to bf16/fp16 activations; "auto" falls back to SDPA for fp32 ones.
         """
-        return resolve_backend(self.config.attn_impl, self.lm_head.weight.device)
+        return self.transformer.h[0].attn.kernel.name
+
+    def _decide_attention_kernel(self) -> None:
+        """The attention kernel for the device the weights are on: decided when the model is
+        built or moved, and not in forward, where a compiled graph cannot ask the device."""
+        kernel = attention_kernel(self.config.attn_impl, self.lm_head.weight.device)
+        for block in self.transformer.h:
+            block.attn.kernel = kernel
+
+    def _apply(self, fn, recurse=True):  # to(), cuda(), half(), ...: nn.Module's one way in
+        super()._apply(fn, recurse)
+        self._decide_attention_kernel()
+        return self
 
     def num_params(self) -> int:
         """True total: every parameter once (a tied head counts once)."""

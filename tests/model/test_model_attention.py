@@ -62,6 +62,23 @@ def test_auto_backend_is_sdpa_without_a_flash_attn_gpu():
     assert AOGPT(tiny_config(attn_impl="math")).attention_backend == "math"
 
 
+def test_the_kernel_is_decided_when_the_model_moves_and_never_in_forward(monkeypatch):
+    """A compiled graph cannot ask the device what it supports: forward only reads the kernel
+    decided when the model was built or moved."""
+    from aogpt.model import attention
+
+    asked = []
+    supported = attention.flash_attn_supported
+    monkeypatch.setattr(attention, "flash_attn_supported", lambda d: asked.append(d) or supported(d))
+    model = AOGPT(tiny_config()).to(torch.float64)
+    assert asked and {block.attn.kernel.name for block in model.transformer.h} == {"sdpa"}
+    asked.clear()
+    model(torch.randint(0, 50257, (1, 8)), torch.randperm(8)[None])
+    assert asked == []
+    model.to("meta")
+    assert asked == [torch.device("meta")]
+
+
 def test_asking_for_flash_attn_where_it_cannot_run_is_a_usage_error():
     idx = torch.randint(0, 50257, (1, 8))
     with pytest.raises(UsageError, match="flash"):  # not installed, or installed but on CPU
