@@ -34,7 +34,7 @@ from torch.utils.checkpoint import checkpoint
 from aogpt import UsageError
 from aogpt.model.attention import KVCache, attend, attention_bias, attention_kernel, check_backend
 from aogpt.model.config import ModelConfig
-from aogpt.model.loss import compile_chunk_math, linear_cross_entropy
+from aogpt.model.loss import compile_chunk_math, compute_dtype, linear_cross_entropy
 from aogpt.model.orders import shuffle
 
 
@@ -155,13 +155,36 @@ class FinalLayer(nn.Module):
 
 class LMHead(nn.Linear):
     """The output head. Given targets it returns the per-token NLL instead of logits, made in
-    chunks (model/loss.py); inside this module's forward so that ZeRO-3 gathers its weights."""
+    chunks (model/loss.py); inside this module's forward so that ZeRO-3 gathers its weights.
+
+    Its weights change only at optimizer steps, so under autocast their bf16 copy (50K x d) can
+    be made once per step instead of once per micro-batch: after `weights_changed()` (the trainer
+    calls it after every optimizer step) the next forward casts them and later forwards reuse
+    that copy until the next call. Without the call (evaluation, a plain training loop) every
+    forward casts: an update that the head cannot see (DeepSpeed writes weights through .data,
+    which no version counter records) can then never leave a stale copy in use.
+    """
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self._cast_weight: torch.Tensor | None = None
+        self._reuse_cast = False
+
+    def weights_changed(self) -> None:
+        self._reuse_cast, self._cast_weight = True, None
 
     def forward(self, hidden: torch.Tensor, targets: torch.Tensor | None = None,
                 chunk_size: int = 0, return_mean: bool = False):
         if targets is None:
             return super().forward(hidden)
-        return linear_cross_entropy(hidden, self.weight, self.bias, targets, chunk_size, return_mean)
+        cast, dtype = None, compute_dtype(hidden)
+        # only a real copy is kept, never an alias of weights that ZeRO-3 gathers into buffers
+        if self._reuse_cast and self.weight.dtype != dtype:
+            if self._cast_weight is None or self._cast_weight.dtype != dtype:
+                self._cast_weight = self.weight.detach().to(dtype)
+            cast = self._cast_weight
+        return linear_cross_entropy(hidden, self.weight, self.bias, targets, chunk_size,
+                                    return_mean, cast)
 
 
 def _require_left_to_right(orders: torch.Tensor) -> None:

@@ -19,8 +19,16 @@ uniform (one device sync) and otherwise makes the chunks' logits again for grad_
 
 The softmax of a chunk (upcast, logsumexp, exp, minus the one-hot) is a few passes over
 (chunk x vocab) numbers that cost more memory traffic than the head's matmul itself. On a GPU
-`compile_chunk_math` fuses them into a couple of kernels with torch.compile; on a CPU the chunks
-are made small enough for their logits to stay in the last-level cache.
+`compile_chunk_math` compiles `fused_chunk_math`, written for inductor: one reduction reads the
+logits for their logsumexp, one pointwise pass reads them again and writes the gradient in the
+logits' dtype (the fp32 softmax lives in registers only; an in-place subtraction at the targets
+would make inductor write and re-read an fp32 chunk x vocab tensor). Eager on a CPU,
+`chunk_math` makes the gradient in place, and the chunks are small enough for their logits to
+stay in the last-level cache. Both compute the same numbers.
+
+Under bf16 autocast the head's fp32 weights are cast for the matmuls; the cast is made once per
+optimizer step when the caller passes it (LMHead), and the weight gradient is accumulated in
+fp32 by the matmul itself where the device has such a kernel (CUDA), without a bf16 product.
 """
 
 from __future__ import annotations
@@ -33,11 +41,19 @@ import torch
 import torch.nn.functional as F
 
 
-def _in_compute_dtype(hidden: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None):
-    """The operands in the dtype autocast would run the matmul in (the activations' without it)."""
+def compute_dtype(hidden: torch.Tensor) -> torch.dtype:
+    """The dtype autocast would run the head's matmul in (the activations' without it)."""
     device = hidden.device.type
-    dtype = torch.get_autocast_dtype(device) if torch.is_autocast_enabled(device) else hidden.dtype
-    return hidden.to(dtype), weight.to(dtype), None if bias is None else bias.to(dtype)
+    return torch.get_autocast_dtype(device) if torch.is_autocast_enabled(device) else hidden.dtype
+
+
+def _in_compute_dtype(hidden: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
+                      cast_weight: torch.Tensor | None = None):
+    """The operands in compute_dtype; cast_weight: the weight already cast (LMHead's)."""
+    dtype = compute_dtype(hidden)
+    if cast_weight is None or cast_weight.dtype != dtype:
+        cast_weight = weight.to(dtype)
+    return hidden.to(dtype), cast_weight, None if bias is None else bias.to(dtype)
 
 
 def _upcast(x: torch.Tensor) -> torch.Tensor:
@@ -64,7 +80,29 @@ def chunk_math(logits: torch.Tensor, targets: torch.Tensor, token_weights: torch
     return nll, grad_logits.to(logits.dtype), grad_b
 
 
-_chunk_math = chunk_math  # what _chunked_pass calls: the eager function, or its compiled form
+def fused_chunk_math(logits: torch.Tensor, targets: torch.Tensor,
+                     token_weights: torch.Tensor | None, want_grad: bool, want_bias_grad: bool):
+    """chunk_math's numbers, written for inductor: the gradient in one pointwise expression of
+    the logits (softmax minus a one-hot made by comparing an iota with the targets), which it
+    fuses into one kernel that reads the logits and writes the gradient in their dtype, after
+    one reduction for the logsumexp (with the nll's gather). The bias gradient sums the written
+    gradient (the bf16 values the weight gradient's matmul reads too): summing the fp32 values
+    instead would make inductor write them all out for the column sums."""
+    logits32 = _upcast(logits)
+    lse = logits32.logsumexp(dim=-1)
+    nll = lse - logits32.gather(1, targets[:, None]).squeeze(1)
+    if not want_grad:
+        return nll, None, None
+    vocab = torch.arange(logits.size(-1), device=logits.device)
+    grad_logits = (logits32 - lse[:, None]).exp() - (vocab == targets[:, None]).to(logits32.dtype)
+    if token_weights is not None:
+        grad_logits = grad_logits * token_weights[:, None]
+    grad_logits = grad_logits.to(logits.dtype)
+    grad_b = _upcast(grad_logits).sum(dim=0) if want_bias_grad else None
+    return nll, grad_logits, grad_b
+
+
+_chunk_math = chunk_math  # what _chunked_pass calls: eager, or fused_chunk_math compiled
 
 
 def compile_chunk_math(enabled: bool = True) -> None:
@@ -74,7 +112,30 @@ def compile_chunk_math(enabled: bool = True) -> None:
     twice per dtype and vocabulary; shapes are kept static for the best kernels.
     """
     global _chunk_math
-    _chunk_math = torch.compile(chunk_math, dynamic=False) if enabled else chunk_math
+    _chunk_math = torch.compile(fused_chunk_math, dynamic=False) if enabled else chunk_math
+
+
+@functools.cache
+def _matmul_accumulates_in_fp32(device: torch.device) -> bool:
+    """Whether this device has a bf16 x bf16 -> fp32 matmul that adds into an fp32 tensor
+    (torch.addmm's out_dtype: CUDA, not CPU), found by trying it once on a tiny one."""
+    a = torch.ones(2, 2, dtype=torch.bfloat16, device=device)
+    out = torch.zeros(2, 2, device=device)
+    try:
+        torch.addmm(out, a, a, out_dtype=torch.float32, out=out)
+    except (RuntimeError, NotImplementedError, TypeError):
+        return False
+    return True
+
+
+def _add_weight_grad(grad_w: torch.Tensor, grad_logits: torch.Tensor, h: torch.Tensor) -> None:
+    """grad_w (vocab, d) += grad_logits.T @ h, summed in grad_w's dtype (>= fp32)."""
+    if grad_w.dtype == grad_logits.dtype:
+        grad_w.addmm_(grad_logits.t(), h)  # fp32: accumulate without a temporary
+    elif _matmul_accumulates_in_fp32(grad_w.device):  # bf16 in, fp32 sums, straight into grad_w
+        torch.addmm(grad_w, grad_logits.t(), h, out_dtype=grad_w.dtype, out=grad_w)
+    else:  # a bf16 product, then summed over chunks in fp32
+        grad_w += _upcast(grad_logits.t() @ h)
 
 
 def _last_level_cache_bytes() -> int:
@@ -118,17 +179,15 @@ def _chunked_pass(h: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None, targ
                 grad_b += grad_b_chunk
             if want_h:
                 torch.mm(grad_logits, w, out=grad_h[chunk])
-            if want_w and grad_w.dtype == grad_logits.dtype:
-                grad_w.addmm_(grad_logits.t(), h[chunk])  # fp32: accumulate without a temporary
-            elif want_w:  # bf16/fp16 matmul, summed over chunks in fp32
-                grad_w += _upcast(grad_logits.t() @ h[chunk])
+            if want_w:
+                _add_weight_grad(grad_w, grad_logits, h[chunk])
     return nll, grad_h, grad_w, grad_b
 
 
 class _ChunkedLinearCrossEntropy(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, hidden, weight, bias, targets, chunk_size):  # hidden (n, d), targets (n,)
-        h, w, b = _in_compute_dtype(hidden, weight, bias)
+    def forward(ctx, hidden, weight, bias, targets, chunk_size, cast_weight):  # hidden (n, d)
+        h, w, b = _in_compute_dtype(hidden, weight, bias, cast_weight)
         want = tuple(ctx.needs_input_grad[:3])
         nll, grad_h, grad_w, grad_b = _chunked_pass(h, w, b, targets, chunk_size, want)
         ctx.save_for_backward(hidden, weight, bias, targets, grad_h, grad_w, grad_b)
@@ -159,19 +218,20 @@ class _ChunkedLinearCrossEntropy(torch.autograd.Function):
                 _, _, grad_w, grad_b = _chunked_pass(h, w, b, targets, ctx.chunk_size, want, g)
         return (grad_h,
                 None if grad_w is None else grad_w.to(weight.dtype),
-                None if grad_b is None else grad_b.to(bias.dtype), None, None)
+                None if grad_b is None else grad_b.to(bias.dtype), None, None, None)
 
 
 def linear_cross_entropy(hidden: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
                          targets: torch.Tensor, chunk_size: int,
-                         return_mean: bool = False):
+                         return_mean: bool = False, cast_weight: torch.Tensor | None = None):
     """-log softmax(hidden @ weight.T + bias)[targets] per token, shaped like targets: fp32
     (fp64 for a float64 model). With return_mean, (nll, nll.mean()): backpropagate the mean,
     the training loss, and the backward pass needs no device sync.
 
     hidden is (*targets.shape, d). chunk_size tokens at a time (on a CPU at most
     cache_fitted_chunk's); 0 makes all logits at once (the straightforward path, kept as the
-    baseline).
+    baseline). cast_weight: weight already in compute_dtype (detached), used if that dtype is
+    the one needed; gradients still go to `weight`.
     """
     flat_hidden = hidden.reshape(-1, hidden.size(-1))  # (b*t, d)
     flat_targets = targets.reshape(-1)
@@ -184,9 +244,9 @@ def linear_cross_entropy(hidden: torch.Tensor, weight: torch.Tensor, bias: torch
     elif torch.is_grad_enabled() and any(t is not None and t.requires_grad
                                          for t in (hidden, weight, bias)):
         nll, mean = _ChunkedLinearCrossEntropy.apply(flat_hidden, weight, bias, flat_targets,
-                                                     chunk_size)
+                                                     chunk_size, cast_weight)
     else:
-        nll = _chunked_pass(*_in_compute_dtype(flat_hidden, weight, bias), flat_targets,
+        nll = _chunked_pass(*_in_compute_dtype(flat_hidden, weight, bias, cast_weight), flat_targets,
                             chunk_size, want=(False, False, False))[0]
         mean = nll.mean()
     nll = nll.view_as(targets)

@@ -217,6 +217,7 @@ class Trainer:
         lr = learning_rate(update, cfg.optim)
         for group in self.engine.optimizer.param_groups:
             group["lr"] = lr
+        self.engine.module.lm_head.weights_changed()  # by the last step: cast them once for this one
         sums = torch.zeros(4, dtype=torch.float64, device=self.device)
         data_wait = 0.0
         for _ in range(self.accum):
