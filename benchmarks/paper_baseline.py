@@ -1,0 +1,368 @@
+"""The paper's own trainer and sampler beside ours, on the same device: ratios.
+
+    python benchmarks/paper_baseline.py --paper PATH [--part train,generation] [--smoke]
+        [--steps 64,1024] [--samples B] [--repeats K] [--json OUT]
+
+PATH is a checkout of the paper's code (github.com/scxue/AO-GPT-MDM), or a folder holding its
+files. That repository has no licence: its files are imported from PATH at run time and nothing of
+them is in this one. Used: model_AOGPT_AdaLN6_NoRep_cond_128_trunc_qknorm.py (its training model),
+ema.py, model_AOGPT_generate.py (its KV-cache generator) and catsample.py (its top-p sampling).
+
+train       the inner loop of its train_AOGPT_CL.py as that script runs it: micro-steps of
+            model(X, mode="Random_CL", random_ratio=0.9) (10% left-to-right orders) under bf16
+            autocast on a GPU (fp32 on a CPU, as the script does), the loss divided by the
+            accumulation, backward; then clip_grad_norm_(1.0), its fused AdamW
+            (configure_optimizers), its EMA's update, zero_grad; on random tokens made on the
+            device; compiled (torch.compile(model), as its `compile` flag does) and not (as
+            released). Beside it, in the same process at the same shapes: our network, chunked loss
+            and order sampler (mixture, 10% left to right) in the same loop (fused AdamW, clipping,
+            an EMA of every weight). That is our model's side of the trainer without DeepSpeed and
+            the loader; benchmarks/train_throughput.py times the whole trainer, and gpu_report.py
+            sets the paper's row beside both.
+generation  its generate() (a random order per sample, the linear schedule, top-p 1, temperature
+            1: its sample_AOGPT.py's settings) and our KV-cache sampler (model/sampler.py) with the
+            same settings and THE SAME WEIGHTS: the paper's generator, randomly initialised from a
+            seed, loaded into ours by name (model/official.py's names are the paper's). Each run is
+            a fresh process, timed from its start to the samples on the host (imports, model
+            build, weight load and any compilation included: "whole process"), and the
+            generation call alone. The paper's sampler runs in each of its configurations (its
+            @torch.compile decorators on, as released, or off; bf16 autocast over fp32 weights, as
+            its script, or weights cast to the dtype) and its fastest counts; ours runs as shipped
+            (eager on a CPU, compiled on a GPU), in bf16 where the device has it.
+
+Its generate() makes sequences of 1024 tokens (a constant in its code): the models have a block
+of 1024. Runs are interleaved and the best of --repeats kept. Defaults: the small model, 32
+samples on a GPU, 4 on a CPU, S = 64 and 1024. --smoke: a 1-layer model of width 32 and S = 4, 8,
+to check the machinery (the tests run it against a stand-in of the paper's files).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+from aogpt import RunFailure, UsageError, cli_entry
+from aogpt.files import write_json_atomic
+from aogpt.model import AOGPT, ModelConfig, OrderConfig, OrderSampler
+from aogpt.model.precision import auto_dtype
+from aogpt.model.sampler import KVCacheSampler, SamplingConfig
+
+PAPER_FILES = ("model_AOGPT_AdaLN6_NoRep_cond_128_trunc_qknorm.py", "ema.py",
+               "model_AOGPT_generate.py", "catsample.py")
+PARTS = ("train", "generation")
+SEQ_LEN = 1024  # the paper's generate() makes 1024 tokens, whatever its config says
+# the paper's small model ("124M"), and a stand-in-sized one for --smoke
+SIZES = {"small": {"n_layer": 12, "n_head": 12, "n_embd": 768},
+         "smoke": {"n_layer": 1, "n_head": 2, "n_embd": 32}}
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--paper", type=Path, required=True,
+                        help="a checkout of github.com/scxue/AO-GPT-MDM (or a folder of its files)")
+    parser.add_argument("--part", default=",".join(PARTS), help=f"comma list of {', '.join(PARTS)}")
+    parser.add_argument("--smoke", action="store_true", help="tiny sizes, any device (CI)")
+    parser.add_argument("--device", default="auto", help="auto (cuda if available), cpu, cuda")
+    parser.add_argument("--steps", help="generation: comma list of step counts (default 64,1024)")
+    parser.add_argument("--samples", type=int, help="generation: sequences (GPU 32, CPU 4)")
+    parser.add_argument("--micro-batch", type=int, help="train: sequences per micro-step (16)")
+    parser.add_argument("--accumulation", type=int, default=8, help="train: micro-steps per step")
+    parser.add_argument("--train-steps", type=int, default=4, help="train: timed optimizer steps")
+    parser.add_argument("--repeats", type=int, default=1, help="timed runs of each, best kept")
+    parser.add_argument("--released-only", action="store_true",
+                        help="generation: only the paper sampler's released configuration "
+                             "(compile on, bf16 autocast), to save time")
+    parser.add_argument("--json", type=Path, help="also write the results here")
+    parser.add_argument("--worker", help=argparse.SUPPRESS)  # a generation run in its own process
+    parser.add_argument("--weights", type=Path, help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    args.parts = [p.strip() for p in args.part.split(",") if p.strip()]
+    unknown = sorted(set(args.parts) - set(PARTS))
+    if unknown:
+        raise UsageError(f"--part: unknown part(s) {', '.join(unknown)}; choose from {', '.join(PARTS)}")
+    on_gpu = args.device in ("auto", "cuda") and torch.cuda.is_available()
+    args.device = "cuda" if on_gpu else "cpu" if args.device == "auto" else args.device
+    if args.device.startswith("cuda") and not torch.cuda.is_available():
+        raise UsageError(f"--device {args.device}: no CUDA GPU is visible here; use --device cpu")
+    args.size = "smoke" if args.smoke else "small"
+    try:
+        default = "4,8" if args.smoke else "64,1024"
+        args.step_counts = [int(s) for s in (args.steps or default).split(",")]
+    except ValueError as err:
+        raise UsageError(f"--steps must be a comma list of integers: {err}") from None
+    if any(not 1 <= s <= SEQ_LEN for s in args.step_counts):
+        raise UsageError(f"--steps must each be in 1..{SEQ_LEN} (the paper's sequence length)")
+    if args.samples is None:
+        args.samples = 1 if args.smoke else 32 if on_gpu else 4
+    if args.micro_batch is None:
+        args.micro_batch = 2 if args.smoke else 16
+    for flag, value in (("--samples", args.samples), ("--micro-batch", args.micro_batch),
+                        ("--accumulation", args.accumulation), ("--train-steps", args.train_steps),
+                        ("--repeats", args.repeats)):
+        if value < 1:
+            raise UsageError(f"{flag} must be >= 1, got {value}")
+    if args.json is not None and args.json.is_dir():
+        raise UsageError(f"--json {args.json} is a folder: give a file name")
+    return args
+
+
+def paper_folder(path: Path) -> Path:
+    """The folder holding the paper's files: a checkout, or a folder they were copied to."""
+    if not path.is_dir():
+        raise UsageError(f"--paper {path} is not a folder: give a checkout of "
+                         "github.com/scxue/AO-GPT-MDM")
+    missing = [name for name in PAPER_FILES if not (path / name).is_file()]
+    if missing:
+        raise UsageError(f"--paper {path} lacks {', '.join(missing)}: give a checkout of "
+                         "github.com/scxue/AO-GPT-MDM")
+    return path.resolve()
+
+
+def import_paper(folder: Path, module: str):
+    """One of the paper's modules, imported from its folder (their imports are flat)."""
+    if str(folder) not in sys.path:
+        sys.path.insert(0, str(folder))
+    return __import__(module)
+
+
+def our_config(size: str) -> ModelConfig:
+    return ModelConfig(**SIZES[size], block_size=SEQ_LEN, cond_dim=128)  # the paper's 128-d code
+
+
+def synchronize(device: str) -> None:
+    if device.startswith("cuda"):
+        torch.cuda.synchronize()
+
+
+# ---- train ----------------------------------------------------------------------------------------
+
+
+def time_loop(step, args) -> float:
+    """Tokens/s of `step()` (one optimizer step) after one untimed step (and compilation)."""
+    step()
+    synchronize(args.device)
+    start = time.perf_counter()
+    for _ in range(args.train_steps):
+        step()
+    synchronize(args.device)
+    tokens = args.train_steps * args.accumulation * args.micro_batch * SEQ_LEN
+    return tokens / (time.perf_counter() - start)
+
+
+def autocast(device: str):
+    """bf16 autocast on a GPU, none on a CPU: what the paper's script does."""
+    if device.startswith("cuda"):
+        return torch.autocast("cuda", dtype=torch.bfloat16)
+    return contextlib.nullcontext()
+
+
+def paper_train_step(folder: Path, args, compiled: bool):
+    model_file = import_paper(folder, PAPER_FILES[0].removesuffix(".py"))
+    ema_file = import_paper(folder, "ema")
+    torch.manual_seed(0)
+    config = model_file.AOGPTConfig(**SIZES[args.size], block_size=SEQ_LEN, bias=True,
+                                    vocab_size=50304, dropout=0.0)
+    with contextlib.redirect_stdout(sys.stderr):  # it prints its parameter counts
+        model = model_file.AOGPT(config).to(args.device)
+        optimizer = model.configure_optimizers(0.05, 6e-4, (0.9, 0.95), args.device.split(":")[0])
+    ema = ema_file.ExponentialMovingAverage(model.parameters(), decay=1 - 1e-4)
+    if compiled:
+        model = torch.compile(model)
+
+    def step():
+        for _ in range(args.accumulation):
+            x = torch.randint(0, 50257, (args.micro_batch, SEQ_LEN), device=args.device)
+            with autocast(args.device):
+                _, loss = model(x, mode="Random_CL", random_ratio=0.9)
+                loss = loss / args.accumulation
+            loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        optimizer.step()
+        ema.update(model.parameters())
+        optimizer.zero_grad(set_to_none=True)
+
+    return step
+
+
+def our_train_step(args, compiled: bool):
+    torch.manual_seed(0)
+    model = AOGPT(our_config(args.size)).to(args.device).train()
+    orders = OrderSampler(OrderConfig(kind="mixture", p_left_to_right=0.1), SEQ_LEN, seed=0)
+    if compiled:
+        model.compile_for_training()
+        orders.compile()
+    optimizer = torch.optim.AdamW(model.param_groups(0.05), lr=6e-4, betas=(0.9, 0.95), fused=True)
+    params = list(model.parameters())
+    shadow = [p.detach().clone() for p in params]
+    updates = [0]
+
+    def step():
+        for _ in range(args.accumulation):
+            x = torch.randint(0, 50257, (args.micro_batch, SEQ_LEN), device=args.device)
+            ids = torch.arange(args.micro_batch, device=args.device)
+            with autocast(args.device):
+                _, loss = model(x, orders(updates[0], ids)[0], return_mean=True)
+            (loss / args.accumulation).backward()
+        torch.nn.utils.clip_grad_norm_(params, 1.0)
+        optimizer.step()
+        torch._foreach_lerp_(shadow, [p.detach() for p in params], 1e-4)  # the EMA
+        optimizer.zero_grad(set_to_none=True)
+        updates[0] += 1
+
+    return step
+
+
+def measure_training(folder: Path, args) -> list[dict]:
+    rows = []
+    for compiled in (False, True):
+        paper = time_loop(paper_train_step(folder, args, compiled), args)
+        ours = time_loop(our_train_step(args, compiled), args)
+        rows.append({"compiled": compiled, "paper_tokens_per_s": paper, "ours_tokens_per_s": ours,
+                     "ratio": ours / paper})
+        print(f"  train, {'compiled' if compiled else 'eager'}: paper {paper:,.0f} tokens/s, "
+              f"ours {ours:,.0f} tokens/s: {ours / paper:.2f}x", flush=True)
+    return rows
+
+
+# ---- generation -----------------------------------------------------------------------------------
+
+def paper_modes(args) -> list[dict]:
+    """The paper sampler's configurations: @torch.compile on (as released) or off; bf16
+    autocast over fp32 weights (its script) or weights cast to bf16; fp32 alone where the device
+    has no fast bf16."""
+    bf16 = auto_dtype(torch.device(args.device)) == torch.bfloat16
+    if args.released_only:
+        return [{"compile": True, "autocast": bf16}]
+    return [{"compile": c, "autocast": a} for c in (True, False) for a in ((True, False) if bf16
+                                                                             else (False,))]
+
+
+def worker(args) -> int:
+    """One generation in this (fresh) process: prints a JSON line with its seconds."""
+    spec = json.loads(args.worker)
+    if spec["side"] == "paper" and not spec["compile"]:
+        torch._dynamo.config.disable = True  # its @torch.compile decorators become no-ops
+    device = args.device
+    dtype = auto_dtype(torch.device(device))
+    state = torch.load(args.weights, map_location="cpu", weights_only=True)
+    if spec["side"] == "paper":
+        generator = import_paper(args.paper.resolve(), "model_AOGPT_generate")
+        config = generator.AOGPTConfig(**SIZES[args.size], block_size=SEQ_LEN, vocab_size=50304,
+                                       dropout=0.0, bias=True)
+        with contextlib.redirect_stdout(sys.stderr):
+            model = generator.AOGPT(config)
+        model.load_state_dict(state)
+        model = model.to(device).eval()
+        if not spec["autocast"]:
+            model = model.to(dtype)
+        context = (torch.autocast(device.split(":")[0], dtype=dtype) if spec["autocast"]
+                   else contextlib.nullcontext())
+        start = time.perf_counter()
+        with torch.no_grad(), context, contextlib.redirect_stdout(sys.stderr):
+            tokens = model.generate(args.samples, spec["steps"], device, schedules="linear",
+                                    topp=1.0, temperature=1.0)
+    else:
+        model = AOGPT(our_config(args.size))
+        model.load_state_dict(state)
+        model = model.to(device=device, dtype=dtype).eval()
+        start = time.perf_counter()
+        sampler = KVCacheSampler(model, args.samples, SEQ_LEN,
+                                 SamplingConfig(steps=spec["steps"], top_p=1.0, temperature=1.0))
+        tokens = sampler.generate(torch.arange(args.samples)).tokens
+    tokens = tokens.cpu()  # the samples on the host
+    print(json.dumps({"generate_s": time.perf_counter() - start, "shape": list(tokens.shape)}))
+    return 0
+
+
+def run_worker(args, weights: Path, spec: dict) -> dict:
+    command = [sys.executable, str(Path(__file__).resolve()), "--paper", str(args.paper),
+               "--device", args.device, "--samples", str(args.samples), "--weights", str(weights),
+               "--worker", json.dumps(spec)] + (["--smoke"] if args.smoke else [])
+    start = time.perf_counter()
+    done = subprocess.run(command, capture_output=True, text=True, env=os.environ.copy())
+    seconds = time.perf_counter() - start
+    if done.returncode:
+        lines = (done.stderr or done.stdout).strip().splitlines() or ["no output"]
+        raise RuntimeError(f"the {spec['side']} sampler failed ({spec}): {lines[-1]}")
+    result = json.loads(done.stdout.strip().splitlines()[-1])
+    if result["shape"] != [args.samples, SEQ_LEN]:
+        raise RuntimeError(f"the {spec['side']} sampler made {result['shape']} tokens")
+    return {"process_s": seconds, "generate_s": result["generate_s"]}
+
+
+def shared_weights(folder: Path, args, scratch: Path) -> Path:
+    """The paper generator's weights (random init, seed 0) as a file both sides load."""
+    generator = import_paper(folder, "model_AOGPT_generate")
+    torch.manual_seed(0)
+    config = generator.AOGPTConfig(**SIZES[args.size], block_size=SEQ_LEN, vocab_size=50304,
+                                   dropout=0.0, bias=True)
+    with contextlib.redirect_stdout(sys.stderr):
+        state = generator.AOGPT(config).state_dict()
+    path = scratch / "weights.pt"
+    torch.save(state, path)
+    return path
+
+
+def measure_generation(folder: Path, args) -> list[dict]:
+    rows = []
+    with tempfile.TemporaryDirectory(prefix="aogpt_paper_baseline_") as tmp:
+        weights = shared_weights(folder, args, Path(tmp))
+        for steps in args.step_counts:
+            best: dict[str, dict] = {}
+            for _ in range(args.repeats):  # interleaved: load from elsewhere hits all alike
+                for spec in [{"side": "ours"}] + [{"side": "paper", **m} for m in paper_modes(args)]:
+                    key = json.dumps(spec, sort_keys=True)
+                    timing = run_worker(args, weights, {**spec, "steps": steps})
+                    if key not in best or timing["process_s"] < best[key]["process_s"]:
+                        best[key] = {**spec, **timing}
+            ours = best[json.dumps({"side": "ours"})]
+            papers = [row for row in best.values() if row["side"] == "paper"]
+            paper = min(papers, key=lambda row: row["process_s"])
+            row = {"steps": steps, "samples": args.samples, "ours": ours, "paper": paper,
+                   "paper_modes": papers, "ratio_process": paper["process_s"] / ours["process_s"],
+                   "ratio_generate": paper["generate_s"] / ours["generate_s"]}
+            rows.append(row)
+            print(f"  generation S = {steps}: ours {ours['process_s']:.1f} s (generate "
+                  f"{ours['generate_s']:.1f} s), paper's best (compile "
+                  f"{'on' if paper['compile'] else 'off'}, "
+                  f"{'autocast' if paper['autocast'] else 'cast weights'}) {paper['process_s']:.1f} "
+                  f"s (generate {paper['generate_s']:.1f} s): {row['ratio_process']:.2f}x whole "
+                  f"process, {row['ratio_generate']:.2f}x generation", flush=True)
+    return rows
+
+
+@cli_entry
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    folder = paper_folder(args.paper)
+    if args.worker:
+        return worker(args)
+    name = torch.cuda.get_device_name() if args.device.startswith("cuda") else "cpu"
+    print(f"the paper's code ({folder}) beside ours on {name}, {torch.get_num_threads()} threads, "
+          f"{args.size} model", flush=True)
+    report = {"device": name, "size": args.size, "threads": torch.get_num_threads(),
+              "torch": torch.__version__}
+    try:
+        if "train" in args.parts:
+            report["train"] = measure_training(folder, args)
+        if "generation" in args.parts:
+            report["generation"] = measure_generation(folder, args)
+    except RuntimeError as err:
+        raise RunFailure(str(err).splitlines()[0]) from None
+    if args.json:
+        write_json_atomic(report, args.json, indent=2)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
