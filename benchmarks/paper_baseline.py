@@ -22,7 +22,8 @@ train       the inner loop of its train_AOGPT_CL.py as that script runs it: micr
 generation  its generate() (a random order per sample, the linear schedule, top-p 1, temperature
             1: its sample_AOGPT.py's settings) and our KV-cache sampler (model/sampler.py) with the
             same settings and THE SAME WEIGHTS: the paper's generator, randomly initialised from a
-            seed, loaded into ours by name (model/official.py's names are the paper's). Each run is
+            seed, saved as our checkpoint under the same names (model/official.py's names are
+            the paper's) and loaded as trainer/sample.py loads one (load_checkpoint). Each run is
             a fresh process, timed from its start to the samples on the host (imports, model
             build, weight load and any compilation included: "whole process"), and the
             generation call alone. The paper's sampler runs in each of its configurations (its
@@ -52,7 +53,14 @@ import torch
 
 from aogpt import RunFailure, UsageError, cli_entry
 from aogpt.files import write_json_atomic
-from aogpt.model import AOGPT, ModelConfig, OrderConfig, OrderSampler
+from aogpt.model import (
+    AOGPT,
+    ModelConfig,
+    OrderConfig,
+    OrderSampler,
+    load_checkpoint,
+    save_consolidated,
+)
 from aogpt.model.precision import auto_dtype
 from aogpt.model.sampler import KVCacheSampler, SamplingConfig
 
@@ -254,8 +262,8 @@ def worker(args) -> int:
         torch._dynamo.config.disable = True  # its @torch.compile decorators become no-ops
     device = args.device
     dtype = auto_dtype(torch.device(device))
-    state = torch.load(args.weights, map_location="cpu", weights_only=True)
     if spec["side"] == "paper":
+        state = torch.load(args.weights, map_location="cpu", weights_only=True)
         generator = import_paper(args.paper.resolve(), "model_AOGPT_generate")
         config = generator.AOGPTConfig(**SIZES[args.size], block_size=SEQ_LEN, vocab_size=50304,
                                        dropout=0.0, bias=True)
@@ -271,9 +279,8 @@ def worker(args) -> int:
         with torch.no_grad(), context, contextlib.redirect_stdout(sys.stderr):
             tokens = model.generate(args.samples, spec["steps"], device, schedules="linear",
                                     topp=1.0, temperature=1.0)
-    else:
-        model = AOGPT(our_config(args.size))
-        model.load_state_dict(state)
+    else:  # as trainer/sample.py loads a checkpoint: no time spent initialising weights
+        model = load_checkpoint(args.weights.with_suffix(""), weights="raw")
         model = model.to(device=device, dtype=dtype).eval()
         start = time.perf_counter()
         sampler = KVCacheSampler(model, args.samples, SEQ_LEN,
@@ -301,7 +308,8 @@ def run_worker(args, weights: Path, spec: dict) -> dict:
 
 
 def shared_weights(folder: Path, args, scratch: Path) -> Path:
-    """The paper generator's weights (random init, seed 0) as a file both sides load."""
+    """The paper generator's weights (random init, seed 0): as a torch file for its code, and
+    the same tensors as our consolidated checkpoint next to it (weights.pt, weights/)."""
     generator = import_paper(folder, "model_AOGPT_generate")
     torch.manual_seed(0)
     config = generator.AOGPTConfig(**SIZES[args.size], block_size=SEQ_LEN, vocab_size=50304,
@@ -310,6 +318,8 @@ def shared_weights(folder: Path, args, scratch: Path) -> Path:
         state = generator.AOGPT(config).state_dict()
     path = scratch / "weights.pt"
     torch.save(state, path)
+    save_consolidated(path.with_suffix(""), our_config(args.size), state, None,
+                      source="the paper's generator, random init")  # its names are ours
     return path
 
 

@@ -212,4 +212,5 @@ def load_checkpoint(path: str | os.PathLike, weights: Literal["ema", "raw"] = "e
         ) from err
     if config.tie_embeddings:  # assign=True gave the head its own Parameter: share wte's again
         model.lm_head.weight = model.transformer.wte.weight
+    model.decide_attention_kernel()  # for the device the weights were assigned on, not meta
     return model.eval()

@@ -222,7 +222,7 @@ class AOGPT(nn.Module):
         if config.tie_embeddings:
             self.lm_head.weight = self.transformer.wte.weight
         self._init_weights()
-        self._decide_attention_kernel()  # e.g. built under `with torch.device("cuda")`
+        self.decide_attention_kernel()  # e.g. built under `with torch.device("cuda")`
 
     def _init_weights(self) -> None:
         """Every linear and embedding weight ~ N(0, 0.02), cut at 3 std for "trunc_normal"; biases 0.
@@ -258,7 +258,7 @@ class AOGPT(nn.Module):
         """
         return self.transformer.h[0].attn.kernel.name
 
-    def _decide_attention_kernel(self) -> None:
+    def decide_attention_kernel(self) -> None:
         """The attention kernel for the device the weights are on: decided when the model is
         built or moved, and not in forward, where a compiled graph cannot ask the device."""
         kernel = attention_kernel(self.config.attn_impl, self.lm_head.weight.device)
@@ -267,7 +267,7 @@ class AOGPT(nn.Module):
 
     def _apply(self, fn, recurse=True):  # to(), cuda(), half(), ...: nn.Module's one way in
         super()._apply(fn, recurse)
-        self._decide_attention_kernel()
+        self.decide_attention_kernel()
         return self
 
     def num_params(self) -> int:

@@ -336,8 +336,9 @@ class StaticKVCache:
     def update(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         keys, values = self.keys[layer], self.values[layer]
         # indexing (b, s) pairs moves them first: the values go in as (b, s_new, h, hd)
-        keys[self.rows, :, self.write_slots] = k.transpose(1, 2)
-        values[self.rows, :, self.write_slots] = v.transpose(1, 2)
+        # in the cache's dtype: under autocast the projections come in bf16 over fp32 weights
+        keys[self.rows, :, self.write_slots] = k.transpose(1, 2).to(keys.dtype)
+        values[self.rows, :, self.write_slots] = v.transpose(1, 2).to(values.dtype)
         return keys[:, :, :self.visible], values[:, :, :self.visible]
 
 

@@ -278,3 +278,13 @@ def test_on_a_gpu_every_step_gives_the_full_forwards_logits(graphs):
     full = model.logits(out.tokens, out.orders)
     for call, entry in enumerate(calls):
         torch.testing.assert_close(entry["logits"][:, 0], full[:, call], rtol=1e-10, atol=1e-10)
+
+
+def test_sampling_under_bf16_autocast_runs_over_fp32_weights():
+    """The paper's sample script runs its sampler under autocast: ours takes it too (the cache
+    keeps the weights' dtype, the projections come in bf16)."""
+    model = make_model().float()
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        out, sampler = generate(model, steps=4)
+    assert out.tokens.shape == (B, N) and sampler.cache.keys[0].dtype == torch.float32
+    assert ((0 <= out.tokens) & (out.tokens < GPT2_VOCAB)).all()
