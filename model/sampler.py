@@ -235,7 +235,7 @@ def filter_logits(logits: torch.Tensor, config: SamplingConfig,
     """Logits (..., vocab) -> (..., real_vocab) scaled by the temperature, with -inf for the
     tokens outside top-k and the top-p nucleus. The padded ids >= real_vocab are cut off."""
     logits = logits[..., :real_vocab]
-    if config.temperature > 0:
+    if config.temperature > 0 and config.temperature != 1.0:
         logits = logits / config.temperature
     if config.top_k:
         kth = logits.topk(min(config.top_k, real_vocab), dim=-1).values[..., -1:]
@@ -286,15 +286,18 @@ def inverse_cdf(probs: torch.Tensor, uniforms: torch.Tensor) -> torch.Tensor:
     (~1e-16 relative) of a boundary between two tokens.
     """
     vocab = probs.size(-1)
-    blocks = -(-vocab // CDF_BLOCK)
-    padded = torch.nn.functional.pad(probs, (0, blocks * CDF_BLOCK - vocab))  # zeros: never drawn
-    by_block = padded.unflatten(-1, (blocks, CDF_BLOCK))  # (..., blocks, CDF_BLOCK)
-    ends = by_block.sum(dim=-1, dtype=torch.float64).cumsum(dim=-1)  # (..., blocks)
+    whole = vocab // CDF_BLOCK * CDF_BLOCK  # the last block may be short: summed apart, no copy
+    sums = probs[..., :whole].unflatten(-1, (-1, CDF_BLOCK)).sum(dim=-1, dtype=torch.float64)
+    if whole < vocab:
+        sums = torch.cat([sums, probs[..., whole:].sum(dim=-1, keepdim=True, dtype=torch.float64)],
+                         dim=-1)
+    ends = sums.cumsum(dim=-1)  # (..., blocks)
     total = ends[..., -1]
     point = torch.minimum(uniforms * total, torch.nextafter(total, torch.zeros_like(total)))
-    block = torch.searchsorted(ends, point[..., None], right=True).clamp(max=blocks - 1)  # (..., 1)
+    block = torch.searchsorted(ends, point[..., None], right=True).clamp(max=ends.size(-1) - 1)
     start = torch.where(block > 0, ends.gather(-1, (block - 1).clamp(min=0)), 0.0)  # (..., 1)
-    inside = by_block.gather(-2, block[..., None].expand(*block.shape, CDF_BLOCK)).squeeze(-2)
+    tokens = block * CDF_BLOCK + torch.arange(CDF_BLOCK, device=probs.device)  # (..., CDF_BLOCK)
+    inside = probs.gather(-1, tokens.clamp(max=vocab - 1)) * (tokens < vocab)  # past it: 0
     running = start + inside.cumsum(dim=-1, dtype=torch.float64)  # (..., CDF_BLOCK)
     # the two levels round differently: should point reach past the block's own running sum
     # (a ~1e-16 difference), its last token of non-zero probability is the one

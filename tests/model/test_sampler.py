@@ -12,6 +12,7 @@ from aogpt.model.sampler import (
     KVCacheSampler,
     SamplingConfig,
     filter_logits,
+    inverse_cdf,
     reveal_counts,
 )
 
@@ -288,3 +289,24 @@ def test_sampling_under_bf16_autocast_runs_over_fp32_weights():
         out, sampler = generate(model, steps=4)
     assert out.tokens.shape == (B, N) and sampler.cache.keys[0].dtype == torch.float32
     assert ((0 <= out.tokens) & (out.tokens < GPT2_VOCAB)).all()
+
+
+def test_the_two_level_inverse_cdf_draws_what_a_float64_running_sum_over_the_vocabulary_draws():
+    """Blocks of 256 summed in float64, then a running sum inside one block: the same token as a
+    float64 running sum over all 50,257 (both sum the same fp32 numbers; they differ only
+    within ~1e-16 of a tie, which 4,096 uniforms do not hit), never one of probability 0, and
+    the short last block (50,257 = 196 x 256 + 81) is drawn from too."""
+    g = torch.Generator().manual_seed(0)
+    for scale in (0.5, 5.0, 50.0):
+        logits = torch.randn(64, 8, GPT2_VOCAB, generator=g) * scale
+        logits[..., ::7] = float("-inf")  # filtered out: must never be drawn
+        logits[..., -2:] = 3 * scale  # a likely pair in the short last block
+        probs = logits.softmax(dim=-1)
+        u = torch.rand(64, 8, generator=g, dtype=torch.float64)
+        cdf = probs.cumsum(dim=-1, dtype=torch.float64)
+        point = torch.minimum(u * cdf[..., -1], torch.nextafter(cdf[..., -1], torch.zeros(())))
+        expected = torch.searchsorted(cdf, point[..., None], right=True).squeeze(-1)
+        drawn = inverse_cdf(probs, u)
+        assert torch.equal(drawn, expected)
+        assert (probs.gather(-1, drawn[..., None]) > 0).all()
+    assert (drawn >= GPT2_VOCAB - 81).any()
