@@ -36,7 +36,7 @@ from aogpt.files import write_json_atomic
 from aogpt.model import AOGPT
 from aogpt.model.config import medium, small, tiny
 from aogpt.model.precision import auto_dtype
-from aogpt.model.sampler import KEY_BLOCK, KVCacheSampler, SamplingConfig
+from aogpt.model.sampler import KEY_BLOCK, WHOLE_CACHE_ROWS, KVCacheSampler, SamplingConfig
 
 # Inductor's C++ kernels are then named in the profile (its GPU kernels are, always)
 torch._inductor.config.cpp.enable_kernel_profile = True
@@ -93,6 +93,8 @@ def step_shape(args: argparse.Namespace) -> tuple[int, int, int]:
     """(rows, targets, keys) as the sampler's bucketed plan gives them (model/sampler.py)."""
     rows = max(args.targets, 1)
     keys = min(-(-(args.known + rows) // KEY_BLOCK) * KEY_BLOCK, args.seq_len)
+    if args.device.type == "cpu" and rows <= WHOLE_CACHE_ROWS:
+        keys = args.seq_len + 1
     bucket = lambda size: min(1 << (size - 1).bit_length(), args.seq_len)  # noqa: E731
     return bucket(rows), bucket(args.targets), keys
 
