@@ -6,7 +6,7 @@ from dataclasses import dataclass
 import torch
 
 from aogpt.model import AOGPT as OurModel
-from aogpt.model import ModelConfig, OrderConfig, OrderSampler
+from aogpt.model import ModelConfig
 
 
 @dataclass
@@ -20,20 +20,23 @@ class AOGPTConfig:
     bias: bool = True
 
 
+def our_config(config: AOGPTConfig, **changes) -> ModelConfig:
+    return ModelConfig(n_layer=config.n_layer, n_head=config.n_head, n_embd=config.n_embd,
+                       block_size=config.block_size, vocab_size=config.vocab_size,
+                       bias=config.bias, cond_dim=128, **changes)
+
+
 class AOGPT(OurModel):
     def __init__(self, config: AOGPTConfig):
-        super().__init__(ModelConfig(n_layer=config.n_layer, n_head=config.n_head,
-                                     n_embd=config.n_embd, block_size=config.block_size,
-                                     vocab_size=config.vocab_size, bias=config.bias, cond_dim=128,
-                                     loss_chunk_size=0))
-        self.calls = 0
+        super().__init__(our_config(config, loss_chunk_size=0))
 
     def forward(self, idx, mode="Random", orders=None, random_ratio=None):
+        """A random order for a random_ratio of the samples, left to right for the others."""
         assert mode == "Random_CL" and random_ratio is not None
-        sampler = OrderSampler(OrderConfig(kind="mixture", p_left_to_right=1 - random_ratio),
-                               idx.shape[1], seed=0)
-        self.calls += 1
-        orders, _ = sampler(self.calls, torch.arange(len(idx), device=idx.device))
+        b, t = idx.shape
+        shuffled = torch.rand(b, device=idx.device) < random_ratio
+        permutations = torch.rand(b, t, device=idx.device).argsort(dim=-1)
+        orders = torch.where(shuffled[:, None], permutations, torch.arange(t, device=idx.device))
         return None, super().forward(idx, orders).mean()
 
     def configure_optimizers(self, weight_decay, learning_rate, betas, device_type):

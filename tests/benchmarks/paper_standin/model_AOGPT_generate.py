@@ -2,31 +2,18 @@
 names and generate(num_samples, sampling_steps, device, schedules, topp, temperature) ->
 (num_samples, 1024) tokens."""
 
-from dataclasses import dataclass
-
 import torch
+from model_AOGPT_AdaLN6_NoRep_cond_128_trunc_qknorm import AOGPTConfig, our_config
 
 from aogpt.model import AOGPT as OurModel
-from aogpt.model import ModelConfig
 from aogpt.model.sampler import KVCacheSampler, SamplingConfig
 
-
-@dataclass
-class AOGPTConfig:
-    block_size: int = 1024
-    vocab_size: int = 50304
-    n_layer: int = 12
-    n_head: int = 12
-    n_embd: int = 768
-    dropout: float = 0.0
-    bias: bool = True
+__all__ = ["AOGPT", "AOGPTConfig"]
 
 
 class AOGPT(OurModel):
     def __init__(self, config: AOGPTConfig):
-        super().__init__(ModelConfig(n_layer=config.n_layer, n_head=config.n_head,
-                                     n_embd=config.n_embd, block_size=config.block_size,
-                                     vocab_size=config.vocab_size, bias=config.bias, cond_dim=128))
+        super().__init__(our_config(config))
 
     @torch.no_grad()
     def generate(self, num_samples, sampling_steps, device, schedules="linear", topp=0.9,
