@@ -424,41 +424,14 @@ def markdown(report: dict) -> str:
         lines += ["", "MFU counts 6N + 12 L d T FLOPs per token (N without the embedding lookups) "
                   "against the device's dense bf16 peak. loader / step: the loader alone against "
                   "what a step consumes (>= 10x needed).", ""]
-    if "generation" in report:
-        g = report["generation"]
-        lines += ["## Generation: KV-cache decoder vs the encoder baseline", ""]
-        if "error" in g:
-            lines += [f"failed: {g['error']}", ""]
-        else:
-            floor = g.get("hbm_floor_ms")
-            lines += [f"{g['preset']}, batch {g['batch_size']}, n = {g['seq_len']}, {g['dtype']}, "
-                      "CUDA graphs on both (on a GPU)"
-                      + (f"; memory floor of a decoder call {floor:.3f} ms" if floor else "") + ".",
-                      "", "| steps S | compiled | decoder s | encoder s | ratio | ms per decoder "
-                      "call | goal | ratio / goal |", "|---|---|---|---|---|---|---|---|"]
-            for r in g["results"]:
-                at_goal = r["steps"] == g["seq_len"]  # the goal is set for S = n
-                goal = f"{GENERATION_GOAL:.0f}x" if at_goal else ""
-                versus = f"{r['ratio'] / GENERATION_GOAL:.2f}" if at_goal else ""
-                ms = r.get("decoder_ms_per_call")
-                lines.append(f"| {r['steps']} | {r.get('compiled', False)} | {r['decoder_s']:.3f} | "
-                             f"{r['encoder_s']:.3f} | {r['ratio']:.1f}x | "
-                             f"{'' if ms is None else f'{ms:.3f}'} | {goal} | {versus} |")
-            lines.append("")
-    if "decode" in report:
-        d = report["decode"]
-        lines += ["## One decoder step (`decode_step.py`)", ""]
-        if "error" in d:
-            lines += [f"failed: {d['error']}", ""]
-        else:
-            lines += [f"{d['preset']}, batch {d['batch_size']}, n = {d['seq_len']}, {d['known']} "
-                      f"known, {d['targets']} drawn, {d['dtype']}.", "",
-                      "| | operations | ms per step |", "|---|---|---|"]
-            lines += [f"| {'compiled' if r['compiled'] else 'eager'} | {r['operations']} | "
-                      f"{r['step_ms']:.3f} |" for r in d["results"]]
-            lines.append("")
-    if "paper" in report:
-        lines += paper_section(report["paper"])
+    for part, title, body in (
+            ("generation", "Generation: KV-cache decoder vs the encoder baseline", generation_lines),
+            ("decode", "One decoder step (`decode_step.py`)", decode_lines),
+            ("paper", "The paper's code beside ours (`paper_baseline.py`)", paper_lines)):
+        if part in report:
+            failed = "error" in report[part]
+            lines += [f"## {title}", "", *([f"failed: {report[part]['error']}", ""] if failed
+                                           else body(report[part]))]
     if "e2e" in report:
         e = report["e2e"]
         lines += ["## End to end: `trainer/main.py`, the small recipe", "",
@@ -478,10 +451,34 @@ def markdown(report: dict) -> str:
     return "\n".join(lines)
 
 
-def paper_section(p: dict) -> list[str]:
-    lines = ["## The paper's code beside ours (`paper_baseline.py`)", ""]
-    if "error" in p:
-        return lines + [f"failed: {p['error']}", ""]
+def generation_lines(g: dict) -> list[str]:
+    floor = g.get("hbm_floor_ms")
+    lines = [f"{g['preset']}, batch {g['batch_size']}, n = {g['seq_len']}, {g['dtype']}, CUDA "
+             "graphs on both (on a GPU)"
+             + (f"; memory floor of a decoder call {floor:.3f} ms" if floor else "") + ".", "",
+             "| steps S | compiled | decoder s | encoder s | ratio | ms per decoder call | goal | "
+             "ratio / goal |", "|---|---|---|---|---|---|---|---|"]
+    for r in g["results"]:
+        at_goal = r["steps"] == g["seq_len"]  # the goal is set for S = n
+        goal = f"{GENERATION_GOAL:.0f}x" if at_goal else ""
+        versus = f"{r['ratio'] / GENERATION_GOAL:.2f}" if at_goal else ""
+        ms = r.get("decoder_ms_per_call")
+        lines.append(f"| {r['steps']} | {r.get('compiled', False)} | {r['decoder_s']:.3f} | "
+                     f"{r['encoder_s']:.3f} | {r['ratio']:.1f}x | "
+                     f"{'' if ms is None else f'{ms:.3f}'} | {goal} | {versus} |")
+    return lines + [""]
+
+
+def decode_lines(d: dict) -> list[str]:
+    return [f"{d['preset']}, batch {d['batch_size']}, n = {d['seq_len']}, {d['known']} known, "
+            f"{d['targets']} drawn, {d['dtype']}.", "", "| | operations | ms per step |",
+            "|---|---|---|",
+            *[f"| {'compiled' if r['compiled'] else 'eager'} | {r['operations']} | "
+              f"{r['step_ms']:.3f} |" for r in d["results"]], ""]
+
+
+def paper_lines(p: dict) -> list[str]:
+    lines = []
     if p.get("train"):
         lines += ["| training loop | paper tokens/s | ours tokens/s | ours / paper |", "|---|---|---|---|"]
         lines += [f"| {'compiled' if r['compiled'] else 'eager'} | {r['paper_tokens_per_s']:,.0f} | "
