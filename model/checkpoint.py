@@ -201,8 +201,7 @@ def load_checkpoint(path: str | os.PathLike, weights: Literal["ema", "raw"] = "e
             'load it with weights="raw"'
         )
     config = dataclasses.replace(model_config_from_dict(ckpt["model_config"]), attn_impl=attn_impl)
-    with torch.device("meta"):  # no time spent initializing weights that are overwritten
-        model = AOGPT(config)
+    model = AOGPT.unfilled(config)
     try:
         model.load_state_dict(strip_prefixes(state), strict=True, assign=True)
     except RuntimeError as err:

@@ -198,6 +198,16 @@ def _require_left_to_right(orders: torch.Tensor) -> None:
         torch._assert_async(left_to_right, message)
 
 
+class _SkipInit(torch.overrides.TorchFunctionMode):
+    """torch.nn.init's functions return their tensor untouched: on meta tensors they still run
+    torch's reference kernels, whose first call imports dynamo (a second of a CPU's start-up)."""
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        if getattr(func, "__module__", None) == "torch.nn.init":
+            return args[0] if args else kwargs["tensor"]
+        return func(*args, **(kwargs or {}))
+
+
 class AOGPT(nn.Module):
     def __init__(self, config: ModelConfig):
         super().__init__()
@@ -223,6 +233,14 @@ class AOGPT(nn.Module):
             self.lm_head.weight = self.transformer.wte.weight
         self._init_weights()
         self.decide_attention_kernel()  # e.g. built under `with torch.device("cuda")`
+
+    @classmethod
+    def unfilled(cls, config: ModelConfig) -> AOGPT:
+        """The network on the meta device with no values, to be loaded into
+        (load_state_dict(..., assign=True)): no time spent initialising weights that are replaced.
+        """
+        with torch.device("meta"), _SkipInit():
+            return cls(config)
 
     def _init_weights(self) -> None:
         """Every linear and embedding weight ~ N(0, 0.02), cut at 3 std for "trunc_normal"; biases 0.

@@ -92,8 +92,7 @@ def convert_official(ckpt: dict, source: str = "") -> tuple[ModelConfig, dict, d
         raise UsageError("not a checkpoint of the paper's code: it needs the keys 'model' and 'model_args'")
     state = strip_prefixes(ckpt["model"])
     config = config_from_official(ckpt["model_args"], state)
-    with torch.device("meta"):
-        expected = {n: p.shape for n, p in AOGPT(config).named_parameters()}
+    expected = {n: p.shape for n, p in AOGPT.unfilled(config).named_parameters()}
     names = official_parameter_names(config.n_layer, config.bias)
     assert list(expected) == names, "AOGPT's parameters no longer follow the paper's names/order"
     _check_state(state, expected)

@@ -1,16 +1,20 @@
 """The KV-cache sampler computes what the paper's sampler computes: exact
 conditionals at every step, a cache that matches training, and the controls users rely on."""
 
+import subprocess
+import sys
+
 import pytest
 import torch
 from conftest import perturbed_float64_model
 
 from aogpt import UsageError
-from aogpt.model import AOGPT
+from aogpt.model import AOGPT, save_consolidated
 from aogpt.model.config import GPT2_VOCAB, ModelConfig, plain_gpt, sigma_gpt
 from aogpt.model.sampler import (
     KVCacheSampler,
     SamplingConfig,
+    StaticKVCache,
     filter_logits,
     inverse_cdf,
     reveal_counts,
@@ -310,3 +314,46 @@ def test_the_two_level_inverse_cdf_draws_what_a_float64_running_sum_over_the_voc
         assert torch.equal(drawn, expected)
         assert (probs.gather(-1, drawn[..., None]) > 0).all()
     assert (drawn >= GPT2_VOCAB - 81).any()
+
+
+def test_keys_stored_last_give_the_cache_and_samples_of_keys_stored_by_slot():
+    """On a CPU the cache keeps keys as (b, h, hd, slots) for the batched matmul (keys_last): the
+    same numbers in another layout. Only the matmul's order of summation may differ (float64,
+    16-term dot products of O(1) values through 2 layers: ~1e-15), so the caches agree to 1e-12
+    after every step, and the tokens are the same."""
+    model = make_model()
+    runs = {}
+    for keys_last in (True, False):
+        config = SamplingConfig(steps=5, counts="binomial", seed=4)
+        sampler = KVCacheSampler(model, batch_size=B, seq_len=N, config=config)
+        assert sampler.cache.keys_last  # the CPU default
+        mc = model.config
+        sampler.cache = StaticKVCache(mc.n_layer, B, mc.n_head, N + 1, mc.head_dim,
+                                      torch.float64, sampler.device, keys_last=keys_last)
+        caches = []
+
+        def keep(_, caches=caches, cache=sampler.cache):
+            caches.append(cache.kv)
+
+        runs[keys_last] = sampler.generate(torch.arange(B), on_step=keep).tokens, caches
+    assert torch.equal(runs[True][0], runs[False][0])
+    for ours, theirs in zip(runs[True][1], runs[False][1], strict=True):
+        torch.testing.assert_close(ours, theirs, rtol=1e-12, atol=1e-12)
+
+
+def test_loading_a_checkpoint_and_sampling_eagerly_never_import_dynamo(tmp_path):
+    """Importing torch._dynamo takes about a second of a CPU's start-up: trainer/sample.py and the
+    evaluation tools build their model to be loaded into, and eager steps need no compiler."""
+    model = make_model().float()
+    save_consolidated(tmp_path / "final", model.config, model.state_dict(), None)
+    script = (
+        "import sys, torch\n"
+        "from aogpt.model import load_checkpoint\n"
+        "from aogpt.model.sampler import KVCacheSampler, SamplingConfig\n"
+        f"model = load_checkpoint({str(tmp_path)!r}, weights='raw')\n"
+        f"sampler = KVCacheSampler(model, 2, {N}, SamplingConfig(steps=4))\n"
+        "sampler.generate(torch.arange(2))\n"
+        "print('torch._dynamo' in sys.modules)\n")
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                          check=True)
+    assert done.stdout.strip() == "False"
