@@ -229,7 +229,8 @@ def end_to_end(data: Path, scratch: Path, args) -> dict:
               f"out_dir={out}", f"data.path={data}", f"model.block_size={seq}",
               f"train.micro_batch_size={micro}", f"train.tokens_per_step={micro * seq * 4}",
               "optim.warmup_steps=5", "train.log_every=1", f"checkpoint.every={first}",
-              f"eval.every={first}", "eval.batches=1", "eval.num_orders=1", "logging.wandb='off'"]
+              f"eval.every={first}", "eval.batches=1", "eval.num_orders=1", "eval.sets=[]",
+              "logging.wandb='off'"]
     code1, output1, seconds1 = run([*common, f"train.max_steps={first}"], args.timeout)
     code2, output2, seconds2 = run([*common, f"train.max_steps={steps}"], args.timeout)
     records = read_metrics(trained.metrics_file) if trained.metrics_file.is_file() else []

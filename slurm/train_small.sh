@@ -18,6 +18,9 @@
 #   AOGPT_OVERRIDES      space-separated key=value config overrides, e.g. "train.max_steps=100"
 #   AOGPT_DATA           data folder made by data_prep (sets data.path; default: the preset's)
 #   AOGPT_OUT_DIR        run folder: checkpoints, metrics (sets out_dir; default: the preset's)
+#   AOGPT_EVAL_DIR       folder of the zero-shot sets scored while training, made by
+#                        data_prep/eval_to_mds.py: its wikitext2, wikitext103, ptb, lambada and
+#                        lm1b (sets eval.sets; default: the preset's, data/eval/...)
 #   AOGPT_VENV           virtual environment to use (default .venv of the repo, else python3)
 #   AOGPT_PYTHON         python executable, instead of AOGPT_VENV
 #   AOGPT_GPUS_PER_NODE  GPUs per node (default: what the job was given, else 8); 0 or cpu on

@@ -2,15 +2,19 @@
 
     python tools/plot_metrics.py --run runs/ao_gpt_small [--run runs/gpt_small ...] [--out curves.png]
 
-Left panel: the training loss of the left-to-right samples (loss_l2r) and of the any-order ones
-(loss_ao) against the step; right panel: the validation losses (val_loss_l2r, val_loss_ao).
-Several runs are overlaid, one colour per run, solid = left to right, dashed = any order.
-Reads out_dir/metrics.jsonl; where a resumed run logged a step twice, the later record wins.
+First panel: the training loss of the left-to-right samples (loss_l2r) and of the any-order ones
+(loss_ao) against the step; second: the validation losses (val_loss_l2r, val_loss_ao); then one
+panel per zero-shot set the run scored while training (eval.sets, trainer/zero_shot.py): its
+left-to-right perplexity and any-order bound, EMA weights (raw ones dotted, when scored), on a
+log scale: the paper's curves. Several runs are overlaid, one colour per run, solid = left to
+right, dashed = any order. Reads out_dir/metrics.jsonl; where a resumed run logged a step twice,
+the later record wins.
 """
 
 from __future__ import annotations
 
 import argparse
+import re
 import sys
 from pathlib import Path
 
@@ -23,11 +27,25 @@ from aogpt import UsageError, cli_entry  # noqa: E402
 from aogpt.files import write_atomic
 from aogpt.trainer.metrics import curve, run_records  # noqa: E402
 
-PANELS = (
-    ("training loss", (("loss_l2r", "left to right", "-"), ("loss_ao", "any order", "--"))),
-    ("validation loss", (("val_loss_l2r", "left to right", "-"), ("val_loss_ao", "any order", "--"))),
+PANELS = (  # (title, curves: (key, label, line style), y label, log scale)
+    ("training loss", (("loss_l2r", "left to right", "-"), ("loss_ao", "any order", "--")),
+     "loss (nats/token)", False),
+    ("validation loss", (("val_loss_l2r", "left to right", "-"), ("val_loss_ao", "any order", "--")),
+     "loss (nats/token)", False),
 )
+ZERO_SHOT = re.compile(r"eval/(.+)/(?:ema|raw)/(?:l2r|ao)_ppl")
 
+
+def zero_shot_panels(runs: dict[str, list[dict]]) -> tuple:
+    """One panel per zero-shot set found in the runs' records, in the order first seen."""
+    names = dict.fromkeys(match[1] for records in runs.values() for record in records
+                          for key in record if (match := ZERO_SHOT.fullmatch(key)))
+    return tuple((f"{name} (zero-shot)", (
+        (f"eval/{name}/ema/l2r_ppl", "left to right", "-"),
+        (f"eval/{name}/ema/ao_ppl", "any order (bound)", "--"),
+        (f"eval/{name}/raw/l2r_ppl", "left to right, raw weights", ":"),
+        (f"eval/{name}/raw/ao_ppl", "any order, raw weights", "-."),
+    ), "perplexity", True) for name in names)
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
@@ -46,15 +64,22 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 
 def plot(runs: dict[str, list[dict]], x: str, smooth: float, out: Path) -> None:
-    figure, axes = plt.subplots(1, len(PANELS), figsize=(12, 4.5))
+    panels = PANELS + zero_shot_panels(runs)
+    columns = min(len(panels), 3)
+    rows = -(-len(panels) // columns)
+    figure, axes = plt.subplots(rows, columns, figsize=(6 * columns, 4.5 * rows), squeeze=False)
     colours = plt.rcParams["axes.prop_cycle"].by_key()["color"]
-    for axis, (title, curves) in zip(axes, PANELS, strict=True):
+    for axis in axes.flat[len(panels):]:
+        axis.set_visible(False)
+    for axis, (title, curves, y_label, log_scale) in zip(axes.flat, panels, strict=False):
         for colour, (name, records) in zip(colours * len(runs), runs.items(), strict=False):
             for key, label, style in curves:
                 xs, ys = curve(records, key, x, smooth if title == "training loss" else 0.0)
                 if xs:
                     axis.plot(xs, ys, style, color=colour, label=f"{name}: {label}")
-        axis.set(title=title, xlabel="tokens" if x == "tokens" else "step", ylabel="loss (nats/token)")
+        axis.set(title=title, xlabel="tokens" if x == "tokens" else "step", ylabel=y_label)
+        if log_scale:
+            axis.set_yscale("log")
         axis.grid(alpha=0.3)
         if axis.lines:
             axis.legend(fontsize=8)
@@ -73,7 +98,8 @@ def main(argv: list[str] | None = None) -> int:
     out = args.out or args.run[0] / "training_curves.png"
     plot(runs, args.x, args.smooth, out)
     steps = ", ".join(f"{name} to step {records[-1]['step']}" for name, records in runs.items())
-    print(f"wrote {out} ({steps})")
+    sets = [title.split(" ")[0] for title, *_ in zero_shot_panels(runs)]
+    print(f"wrote {out} ({steps}{'; zero-shot sets: ' + ', '.join(sets) if sets else ''})")
     return 0
 
 

@@ -105,9 +105,14 @@ class CheckpointConfig:
 
 @dataclass
 class EvalConfig:
-    every: int = 2500  # steps; 0 turns periodic validation off
+    every: int = 2500  # steps; 0 turns periodic validation (and the zero-shot sets) off
     batches: int = 8  # validation batches per rank
-    num_orders: int = 10  # random orders per sequence for the any-order loss
+    num_orders: int = 10  # random orders per sequence for the any-order loss (the paper: 10)
+    # zero-shot sets (folders made by data_prep/eval_to_mds.py at model.block_size), scored at
+    # every evaluation as trainer/evaluate.py scores them: left to right and any order
+    sets: list[str] = field(default_factory=list)
+    max_tokens: int | None = None  # per set and evaluation: its first samples up to this; None: all
+    raw_weights: bool = False  # score the zero-shot sets with the raw weights too (EMA always)
 
 
 @dataclass
@@ -154,6 +159,14 @@ class RunConfig:
             raise UsageError(f"data.num_workers must be >= 0, got {self.data.num_workers}")
         if self.eval.every < 0:
             raise UsageError(f"eval.every must be >= 0 (0 = off), got {self.eval.every}")
+        if self.eval.max_tokens is not None and self.eval.max_tokens < self.model.block_size:
+            raise UsageError(f"eval.max_tokens must be at least one sample of model.block_size = "
+                             f"{self.model.block_size} tokens, got {self.eval.max_tokens} (null: "
+                             "every sample of each set)")
+        names = [Path(folder).name for folder in self.eval.sets]
+        if len(set(names)) < len(names):
+            raise UsageError(f"eval.sets: two folders share a name ({', '.join(names)}): their "
+                             "metrics are named after the folder, give each its own")
         if not 0 <= self.optim.min_lr <= self.optim.lr:
             raise UsageError(f"optim.min_lr ({self.optim.min_lr}) must be in [0, optim.lr]")
         if self.optim.warmup_steps < 0 or self.optim.decay_steps < self.optim.warmup_steps:

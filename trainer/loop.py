@@ -36,6 +36,7 @@ from aogpt.files import fsync_path, git_sha, write_json_atomic
 from aogpt.model import AOGPT, OrderSampler, save_consolidated
 from aogpt.model.checkpoint import copy_consolidated, read_consolidated
 from aogpt.model.run_folder import WEIGHTS_FILE, RunFolder, tag_for
+from aogpt.trainer import zero_shot
 from aogpt.trainer.checkpoint import (
     EXIT_PREEMPTED,
     RUN_STATE,
@@ -54,13 +55,11 @@ from aogpt.trainer.data import TrainBatches, clean_stale_shared_memory, validati
 from aogpt.trainer.dist_env import DistEnv, all_reduce_sum, any_rank, host_group, init_process_group
 from aogpt.trainer.ds_config import zero_stage
 from aogpt.trainer.ema import ShardedEMA, gather_full_weights, load_full_ema
-from aogpt.trainer.evaluation import EvalSettings, Evaluator
+from aogpt.trainer.evaluation import Evaluator
 from aogpt.trainer.failsafe import EveryRankFailure, FirstNonFinite, SignalWatchdog
 from aogpt.trainer.lr_schedule import learning_rate
 from aogpt.trainer.metrics import MetricsLogger, peak_flops, progress, truncate_metrics
 from aogpt.trainer.sync_free import install as make_deepspeed_steps_sync_free
-
-EVAL_ORDER_SEED = 20250624  # validation orders never change, so evaluations compare across a run
 
 
 @dataclass
@@ -122,7 +121,14 @@ class Trainer:
         self.batches = TrainBatches(cfg, plan.manifests, dist_env, self.device)
         self.val_loader = (validation_loader(cfg, plan.manifests, dist_env, self.device)
                            if cfg.eval.every else None)
+        self.zero_shot_sets = (zero_shot.open_sets(cfg.eval.sets, cfg.model.block_size,
+                                                   cfg.eval.max_tokens) if cfg.eval.every else [])
+        # the weights every evaluation scores: the EMA's (the paper's), the raw ones when asked
+        self.eval_weights = ["ema"] if self.ema is not None else ["raw"]
+        if cfg.eval.raw_weights and self.ema is not None and self.zero_shot_sets:
+            self.eval_weights.append("raw")
         self._eval_model: AOGPT | None = None
+        self._last_eval = time.perf_counter()
         self.non_finite = FirstNonFinite(self.device)
         self.step = self.resume(plan.resume_tag, plan.elastic) if plan.resume_tag else 0
 
@@ -261,14 +267,34 @@ class Trainer:
 
     @torch.no_grad()
     def evaluate(self) -> dict[str, float | None]:
+        """Collective: the validation losses (the first weights of eval_weights), each zero-shot
+        set under each of eval_weights (trainer/zero_shot.py), and what the round cost."""
+        cfg, env = self.cfg, self.env
+        start = time.perf_counter()
+        record = {}
+        for weights in self.eval_weights:
+            model = self.eval_model(self.full_weights(ema=weights == "ema"))
+            settings = zero_shot.settings(model, self.eval_precision, cfg.train.micro_batch_size,
+                                          cfg.eval.num_orders)
+            evaluator = Evaluator(model, settings, self.device, env.rank, env.world_size)
+            if weights == self.eval_weights[0]:
+                record.update(self.validate(evaluator))
+            for data in self.zero_shot_sets:
+                record.update(zero_shot.score(evaluator, data, weights, Path(data.path).name))
+        end = time.perf_counter()
+        record["eval_s"] = end - start
+        record["eval_fraction"] = (end - start) / max(end - self._last_eval, 1e-9)
+        self._last_eval = end
+        return record
+
+    @property
+    def eval_precision(self) -> str:
+        return "fp32" if self.cfg.train.precision == "fp32" else "bf16"
+
+    def validate(self, evaluator: Evaluator) -> dict[str, float | None]:
         """val_loss_l2r and val_loss_ao (token-weighted over eval.num_orders seeded orders) on the
         val split, scored by the routine of trainer/evaluate.py (Evaluator.score_batch)."""
         cfg, env = self.cfg, self.env
-        model = self.eval_model(self.full_weights(ema=True))
-        settings = EvalSettings(orders=("l2r", "random") if cfg.model.any_order else ("l2r",),
-                                num_orders=cfg.eval.num_orders, seed=EVAL_ORDER_SEED,
-                                precision="fp32" if cfg.train.precision == "fp32" else "bf16")
-        evaluator = Evaluator(model, settings, self.device, env.rank, env.world_size)
         tallies, sampler = evaluator.new_tallies(), evaluator.order_sampler(cfg.model.block_size)
         micro = cfg.train.micro_batch_size
         with evaluator.autocast():
@@ -374,6 +400,7 @@ class Trainer:
         bar = progress(env.rank, total=cfg.train.max_steps, initial=self.step, desc="train",
                        unit="step")
         window_start, window_steps, window_wait = time.perf_counter(), 0, 0.0
+        self._last_eval = window_start
         try:
             while self.step < cfg.train.max_steps:
                 sums, data_wait = self.train_step(self.step)
@@ -390,6 +417,10 @@ class Trainer:
                                     tok_s=f"{record['tokens_per_s']:.0f}")
                 if cfg.eval.every and (self.step % cfg.eval.every == 0 or last):
                     record.update(self.evaluate())
+                    if env.is_main and self.zero_shot_sets:
+                        names = [Path(data.path).name for data in self.zero_shot_sets]
+                        bar.write(f"step {self.step}: "
+                                  + zero_shot.describe(record, names, self.eval_weights[0]))
                 if record:
                     logger.log(self.step, **record)
                 # a host collective: which rank was signalled needs no device value

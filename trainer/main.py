@@ -20,6 +20,7 @@ import time
 
 from aogpt import RunFailure, UsageError, cli_entry
 from aogpt.model.run_folder import RunFolder
+from aogpt.trainer import zero_shot
 from aogpt.trainer.checkpoint import check_resumable, read_run_state
 from aogpt.trainer.config import load_config, resolve_device_choices
 from aogpt.trainer.data import check_data
@@ -57,6 +58,8 @@ def preflight(args: argparse.Namespace, dist_env: DistEnv) -> Plan:
     cfg.validate(world_size=dist_env.world_size)
     ds_config = resolve_ds_config(load_ds_config(args.ds_config), cfg, dist_env.world_size)
     manifests = check_data(cfg, dist_env)
+    if cfg.eval.every:  # each zero-shot set: there, made for this model, not empty
+        zero_shot.open_sets(cfg.eval.sets, cfg.model.block_size, cfg.eval.max_tokens)
     run_folder = RunFolder(cfg.out_dir)
     tag, warning = run_folder.resume_tag()
     if dist_env.is_main:

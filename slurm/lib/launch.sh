@@ -68,6 +68,11 @@ aogpt_train() {
     local overrides=()
     [ -n "${AOGPT_DATA:-}" ] && overrides+=("data.path=$AOGPT_DATA")
     [ -n "${AOGPT_OUT_DIR:-}" ] && overrides+=("out_dir=$AOGPT_OUT_DIR")
+    if [ -n "${AOGPT_EVAL_DIR:-}" ]; then  # the paper's five zero-shot sets, as the presets name them
+        local sets=() name
+        for name in wikitext2 wikitext103 ptb lambada lm1b; do sets+=("$AOGPT_EVAL_DIR/$name"); done
+        overrides+=("eval.sets=[$(IFS=,; echo "${sets[*]}")]")
+    fi
     local extra
     read -r -a extra <<<"${AOGPT_OVERRIDES:-}"
     overrides+=("${extra[@]}")

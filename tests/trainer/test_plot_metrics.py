@@ -44,3 +44,18 @@ def test_run_without_metrics_is_one_line_and_status_2(tmp_path):
     result = run_cli("tools/plot_metrics.py", "--run", str(tmp_path))
     assert result.returncode == 2
     assert result.stderr.strip() == f"error: {tmp_path / 'metrics.jsonl'} does not exist: give a training out_dir"
+
+
+def test_zero_shot_sets_scored_while_training_get_a_panel_each(tmp_path):
+    run = write_run(tmp_path / "ao_gpt")
+    lines = (run / "metrics.jsonl").read_text().splitlines()
+    for step in (10, 20, 30):  # what trainer/zero_shot.py logs at each evaluation
+        lines.append(json.dumps({"step": step, "tokens_seen": 2048 * step, **{
+            f"eval/{name}/{weights}/{reading}_ppl": 900 / step + offset
+            for name in ("wikitext2", "ptb") for weights in ("ema", "raw")
+            for reading, offset in (("l2r", 0), ("ao", 50))}}))
+    (run / "metrics.jsonl").write_text("\n".join(lines) + "\n")
+    result = run_cli("tools/plot_metrics.py", "--run", str(run), "--x", "tokens")
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip().endswith("zero-shot sets: wikitext2, ptb)")
+    assert (run / "training_curves.png").read_bytes().startswith(PNG_MAGIC)

@@ -5,7 +5,8 @@ import json
 import shutil
 
 import pytest
-from trainer_testing import REPO, TINY_RUN, build_data, real_documents
+from eval_testing import build_wikitext
+from trainer_testing import REPO, SEQ_LEN, TINY_RUN, build_data, real_documents
 
 from aogpt.trainer import main as main_module
 from aogpt.trainer.main import main
@@ -98,3 +99,53 @@ def test_help_names_the_command_surface(capsys):
     assert exit_info.value.code == 0
     usage = capsys.readouterr().out
     assert "--ds_config" in usage and "--config" in usage and "key.sub=value" in usage
+
+
+# ---- zero-shot sets scored while training (eval.sets) --------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def wikitext_set(tmp_path_factory):
+    return build_wikitext(tmp_path_factory.mktemp("eval") / "wikitext2", seq_len=SEQ_LEN)
+
+
+def test_a_missing_zero_shot_set(text_data, tmp_path, capsys):
+    assert_refused(run(text_data, tmp_path, f"eval.sets=[{tmp_path / 'ptb'}]"), capsys, tmp_path,
+                   f"eval.sets: {tmp_path / 'ptb'} is not a folder: build it with python "
+                   f"data_prep/eval_to_mds.py --dataset NAME --out {tmp_path / 'ptb'} --seq-len 64")
+
+
+def test_a_zero_shot_set_of_another_sequence_length(text_data, tmp_path, capsys):
+    short = build_wikitext(tmp_path / "wikitext2-32", seq_len=32)
+    capsys.readouterr()  # what building it printed
+    assert_refused(run(text_data, tmp_path, f"eval.sets=[{short}]"), capsys, tmp_path,
+                   f"eval.sets: {short} has samples of 32 tokens, the model reads 64")
+
+
+def test_a_pretraining_folder_given_as_a_zero_shot_set(text_data, tmp_path, capsys):
+    assert_refused(run(text_data, tmp_path, f"eval.sets=[{text_data}]"), capsys, tmp_path,
+                   f"eval.sets: {text_data} is a pretrain folder, not an eval set")
+
+
+def test_an_empty_zero_shot_set(text_data, wikitext_set, tmp_path, capsys):
+    empty = tmp_path / "lm1b"
+    shutil.copytree(wikitext_set, empty)
+    manifest = json.loads((empty / "manifest.json").read_text())
+    for split in manifest["splits"].values():  # as eval_to_mds.py writes a set of no samples
+        split["samples"] = 0
+    (empty / "manifest.json").write_text(json.dumps(manifest))
+    assert_refused(run(text_data, tmp_path, f"eval.sets=[{wikitext_set},{empty}]"), capsys,
+                   tmp_path, f"eval.sets: {empty} holds no samples")
+
+
+def test_two_zero_shot_sets_of_one_name(text_data, wikitext_set, tmp_path, capsys):
+    other = tmp_path / "other" / "wikitext2"
+    shutil.copytree(wikitext_set, other)
+    assert_refused(run(text_data, tmp_path, f"eval.sets=[{wikitext_set},{other}]"), capsys,
+                   tmp_path, "eval.sets: two folders share a name (wikitext2, wikitext2)")
+
+
+def test_a_token_budget_below_one_sample(text_data, wikitext_set, tmp_path, capsys):
+    assert_refused(run(text_data, tmp_path, f"eval.sets=[{wikitext_set}]", "eval.max_tokens=10"),
+                   capsys, tmp_path, "eval.max_tokens must be at least one sample of "
+                   "model.block_size = 64 tokens, got 10")

@@ -1,0 +1,96 @@
+"""Zero-shot sets scored while training: the paper's curves (its Figures 1-2 and tables) from one run.
+
+Every `eval.every` steps each folder of `eval.sets` (made by data_prep/eval_to_mds.py) is scored
+with the EMA weights, and with the raw ones when `eval.raw_weights`, exactly as
+trainer/evaluate.py scores it (trainer/evaluation.py's Evaluator, the same code): the exact
+left-to-right perplexity and the any-order bound over `eval.num_orders` orders per sequence
+(the paper uses 10), token-weighted over ranks. The orders are keyed by (EVAL_ORDER_SEED, the
+sample's index in the set), so every evaluation of a run, resumed or run on another number of
+processes, scores the same orders, and the curve compares with itself; evaluate.py gives the same
+numbers for a checkpoint of that step with `--seed 20250624 --num-orders K` and the weights and
+precision used here. `eval.max_tokens` keeps each round to the first samples of each set.
+
+Metrics, one name per set (the folder's name), weights and reading, in metrics.jsonl and wandb:
+
+    eval/<set>/<ema|raw>/l2r_nll, .../l2r_ppl     left to right: the exact perplexity
+    eval/<set>/<ema|raw>/ao_nll,  .../ao_ppl      any order: the bound (the AO-AR loss)
+    eval_s, eval_fraction                         the round's seconds, and their share of the
+                                                  time since the round before (or the start)
+
+tools/plot_metrics.py draws them against tokens, one panel per set.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from aogpt import UsageError
+from aogpt.model import AOGPT
+from aogpt.trainer.evaluation import EvalData, EvalSettings, Evaluator
+
+EVAL_ORDER_SEED = 20250624  # evaluation orders never change, so evaluations compare across a run
+READINGS = {"l2r": "l2r", "random": "ao"}  # evaluate.py's order kinds -> the metrics' words
+EVAL_TO_MDS = "python data_prep/eval_to_mds.py --dataset NAME"
+
+
+def metric_name(set_name: str, weights: str, reading: str, stat: str) -> str:
+    return f"eval/{set_name}/{weights}/{reading}_{stat}"
+
+
+def open_sets(folders: list[str], block_size: int, max_tokens: int | None) -> list[EvalData]:
+    """The eval.sets folders, each checked: an eval set made by data_prep/eval_to_mds.py with
+    GPT-2's tokenizer at the model's block size, not empty. UsageError (one line) otherwise."""
+    max_samples = None if max_tokens is None else max_tokens // block_size
+    sets = []
+    for folder in folders:
+        fix = f"build it with {EVAL_TO_MDS} --out {folder} --seq-len {block_size}"
+        if not Path(folder).is_dir():
+            raise UsageError(f"eval.sets: {folder} is not a folder: {fix}")
+        if not (Path(folder) / "manifest.json").is_file():
+            raise UsageError(f"eval.sets: {folder} holds no manifest.json, it was not made by "
+                             f"data_prep: {fix}")
+        data = EvalData(folder, block_size, max_samples)  # checks the tokenizer
+        if data.manifest["kind"] != "eval":
+            raise UsageError(f"eval.sets: {folder} is a {data.manifest['kind']} folder, not an "
+                             f"eval set (its val split is scored by eval.batches): {fix}")
+        if data.seq_len != block_size:
+            raise UsageError(f"eval.sets: {folder} has samples of {data.seq_len} tokens, the model "
+                             f"reads {block_size} (model.block_size): rebuild it with "
+                             f"{EVAL_TO_MDS} --out {folder} --seq-len {block_size} --overwrite")
+        if data.num_samples == 0:
+            raise UsageError(f"eval.sets: {folder} holds no samples: rebuild it from more text, "
+                             "or leave it out of eval.sets")
+        sets.append(data)
+    return sets
+
+
+def settings(model: AOGPT, precision: str, batch_size: int, num_orders: int) -> EvalSettings:
+    """What in-training evaluation scores: both readings where the model has both."""
+    orders = ("l2r", "random") if model.config.any_order else ("l2r",)
+    return EvalSettings(orders=orders, num_orders=num_orders, batch_size=batch_size,
+                        seed=EVAL_ORDER_SEED, precision=precision)
+
+
+def score(evaluator: Evaluator, data: EvalData, weights: str, set_name: str) -> dict[str, float]:
+    """One set's metrics under one set of weights (collective: every rank runs it)."""
+    result = evaluator.run(data)
+    metrics = {}
+    for kind, reading in READINGS.items():
+        if kind in result:
+            for stat in ("nll", "ppl"):
+                metrics[metric_name(set_name, weights, reading, stat)] = result[kind][stat]
+    return metrics
+
+
+def describe(record: dict, set_names: list[str], weights: str) -> str:
+    """The log line of a round: each set's perplexities under `weights`, then what it cost."""
+    parts = []
+    for name in set_names:
+        l2r = record.get(metric_name(name, weights, "l2r", "ppl"))
+        ao = record.get(metric_name(name, weights, "ao", "ppl"))
+        reading = f"{name} ppl {'n/a' if l2r is None else f'{l2r:.2f}'}"
+        if ao is not None:
+            reading += f" (any order <= {ao:.2f})"
+        parts.append(reading)
+    return (f"zero-shot ({weights} weights): {', '.join(parts)} | {record['eval_s']:.1f} s, "
+            f"{100 * record['eval_fraction']:.1f}% of the time since the last evaluation")
