@@ -113,6 +113,14 @@ class EvalConfig:
     sets: list[str] = field(default_factory=list)
     max_tokens: int | None = None  # per set and evaluation: its first samples up to this; None: all
     raw_weights: bool = False  # score the zero-shot sets with the raw weights too (EMA always)
+    # samples while training (trainer/training_samples.py): every sample_every steps (0 = off),
+    # sample_count samples of the EMA weights from fixed seeds with the KV-cache sampler
+    sample_every: int = 0
+    sample_count: int = 4
+    sample_steps: int = 256  # network calls S (the paper's sample_AOGPT.sh: 256)
+    sample_temperature: float = 1.0
+    sample_top_p: float = 1.0  # the paper's nucleus rule (trainer/sample.py --top-p-rule paper)
+    judge: str | None = None  # local Hugging Face GPT-2 folder: the samples' generative perplexity
 
 
 @dataclass
@@ -163,6 +171,17 @@ class RunConfig:
             raise UsageError(f"eval.max_tokens must be at least one sample of model.block_size = "
                              f"{self.model.block_size} tokens, got {self.eval.max_tokens} (null: "
                              "every sample of each set)")
+        if self.eval.sample_every < 0:
+            raise UsageError(f"eval.sample_every must be >= 0 (0 = off), got {self.eval.sample_every}")
+        if self.eval.sample_every:
+            if self.eval.sample_count < 1:
+                raise UsageError(f"eval.sample_count must be >= 1, got {self.eval.sample_count}")
+            if not 1 <= self.eval.sample_steps <= self.model.block_size:
+                raise UsageError(f"eval.sample_steps must be in 1..{self.model.block_size} "
+                                 f"(model.block_size), got {self.eval.sample_steps}")
+            if not self.model.any_order and self.eval.sample_steps != self.model.block_size:
+                raise UsageError("a left-to-right GPT samples one token per step: set "
+                                 f"eval.sample_steps={self.model.block_size}")
         names = [Path(folder).name for folder in self.eval.sets]
         if len(set(names)) < len(names):
             raise UsageError(f"eval.sets: two folders share a name ({', '.join(names)}): their "

@@ -60,6 +60,7 @@ from aogpt.trainer.failsafe import EveryRankFailure, FirstNonFinite, SignalWatch
 from aogpt.trainer.lr_schedule import learning_rate
 from aogpt.trainer.metrics import MetricsLogger, peak_flops, progress, truncate_metrics
 from aogpt.trainer.sync_free import install as make_deepspeed_steps_sync_free
+from aogpt.trainer.training_samples import TrainingSamples
 
 
 @dataclass
@@ -129,6 +130,9 @@ class Trainer:
             self.eval_weights.append("raw")
         self._eval_model: AOGPT | None = None
         self._last_eval = time.perf_counter()
+        self.samples = (TrainingSamples(cfg.eval, cfg.model.any_order, cfg.model.block_size,
+                                        self.run_folder.root, self.device)
+                        if cfg.eval.sample_every and dist_env.is_main else None)
         self.non_finite = FirstNonFinite(self.device)
         self.step = self.resume(plan.resume_tag, plan.elastic) if plan.resume_tag else 0
 
@@ -287,6 +291,15 @@ class Trainer:
         self._last_eval = end
         return record
 
+    def sample(self) -> dict[str, float]:
+        """Collective (the weights are gathered): rank 0 draws, writes and scores a round of
+        samples of the first of eval_weights (trainer/training_samples.py); its metrics."""
+        weights = self.eval_weights[0]
+        full = self.full_weights(ema=weights == "ema", everywhere=False)
+        if self.samples is None:
+            return {}
+        return self.samples.round(self.eval_model(full), self.step, weights)
+
     @property
     def eval_precision(self) -> str:
         return "fp32" if self.cfg.train.precision == "fp32" else "bf16"
@@ -421,12 +434,16 @@ class Trainer:
                         names = [Path(data.path).name for data in self.zero_shot_sets]
                         bar.write(f"step {self.step}: "
                                   + zero_shot.describe(record, names, self.eval_weights[0]))
+                sampled = cfg.eval.sample_every and (self.step % cfg.eval.sample_every == 0
+                                                     or last)
+                if sampled:
+                    record.update(self.sample())
                 if record:
                     logger.log(self.step, **record)
                 # a host collective: which rank was signalled needs no device value
                 preempted = any_rank(self.preemption.requested, self.host_group)
                 save = self.step % cfg.checkpoint.every == 0 or last or preempted
-                if record or save:  # boundaries, where the device is read anyway
+                if record or save or sampled:  # boundaries, where the device is read anyway
                     self.stop_if_not_finite()
                 if save:
                     self.save_checkpoint()

@@ -19,8 +19,9 @@ import sys
 import time
 
 from aogpt import RunFailure, UsageError, cli_entry
+from aogpt.data_prep.tokenizer import load_gpt2
 from aogpt.model.run_folder import RunFolder
-from aogpt.trainer import zero_shot
+from aogpt.trainer import training_samples, zero_shot
 from aogpt.trainer.checkpoint import check_resumable, read_run_state
 from aogpt.trainer.config import load_config, resolve_device_choices
 from aogpt.trainer.data import check_data
@@ -60,6 +61,11 @@ def preflight(args: argparse.Namespace, dist_env: DistEnv) -> Plan:
     manifests = check_data(cfg, dist_env)
     if cfg.eval.every:  # each zero-shot set: there, made for this model, not empty
         zero_shot.open_sets(cfg.eval.sets, cfg.model.block_size, cfg.eval.max_tokens)
+    if cfg.eval.sample_every:  # the sampler's settings, the tokenizer that decodes, the judge
+        training_samples.sampling_config(cfg.eval, cfg.model.any_order)
+        load_gpt2()
+        if cfg.eval.judge is not None:
+            training_samples.check_judge(cfg.eval.judge)
     run_folder = RunFolder(cfg.out_dir)
     tag, warning = run_folder.resume_tag()
     if dist_env.is_main:

@@ -149,3 +149,17 @@ def test_a_token_budget_below_one_sample(text_data, wikitext_set, tmp_path, caps
     assert_refused(run(text_data, tmp_path, f"eval.sets=[{wikitext_set}]", "eval.max_tokens=10"),
                    capsys, tmp_path, "eval.max_tokens must be at least one sample of "
                    "model.block_size = 64 tokens, got 10")
+
+
+def test_a_judge_that_is_not_a_gpt2(text_data, tmp_path, capsys):
+    judge = tmp_path / "bert"
+    judge.mkdir()
+    (judge / "config.json").write_text(json.dumps({"model_type": "bert"}))
+    assert_refused(run(text_data, tmp_path, "eval.sample_every=2", "eval.sample_steps=8",
+                       f"eval.judge={judge}"), capsys,
+                   tmp_path, f"eval.judge: {judge} holds a bert model, not a Hugging Face GPT-2")
+
+
+def test_samples_of_more_steps_than_tokens(text_data, tmp_path, capsys):
+    assert_refused(run(text_data, tmp_path, "eval.sample_every=2", "eval.sample_steps=65"), capsys,
+                   tmp_path, "eval.sample_steps must be in 1..64 (model.block_size), got 65")

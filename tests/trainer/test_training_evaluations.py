@@ -1,11 +1,13 @@
-"""Zero-shot sets scored while training (eval.sets): the numbers trainer/evaluate.py gives for the
-checkpoint of that step, logged under one name per set, weights and reading, every evaluation."""
+"""What a run measures of itself while it trains: zero-shot sets (eval.sets), scored as
+trainer/evaluate.py scores the checkpoint of that step, and samples (eval.sample_every), the ones
+trainer/sample.py draws from that checkpoint, with their entropy and generative perplexity."""
 
 import json
 import subprocess
 import sys
 
 import pytest
+import torch
 from eval_testing import build_lambada, build_wikitext
 from trainer_testing import MAIN, REPO, SEQ_LEN, TINY_RUN, build_data, real_documents
 
@@ -13,13 +15,26 @@ from aogpt.trainer.metrics import read_metrics
 from aogpt.trainer.zero_shot import EVAL_ORDER_SEED
 
 EVALUATE = str(REPO / "trainer" / "evaluate.py")
+SAMPLE = str(REPO / "trainer" / "sample.py")
+GENPPL = str(REPO / "trainer" / "genppl.py")
 STEPS = 4
+
+
+def tiny_gpt2(folder):
+    """A judge: a 1-layer GPT-2 made and saved by transformers."""
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    torch.manual_seed(0)
+    GPT2LMHeadModel(GPT2Config(n_layer=1, n_head=2, n_embd=16, n_positions=SEQ_LEN)
+                    ).save_pretrained(folder)
+    return folder
 
 
 @pytest.fixture(scope="module")
 def run(tmp_path_factory):
     """One process, 4 steps of the tiny model, two zero-shot sets (concatenated WikiText and
-    per-passage LAMBADA) scored at steps 2 and 4 with the EMA and the raw weights."""
+    per-passage LAMBADA) scored at steps 2 and 4 with the EMA and the raw weights, and 2 samples
+    of 8 steps drawn at steps 2 and 4, judged by a tiny GPT-2."""
     root = tmp_path_factory.mktemp("zero_shot")
     data = build_data(root / "text", real_documents())
     sets = [build_wikitext(root / "wikitext2", seq_len=SEQ_LEN),
@@ -29,11 +44,12 @@ def run(tmp_path_factory):
             f"data.path={data}", f"out_dir={out}", *TINY_RUN, f"train.max_steps={STEPS}",
             "train.tokens_per_step=512", "eval.every=2", "checkpoint.every=2",
             f"eval.sets=[{','.join(map(str, sets))}]", f"eval.max_tokens={20 * SEQ_LEN}",
-            "eval.raw_weights=true"]
+            "eval.raw_weights=true", "eval.sample_every=2", "eval.sample_count=2",
+            "eval.sample_steps=8", f"eval.judge={tiny_gpt2(root / 'judge')}"]
     done = subprocess.run([sys.executable, MAIN, *args], cwd=REPO, capture_output=True, text=True,
                           timeout=600)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
-    return out, sets, done.stdout
+    return out, sets, done.stdout, root / "judge"
 
 
 def evaluate(checkpoint, sets, weights, json_out) -> dict:
@@ -47,7 +63,7 @@ def evaluate(checkpoint, sets, weights, json_out) -> dict:
 
 
 def test_in_training_scores_equal_evaluate_py_on_the_checkpoint_of_that_step(run, tmp_path):
-    out, sets, _ = run
+    out, sets, _, _ = run
     records = {r["step"]: r for r in read_metrics(out / "metrics.jsonl") if "eval_s" in r}
     assert sorted(records) == [2, 4]
     for step in (2, 4):
@@ -65,15 +81,48 @@ def test_in_training_scores_equal_evaluate_py_on_the_checkpoint_of_that_step(run
 
 
 def test_the_ema_and_raw_weights_give_their_own_curves(run):
-    out, _, _ = run
+    out, _, _, _ = run
     last = [r for r in read_metrics(out / "metrics.jsonl") if "eval_s" in r][-1]
     assert last["eval/wikitext2/ema/l2r_nll"] != last["eval/wikitext2/raw/l2r_nll"]
     assert 0 < last["eval_fraction"] and last["eval_s"] > 0
 
 
 def test_each_round_is_one_log_line_with_its_cost(run):
-    _, _, stdout = run
+    _, _, stdout, _ = run
     lines = [line for line in stdout.splitlines() if "zero-shot (ema weights)" in line]
     assert [line.split(":")[0] for line in lines] == ["step 2", "step 4"]
     assert "wikitext2 ppl " in lines[0] and "lambada ppl " in lines[0]
     assert "(any order <= " in lines[0] and "% of the time since the last evaluation" in lines[0]
+
+
+def test_each_sample_round_draws_what_sample_py_draws_from_that_steps_checkpoint(run, tmp_path):
+    out, _, _, _ = run
+    for step in (2, 4):
+        lines = (out / "samples" / f"step_{step:08d}.jsonl").read_text().splitlines()
+        ours = [json.loads(line) for line in lines]
+        assert [(r["sample"], r["step"], r["weights"], len(r["tokens"])) for r in ours] == \
+            [(0, step, "ema", SEQ_LEN), (1, step, "ema", SEQ_LEN)]
+        theirs_file = tmp_path / f"theirs-{step}.jsonl"
+        done = subprocess.run(
+            [sys.executable, SAMPLE, "--ckpt", str(out / "checkpoints" / f"step_{step:08d}"),
+             "--num-samples", "2", "--steps", "8", "--out", str(theirs_file)],
+            cwd=REPO, capture_output=True, text=True, timeout=300)
+        assert done.returncode == 0, done.stderr[-3000:]
+        theirs = [json.loads(line) for line in theirs_file.read_text().splitlines()]
+        assert [r["tokens"] for r in ours] == [r["tokens"] for r in theirs]
+        assert [r["text"] for r in ours] == [r["text"] for r in theirs]
+
+
+def test_sample_metrics_are_genppl_pys_report_on_the_rounds_file(run, tmp_path):
+    out, _, _, judge = run
+    records = {r["step"]: r for r in read_metrics(out / "metrics.jsonl") if "sample_entropy" in r}
+    assert sorted(records) == [2, 4]
+    report_file = tmp_path / "report.json"
+    done = subprocess.run([sys.executable, GENPPL, "--samples",
+                           str(out / "samples" / "step_00000004.jsonl"), "--judge", str(judge),
+                           "--json", str(report_file)],
+                          cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    report = json.loads(report_file.read_text())
+    assert records[4]["sample_gen_ppl"] == pytest.approx(report["mean_ppl"], rel=1e-9)
+    assert records[4]["sample_entropy"] == pytest.approx(report["entropy"], rel=1e-12)

@@ -1,0 +1,109 @@
+"""Samples while training: what the model writes, every `eval.sample_every` steps, from fixed seeds.
+
+Rank 0 draws `eval.sample_count` samples of the EMA weights (the raw ones without EMA) with the
+KV-cache sampler (model/sampler.py) at the paper's settings: `eval.sample_steps` network calls
+(its sample_AOGPT.sh: 256), the linear schedule, temperature `eval.sample_temperature`, the
+paper's nucleus rule with `eval.sample_top_p`. Sample i always has sample id i and seed 0, so every
+round draws the same uniforms and orders and the samples change only as the weights do:
+`trainer/sample.py --ckpt <the checkpoint of that step> --num-samples N --steps S` draws the same
+tokens (on the same device and precision). Each round writes out_dir/samples/step_<step>.jsonl
+(trainer/sample.py's lines, with the step and the weights) and logs
+
+    sample_entropy    mean unigram entropy of the samples (nats; natural 1024-token text: ~5.5-5.7,
+                      degenerate repetitions far less)
+    sample_gen_ppl    their generative perplexity under `eval.judge` (trainer/genppl.py's mean_ppl),
+                      when a judge is configured
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import time
+from pathlib import Path
+
+import torch
+
+from aogpt import UsageError
+from aogpt.data_prep.tokenizer import load_gpt2
+from aogpt.files import write_text_atomic
+from aogpt.model import AOGPT
+from aogpt.model.checkpoint import resolve_checkpoint_file
+from aogpt.model.run_folder import tag_for
+from aogpt.model.sampler import KVCacheSampler, SamplingConfig
+from aogpt.trainer.config import EvalConfig
+from aogpt.trainer.genppl import Judge, generative_perplexity, unigram_entropy
+
+SAMPLES_DIR = "samples"
+
+
+def sampling_config(cfg: EvalConfig, any_order: bool) -> SamplingConfig:
+    config = SamplingConfig(steps=cfg.sample_steps, temperature=cfg.sample_temperature,
+                            top_p=cfg.sample_top_p, top_p_rule="paper",
+                            order="random" if any_order else "l2r")
+    try:
+        config.validate()
+    except UsageError as err:
+        raise UsageError(f"eval.sample_*: {err}") from None
+    return config
+
+
+def check_judge(path: str) -> None:
+    """UsageError (one line) unless `path` is a local Hugging Face GPT-2 folder or a checkpoint
+    of this project: a judge of another kind would score with weights that are not its own."""
+    folder = Path(path)
+    config_file = folder / "config.json"
+    if config_file.is_file():
+        try:
+            model_type = json.loads(config_file.read_text()).get("model_type")
+        except (json.JSONDecodeError, AttributeError):
+            model_type = None
+        if model_type != "gpt2":
+            raise UsageError(f"eval.judge: {path} holds a {model_type or 'unreadable'} model, not a "
+                             "Hugging Face GPT-2 (model_type gpt2): give a GPT-2 folder saved with "
+                             "save_pretrained, e.g. gpt2-large")
+        return
+    try:
+        resolve_checkpoint_file(path)
+    except UsageError as err:
+        raise UsageError(f"eval.judge: {path} is neither a Hugging Face GPT-2 folder (no "
+                         f"config.json) nor a checkpoint of this project ({err})") from None
+
+
+class TrainingSamples:
+    """Draws, writes and scores a round of samples (rank 0 only)."""
+
+    def __init__(self, cfg: EvalConfig, model_any_order: bool, seq_len: int, run_root: Path,
+                 device: torch.device):
+        self.cfg, self.seq_len, self.device = cfg, seq_len, device
+        self.config = sampling_config(cfg, model_any_order)
+        self.folder = run_root / SAMPLES_DIR
+        self.encoding = load_gpt2()
+        self._judge: Judge | None = None
+
+    def judge(self) -> Judge | None:
+        if self.cfg.judge is not None and self._judge is None:
+            self._judge = Judge(self.cfg.judge, self.device)
+        return self._judge
+
+    @torch.no_grad()
+    def round(self, model: AOGPT, step: int, weights: str) -> dict[str, float]:
+        """Samples of `model` at `step`: written to samples/step_<step>.jsonl; their metrics."""
+        start = time.perf_counter()
+        count = self.cfg.sample_count
+        sampler = KVCacheSampler(model, count, self.seq_len, self.config)
+        out = sampler.generate(torch.arange(count))
+        tokens = out.tokens.tolist()
+        settings = dataclasses.asdict(self.config)
+        lines = [json.dumps({"sample": i, "step": step, "weights": weights, "tokens": sample,
+                             "text": self.encoding.decode(sample), "order": order,
+                             "steps": self.config.steps, "network_calls": out.network_calls,
+                             "settings": settings}) + "\n"
+                 for i, (sample, order) in enumerate(zip(tokens, out.orders.tolist(), strict=True))]
+        write_text_atomic(self.folder / f"{tag_for(step)}.jsonl", "".join(lines))
+        metrics = {"sample_entropy": sum(map(unigram_entropy, tokens)) / count}
+        judge = self.judge()
+        if judge is not None:
+            metrics["sample_gen_ppl"] = generative_perplexity(tokens, judge, progress=False)["mean_ppl"]
+        metrics["sample_s"] = time.perf_counter() - start
+        return metrics
