@@ -94,6 +94,14 @@ def test_trainer_gets_the_preset_ds_config_and_settings_as_overrides(job_env):
                        "order.p_left_to_right=0.5"]
 
 
+def test_one_folder_names_the_five_zero_shot_sets(job_env):
+    job_env.update(AOGPT_EVAL_DIR="/scratch/eval")
+    _, argv = planned_command("slurm/train_small.sh", job_env)
+    _, _, trainer = torchrun_and_trainer(argv)
+    assert trainer[-1] == ("eval.sets=[/scratch/eval/wikitext2,/scratch/eval/wikitext103,"
+                           "/scratch/eval/ptb,/scratch/eval/lambada,/scratch/eval/lm1b]")
+
+
 def test_medium_template_trains_the_medium_preset(job_env):
     _, argv = planned_command("slurm/train_medium.sh", job_env)
     _, _, trainer = torchrun_and_trainer(argv)
