@@ -40,6 +40,9 @@ class ModelConfig:
     target_injection: TargetInjection = "adaln"
     cond_dim: int = 128
     norm: Literal["rms", "layer"] = "rms"
+    # the MLP's GELU: "exact" (erf; the paper's, nanoGPT's) or "tanh" (the approximation GPT-2
+    # was trained with, Hugging Face's gelu_new: for model.init_from a GPT-2)
+    gelu: Literal["exact", "tanh"] = "exact"
     qk_norm: bool = True
     bias: bool = True  # biases of the block's linear layers (norms never have one in "rms")
     tie_embeddings: bool = False
@@ -47,6 +50,9 @@ class ModelConfig:
     init: Literal["trunc_normal", "normal"] = "trunc_normal"
     init_std: float = 0.02
     adaln_zero_init: bool = False  # SEDD/DiT's adaLN-Zero; the paper's AO-GPT does not use it
+    # start training from a left-to-right GPT (model/warm_start.py): a local Hugging Face GPT-2
+    # folder or a checkpoint of a gpt_* run; at step 0 the model reads left to right as it did
+    init_from: str | None = None
     dropout: float = 0.0
     # "auto": flash-attn's kernel on a supported GPU when installed, else PyTorch SDPA.
     attn_impl: Literal["auto", "sdpa", "flash_attn", "math"] = "auto"
@@ -95,7 +101,8 @@ class ModelConfig:
             raise UsageError(f"model.loss_chunk_size must be >= 0, got {self.loss_chunk_size}")
         if self.init_std <= 0:
             raise UsageError(f"model.init_std must be positive, got {self.init_std}")
-        require_choices(self, ("target_injection", "norm", "init", "attn_impl"), prefix="model.")
+        require_choices(self, ("target_injection", "norm", "gelu", "init", "attn_impl"),
+                        prefix="model.")
 
 
 def small() -> ModelConfig:

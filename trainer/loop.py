@@ -36,6 +36,7 @@ from aogpt.files import fsync_path, git_sha, write_json_atomic
 from aogpt.model import AOGPT, OrderSampler, save_consolidated
 from aogpt.model.checkpoint import copy_consolidated, read_consolidated
 from aogpt.model.run_folder import WEIGHTS_FILE, RunFolder, tag_for
+from aogpt.model.warm_start import warm_start
 from aogpt.trainer import zero_shot
 from aogpt.trainer.checkpoint import (
     EXIT_PREEMPTED,
@@ -103,6 +104,10 @@ class Trainer:
 
         torch.manual_seed(cfg.train.seed)  # the same initial weights on every rank
         model = AOGPT(cfg.model).to(self.device)
+        if cfg.model.init_from and plan.resume_tag is None:  # a resumed run loads its own weights
+            started_from = warm_start(model, cfg.model.init_from)
+            if dist_env.is_main:
+                print(f"model.init_from: started from the {started_from}", flush=True)
         self.num_params = model.num_params()
         self.flops_per_token = model.flops_per_token(cfg.model.block_size)
         self.attention_backend = model.attention_backend

@@ -21,6 +21,7 @@ import time
 from aogpt import RunFailure, UsageError, cli_entry
 from aogpt.data_prep.tokenizer import load_gpt2
 from aogpt.model.run_folder import RunFolder
+from aogpt.model.warm_start import check_source
 from aogpt.trainer import training_samples, zero_shot
 from aogpt.trainer.checkpoint import check_resumable, read_run_state
 from aogpt.trainer.config import load_config, resolve_device_choices
@@ -59,6 +60,8 @@ def preflight(args: argparse.Namespace, dist_env: DistEnv) -> Plan:
     cfg.validate(world_size=dist_env.world_size)
     ds_config = resolve_ds_config(load_ds_config(args.ds_config), cfg, dist_env.world_size)
     manifests = check_data(cfg, dist_env)
+    if cfg.model.init_from:
+        check_source(cfg.model.init_from, cfg.model)
     if cfg.eval.every:  # each zero-shot set: there, made for this model, not empty
         zero_shot.open_sets(cfg.eval.sets, cfg.model.block_size, cfg.eval.max_tokens)
     if cfg.eval.sample_every:  # the sampler's settings, the tokenizer that decodes, the judge

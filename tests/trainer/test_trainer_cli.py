@@ -163,3 +163,13 @@ def test_a_judge_that_is_not_a_gpt2(text_data, tmp_path, capsys):
 def test_samples_of_more_steps_than_tokens(text_data, tmp_path, capsys):
     assert_refused(run(text_data, tmp_path, "eval.sample_every=2", "eval.sample_steps=65"), capsys,
                    tmp_path, "eval.sample_steps must be in 1..64 (model.block_size), got 65")
+
+
+def test_init_from_a_folder_of_another_vocabulary(text_data, tmp_path, capsys):
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    GPT2LMHeadModel(GPT2Config(n_layer=2, n_head=2, n_embd=64, vocab_size=1000)
+                    ).save_pretrained(tmp_path / "gpt2")
+    assert_refused(run(text_data, tmp_path, f"model.init_from={tmp_path / 'gpt2'}"), capsys,
+                   tmp_path, f"model.init_from: {tmp_path / 'gpt2'} has a vocabulary of 1000 "
+                   "tokens, not GPT-2's 50257")
