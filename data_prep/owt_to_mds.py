@@ -70,6 +70,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         help=f"revision of a hub dataset (default: {sources.PARQUET_REVISION} for OpenWebText, "
              f"else the main branch)")
     args = parser.parse_args(argv)
+    if args.seq_len < 1:  # before the default shard size, which divides by it
+        raise UsageError(f"--seq-len must be at least 1, got {args.seq_len}")
     if args.samples_per_shard is None:
         args.samples_per_shard = packing.default_samples_per_shard(args.seq_len)
     _validate(args)
@@ -77,8 +79,6 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 
 def _validate(args: argparse.Namespace) -> None:
-    if args.seq_len < 1:
-        raise UsageError(f"--seq-len must be at least 1, got {args.seq_len}")
     if not 0.0 <= args.val_fraction < 1.0:
         raise UsageError(f"--val-fraction must be in [0, 1), got {args.val_fraction}")
     if args.workers < 1:

@@ -84,6 +84,9 @@ class EvalSettings:
             value = getattr(self, name)
             if value is not None and value < 1:
                 raise UsageError(f"--{name.replace('_', '-')} must be at least 1, got {value}")
+        if self.ensemble_targets == 1:  # the standard error of a mean needs two
+            raise UsageError("--ensemble-targets must be at least 2 (a standard error needs two "
+                             "targets per sequence), got 1; leave it out to score every target")
         if any(m < 1 for m in self.ensemble):
             raise UsageError(f"--ensemble sizes must be positive, got {list(self.ensemble)}")
         if self.ensemble_base not in ORDER_KINDS:

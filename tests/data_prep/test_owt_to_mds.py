@@ -327,6 +327,12 @@ def test_unsupported_file_type_is_refused(tmp_path, capsys):
     _fails(capsys, tmp_path, tmp_path / "notes.docx", match="unsupported file type")
 
 
+def test_a_sequence_length_of_zero_is_refused(tmp_path, capsys):
+    (tmp_path / "docs.jsonl").write_text('{"text": "a document"}\n')
+    _fails(capsys, tmp_path, tmp_path / "docs.jsonl", extra=("--seq-len", "0"),
+           match="--seq-len must be at least 1, got 0")
+
+
 def test_empty_corpus_is_refused(tmp_path, capsys):
     (tmp_path / "empty.jsonl").write_text("\n")
     _fails(capsys, tmp_path, tmp_path / "empty.jsonl", match="no documents")

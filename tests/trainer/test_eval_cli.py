@@ -199,6 +199,9 @@ BAD_INPUTS = {
                                  'weights="raw"'),
     "zero orders": (lambda f, t: ["--ckpt", f["adaln"], "--data", f["data"], "--num-orders", "0"],
                     "--num-orders must be at least 1"),
+    "one ensemble target": (lambda f, t: ["--ckpt", f["adaln"], "--data", f["data"], "--ensemble",
+                                          "2", "--ensemble-targets", "1"],
+                            "--ensemble-targets must be at least 2"),
 }
 
 
