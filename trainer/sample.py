@@ -103,17 +103,17 @@ def readable(text: str) -> str:
 @cli_entry
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    if args.num_samples < 1:
-        raise UsageError(f"--num-samples must be >= 1, got {args.num_samples}")
-    batch_size = args.batch_size or min(args.num_samples, 32)
-    if batch_size < 1:
-        raise UsageError(f"--batch-size must be >= 1, got {batch_size}")
+    for flag, value in (("--num-samples", args.num_samples), ("--batch-size", args.batch_size),
+                        ("--seq-len", args.seq_len), ("--steps", args.steps)):
+        if value is not None and value < 1:  # 0 is not a way to ask for the default
+            raise UsageError(f"{flag} must be >= 1, got {value}")
+    batch_size = args.batch_size if args.batch_size is not None else min(args.num_samples, 32)
     device = resolve_device(args.device)
     dtype = DTYPES[args.dtype] if args.dtype != "auto" else (
         torch.bfloat16 if device.type == "cuda" else torch.float32)
     encoding = load_gpt2(args.tokenizer_file)
     model = load_checkpoint(args.ckpt, weights=args.weights, map_location=device).to(dtype)
-    seq_len = args.seq_len or model.config.block_size
+    seq_len = args.seq_len if args.seq_len is not None else model.config.block_size
     if not 1 <= seq_len <= model.config.block_size:
         raise UsageError(f"--seq-len must be in 1..{model.config.block_size} (the model's block "
                          f"size), got {seq_len}")
@@ -122,7 +122,7 @@ def main(argv: list[str] | None = None) -> int:
     to_generate = seq_len - int(mask.sum())
     if to_generate == 0:
         raise UsageError("the prompt and infill already fill every position: nothing to generate")
-    steps = args.steps or to_generate
+    steps = args.steps if args.steps is not None else to_generate
     if not 1 <= steps <= to_generate:
         raise UsageError(f"--steps must be in 1..{to_generate} (the positions to generate), "
                          f"got {steps}")

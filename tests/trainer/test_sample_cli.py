@@ -87,6 +87,9 @@ def test_left_to_right_greedy_continuation(checkpoint, tmp_path):
     (["--steps", "17"], "--steps must be in 1..16"),
     (["--seq-len", "25"], "block size"),
     (["--top-p", "0"], "top_p"),
+    (["--steps", "0"], "--steps must be >= 1, got 0"),  # 0 never means "the default"
+    (["--seq-len", "0"], "--seq-len must be >= 1, got 0"),
+    (["--batch-size", "0"], "--batch-size must be >= 1, got 0"),
 ])
 def test_bad_input_is_one_line_and_exit_status_2(checkpoint, tmp_path, capsys, flags, message):
     assert main(["--ckpt", str(checkpoint), "--seq-len", str(N), "--steps", "4", *flags]) == 2
