@@ -12,6 +12,7 @@ from typing import Literal, get_args, get_type_hints
 from aogpt import UsageError
 
 GPT2_VOCAB = 50257
+GPT2_EOS = GPT2_VOCAB - 1  # <|endoftext|>, the last of GPT-2's ids
 PADDED_VOCAB = 50304  # GPT-2's vocab rounded up to a multiple of 64, for faster matmuls
 
 TargetInjection = Literal["adaln", "sigma_sum", "none"]

@@ -36,10 +36,9 @@ from pathlib import Path
 import torch
 
 from aogpt import UsageError
-from aogpt.model.config import GPT2_VOCAB, ModelConfig
+from aogpt.model.config import GPT2_EOS, GPT2_VOCAB, ModelConfig
 from aogpt.model.gpt import AOGPT
 
-EOS = GPT2_VOCAB - 1  # <|endoftext|>
 # Hugging Face's names of GPT-2's activation -> model.gelu (gelu_new is GPT-2's own, the tanh form)
 HF_GELU = {"gelu_new": "tanh", "gelu_pytorch_tanh": "tanh", "gelu_fast": "tanh", "gelu": "exact"}
 PADDED_LOGIT = -1e4  # exp() of it is 0 in fp32 and bf16 next to logits of O(10)
@@ -116,7 +115,7 @@ def _hugging_face_gpt2(path: Path, config: ModelConfig) -> tuple[dict, str]:
         raise UsageError(f"model.init_from: {files[0]} is not readable: {err}") from None
     state = {"transformer.wte.weight": tensors["wte.weight"],
              "transformer.wpe.weight": tensors["wpe.weight"],
-             "transformer.wnonee.weight": tensors["wte.weight"][EOS:EOS + 1],
+             "transformer.wnonee.weight": tensors["wte.weight"][GPT2_EOS:GPT2_EOS + 1],
              "transformer.final_layer.ln_f.weight": tensors["ln_f.weight"],
              "transformer.final_layer.ln_f.bias": tensors["ln_f.bias"],
              "lm_head.weight": tensors.get("lm_head.weight", tensors["wte.weight"])}

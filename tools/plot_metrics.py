@@ -26,6 +26,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 from aogpt import UsageError, cli_entry  # noqa: E402
 from aogpt.files import write_atomic
 from aogpt.trainer.metrics import curve, run_records  # noqa: E402
+from aogpt.trainer.zero_shot import metric_name  # noqa: E402
 
 PANELS = (  # (title, curves: (key, label, line style), y label, log scale)
     ("training loss", (("loss_l2r", "left to right", "-"), ("loss_ao", "any order", "--")),
@@ -33,19 +34,24 @@ PANELS = (  # (title, curves: (key, label, line style), y label, log scale)
     ("validation loss", (("val_loss_l2r", "left to right", "-"), ("val_loss_ao", "any order", "--")),
      "loss (nats/token)", False),
 )
-ZERO_SHOT = re.compile(r"eval/(.+)/(?:ema|raw)/(?:l2r|ao)_ppl")
+ZERO_SHOT = re.compile(metric_name("(.+)", "(?:ema|raw)", "(?:l2r|ao)", "ppl"))  # its name
 
 
-def zero_shot_panels(runs: dict[str, list[dict]]) -> tuple:
-    """One panel per zero-shot set found in the runs' records, in the order first seen."""
-    names = dict.fromkeys(match[1] for records in runs.values() for record in records
-                          for key in record if (match := ZERO_SHOT.fullmatch(key)))
+def zero_shot_sets(runs: dict[str, list[dict]]) -> list[str]:
+    """The zero-shot sets found in the runs' records, in the order first seen."""
+    return list(dict.fromkeys(match[1] for records in runs.values() for record in records
+                              for key in record if (match := ZERO_SHOT.fullmatch(key))))
+
+
+def zero_shot_panels(names: list[str]) -> tuple:
+    """A panel per zero-shot set: its perplexities, EMA and raw."""
     return tuple((f"{name} (zero-shot)", (
-        (f"eval/{name}/ema/l2r_ppl", "left to right", "-"),
-        (f"eval/{name}/ema/ao_ppl", "any order (bound)", "--"),
-        (f"eval/{name}/raw/l2r_ppl", "left to right, raw weights", ":"),
-        (f"eval/{name}/raw/ao_ppl", "any order, raw weights", "-."),
+        (metric_name(name, "ema", "l2r", "ppl"), "left to right", "-"),
+        (metric_name(name, "ema", "ao", "ppl"), "any order (bound)", "--"),
+        (metric_name(name, "raw", "l2r", "ppl"), "left to right, raw weights", ":"),
+        (metric_name(name, "raw", "ao", "ppl"), "any order, raw weights", "-."),
     ), "perplexity", True) for name in names)
+
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
@@ -64,7 +70,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 
 def plot(runs: dict[str, list[dict]], x: str, smooth: float, out: Path) -> None:
-    panels = PANELS + zero_shot_panels(runs)
+    panels = PANELS + zero_shot_panels(zero_shot_sets(runs))
     columns = min(len(panels), 3)
     rows = -(-len(panels) // columns)
     figure, axes = plt.subplots(rows, columns, figsize=(6 * columns, 4.5 * rows), squeeze=False)
@@ -98,7 +104,7 @@ def main(argv: list[str] | None = None) -> int:
     out = args.out or args.run[0] / "training_curves.png"
     plot(runs, args.x, args.smooth, out)
     steps = ", ".join(f"{name} to step {records[-1]['step']}" for name, records in runs.items())
-    sets = [title.split(" ")[0] for title, *_ in zero_shot_panels(runs)]
+    sets = zero_shot_sets(runs)
     print(f"wrote {out} ({steps}{'; zero-shot sets: ' + ', '.join(sets) if sets else ''})")
     return 0
 

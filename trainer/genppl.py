@@ -31,14 +31,39 @@ from tqdm import tqdm
 from aogpt import UsageError, cli_entry
 from aogpt.files import write_json_atomic
 from aogpt.model import load_checkpoint
+from aogpt.model.checkpoint import resolve_checkpoint_file
 from aogpt.model.precision import resolve_device
+
+
+def check_judge(path: str | Path, setting: str = "--judge") -> None:
+    """UsageError (one line, naming `setting`) unless `path` is a local Hugging Face GPT-2 folder
+    or a checkpoint of this project. transformers would load any other model's folder as a GPT-2
+    with random weights (e.g. this project's own Hugging Face export) and score with those."""
+    config_file = Path(path) / "config.json"
+    if config_file.is_file():
+        try:
+            model_type = json.loads(config_file.read_text()).get("model_type")
+        except (json.JSONDecodeError, AttributeError):
+            model_type = None
+        if model_type != "gpt2":
+            raise UsageError(f"{setting}: {path} holds a {model_type or 'unreadable'} model, not a "
+                             "Hugging Face GPT-2 (model_type gpt2): give a GPT-2 folder saved with "
+                             "save_pretrained, e.g. gpt2-large")
+        return
+    try:
+        resolve_checkpoint_file(path)
+    except UsageError as err:
+        raise UsageError(f"{setting}: {path} is neither a Hugging Face GPT-2 folder (no "
+                         f"config.json) nor a checkpoint of this project ({err})") from None
 
 
 class Judge:
     """Scores token sequences left to right: nll(tokens (b, n)) -> (b, n-1), -log p of tokens
-    1..n-1 given the ones before them."""
+    1..n-1 given the ones before them. setting: the flag or config key that named it, for errors."""
 
-    def __init__(self, path: str | Path, device: torch.device, weights: str = "ema"):
+    def __init__(self, path: str | Path, device: torch.device, weights: str = "ema",
+                 setting: str = "--judge"):
+        check_judge(path, setting)
         path = Path(path)
         self.max_len: int
         if (path / "config.json").is_file():  # a Hugging Face folder

@@ -56,7 +56,7 @@ from aogpt.trainer.data import TrainBatches, clean_stale_shared_memory, validati
 from aogpt.trainer.dist_env import DistEnv, all_reduce_sum, any_rank, host_group, init_process_group
 from aogpt.trainer.ds_config import zero_stage
 from aogpt.trainer.ema import ShardedEMA, gather_full_weights, load_full_ema
-from aogpt.trainer.evaluation import Evaluator
+from aogpt.trainer.evaluation import EvalData, Evaluator
 from aogpt.trainer.failsafe import EveryRankFailure, FirstNonFinite, SignalWatchdog
 from aogpt.trainer.lr_schedule import learning_rate
 from aogpt.trainer.metrics import MetricsLogger, peak_flops, progress, truncate_metrics
@@ -73,6 +73,7 @@ class Plan:
     manifests: dict[str, dict]
     resume_tag: str | None
     elastic: bool = False  # the tag was written by another number of processes or ZeRO stage
+    zero_shot_sets: dict[str, EvalData] = dataclasses.field(default_factory=dict)  # by name
 
 
 def token_weighted(nll_sum: float, tokens: float) -> float | None:
@@ -127,13 +128,13 @@ class Trainer:
         self.batches = TrainBatches(cfg, plan.manifests, dist_env, self.device)
         self.val_loader = (validation_loader(cfg, plan.manifests, dist_env, self.device)
                            if cfg.eval.every else None)
-        self.zero_shot_sets = (zero_shot.open_sets(cfg.eval.sets, cfg.model.block_size,
-                                                   cfg.eval.max_tokens) if cfg.eval.every else [])
+        self.zero_shot_sets = plan.zero_shot_sets
         # the weights every evaluation scores: the EMA's (the paper's), the raw ones when asked
         self.eval_weights = ["ema"] if self.ema is not None else ["raw"]
         if cfg.eval.raw_weights and self.ema is not None and self.zero_shot_sets:
             self.eval_weights.append("raw")
         self._eval_model: AOGPT | None = None
+        self._eval_model_holds: tuple[int, str] | None = None  # (step, weights) it was loaded with
         self._last_eval = time.perf_counter()
         self.samples = (TrainingSamples(cfg.eval, cfg.model.any_order, cfg.model.block_size,
                                         self.run_folder.root, self.device)
@@ -266,12 +267,21 @@ class Trainer:
                 return gather_full_weights(self.engine, keep=everywhere or self.env.is_main)
         return gather_full_weights(self.engine, keep=everywhere or self.env.is_main)
 
-    def eval_model(self, weights: dict[str, torch.Tensor]) -> AOGPT:
-        """A plain copy of the network holding `weights`; the engine's own weights stay untouched."""
+    def eval_model(self, weights: str, everywhere: bool = True) -> AOGPT | None:
+        """Collective: a plain copy of the network holding this step's `weights` ("ema" or
+        "raw"); the engine's own weights stay untouched. Only rank 0 gets one unless
+        `everywhere` (the others get None). What every rank was given once in a step is reused
+        in that step (a round of samples after an evaluation): every rank decides alike."""
+        if self._eval_model_holds == (self.step, weights):
+            return self._eval_model
+        full = self.full_weights(ema=weights == "ema", everywhere=everywhere)
+        self._eval_model_holds = (self.step, weights) if everywhere else None
+        if not (everywhere or self.env.is_main):
+            return None
         if self._eval_model is None:
             with torch.device(self.device):
                 self._eval_model = AOGPT(self.cfg.model).eval()
-        self._eval_model.load_state_dict(weights)
+        self._eval_model.load_state_dict(full)
         return self._eval_model
 
     @torch.no_grad()
@@ -282,14 +292,14 @@ class Trainer:
         start = time.perf_counter()
         record = {}
         for weights in self.eval_weights:
-            model = self.eval_model(self.full_weights(ema=weights == "ema"))
+            model = self.eval_model(weights)
             settings = zero_shot.settings(model, self.eval_precision, cfg.train.micro_batch_size,
                                           cfg.eval.num_orders)
             evaluator = Evaluator(model, settings, self.device, env.rank, env.world_size)
             if weights == self.eval_weights[0]:
                 record.update(self.validate(evaluator))
-            for data in self.zero_shot_sets:
-                record.update(zero_shot.score(evaluator, data, weights, Path(data.path).name))
+            for name, data in self.zero_shot_sets.items():
+                record.update(zero_shot.score(evaluator, data, weights, name))
         end = time.perf_counter()
         record["eval_s"] = end - start
         record["eval_fraction"] = (end - start) / max(end - self._last_eval, 1e-9)
@@ -300,10 +310,10 @@ class Trainer:
         """Collective (the weights are gathered): rank 0 draws, writes and scores a round of
         samples of the first of eval_weights (trainer/training_samples.py); its metrics."""
         weights = self.eval_weights[0]
-        full = self.full_weights(ema=weights == "ema", everywhere=False)
+        model = self.eval_model(weights, everywhere=False)
         if self.samples is None:
             return {}
-        return self.samples.round(self.eval_model(full), self.step, weights)
+        return self.samples.round(model, self.step, weights)
 
     @property
     def eval_precision(self) -> str:
@@ -436,9 +446,8 @@ class Trainer:
                 if cfg.eval.every and (self.step % cfg.eval.every == 0 or last):
                     record.update(self.evaluate())
                     if env.is_main and self.zero_shot_sets:
-                        names = [Path(data.path).name for data in self.zero_shot_sets]
-                        bar.write(f"step {self.step}: "
-                                  + zero_shot.describe(record, names, self.eval_weights[0]))
+                        bar.write(f"step {self.step}: " + zero_shot.describe(
+                            record, list(self.zero_shot_sets), self.eval_weights[0]))
                 sampled = cfg.eval.sample_every and (self.step % cfg.eval.sample_every == 0
                                                      or last)
                 if sampled:

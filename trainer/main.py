@@ -35,6 +35,7 @@ from aogpt.trainer.failsafe import (
     first_line,
     is_collective_failure,
 )
+from aogpt.trainer.genppl import check_judge
 from aogpt.trainer.loop import Plan, Trainer
 
 RANK0_REPORTS_FIRST_S = 5
@@ -62,13 +63,14 @@ def preflight(args: argparse.Namespace, dist_env: DistEnv) -> Plan:
     manifests = check_data(cfg, dist_env)
     if cfg.model.init_from:
         check_source(cfg.model.init_from, cfg.model)
-    if cfg.eval.every:  # each zero-shot set: there, made for this model, not empty
-        zero_shot.open_sets(cfg.eval.sets, cfg.model.block_size, cfg.eval.max_tokens)
+    # each zero-shot set: there, made for this model, not empty
+    sets = (zero_shot.open_sets(cfg.eval.sets, cfg.model.block_size, cfg.eval.max_tokens)
+            if cfg.eval.every else {})
     if cfg.eval.sample_every:  # the sampler's settings, the tokenizer that decodes, the judge
         training_samples.sampling_config(cfg.eval, cfg.model.any_order)
         load_gpt2()
         if cfg.eval.judge is not None:
-            training_samples.check_judge(cfg.eval.judge)
+            check_judge(cfg.eval.judge, "eval.judge")
     run_folder = RunFolder(cfg.out_dir)
     tag, warning = run_folder.resume_tag()
     if dist_env.is_main:
@@ -85,7 +87,8 @@ def preflight(args: argparse.Namespace, dist_env: DistEnv) -> Plan:
             print(f"elastic resume: {tag} was written by {state['world_size']} processes under "
                   f"ZeRO-{state['zero_stage']}, this run has {dist_env.world_size} under "
                   f"ZeRO-{zero_stage(ds_config)}: loading it as a universal checkpoint", flush=True)
-    return Plan(cfg=cfg, ds_config=ds_config, manifests=manifests, resume_tag=tag, elastic=elastic)
+    return Plan(cfg=cfg, ds_config=ds_config, manifests=manifests, resume_tag=tag, elastic=elastic,
+                zero_shot_sets=sets)
 
 
 @cli_entry

@@ -39,7 +39,7 @@ from aogpt.data_prep.tokenizer import EOS, load_gpt2
 from aogpt.files import write_text_atomic
 from aogpt.model import load_checkpoint
 from aogpt.model.precision import resolve_device
-from aogpt.model.sampler import KVCacheSampler, SamplingConfig, given_from_text
+from aogpt.model.sampler import Generation, KVCacheSampler, SamplingConfig, given_from_text
 from aogpt.trainer.genppl import Judge, format_report, generative_perplexity
 
 DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32}
@@ -96,6 +96,18 @@ def read_infill(spec: str) -> dict:
     return value
 
 
+def sample_records(sample_ids: list[int], out: Generation, encoding, config: SamplingConfig,
+                   **fields) -> list[dict]:
+    """One JSON-ready record per sample of a generate() call, as --out writes them (and the
+    trainer's samples while training), with `fields` added to each."""
+    settings = dataclasses.asdict(config)
+    return [{"sample": i, "tokens": tokens, "text": encoding.decode(tokens), "order": order,
+             "steps": config.steps, "network_calls": out.network_calls, "settings": settings,
+             **fields}
+            for i, tokens, order in zip(sample_ids, out.tokens.tolist(), out.orders.tolist(),
+                                        strict=True)]
+
+
 def readable(text: str) -> str:
     return text.replace("<|endoftext|>", "\n<|endoftext|>\n")
 
@@ -140,13 +152,8 @@ def main(argv: list[str] | None = None) -> int:
         if device.type == "cuda":
             torch.cuda.synchronize(device)
         seconds = time.perf_counter() - batch_start
-        for i, sample_tokens, order in zip(ids.tolist(), out.tokens.tolist(), out.orders.tolist(),
-                                           strict=True):
-            records.append({"sample": i, "tokens": sample_tokens,
-                            "text": encoding.decode(sample_tokens), "order": order,
-                            "given_positions": mask.nonzero().flatten().tolist(), "steps": steps,
-                            "network_calls": out.network_calls, "time_s": seconds,
-                            "settings": dataclasses.asdict(config)})
+        records += sample_records(ids.tolist(), out, encoding, config, time_s=seconds,
+                                  given_positions=mask.nonzero().flatten().tolist())
     elapsed = time.perf_counter() - started
     for record in records[:args.show]:
         print(f"\n=== sample {record['sample']} ({seq_len} tokens, {record['network_calls']} "

@@ -17,7 +17,6 @@ tokens (on the same device and precision). Each round writes out_dir/samples/ste
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import time
 from pathlib import Path
@@ -28,11 +27,11 @@ from aogpt import UsageError
 from aogpt.data_prep.tokenizer import load_gpt2
 from aogpt.files import write_text_atomic
 from aogpt.model import AOGPT
-from aogpt.model.checkpoint import resolve_checkpoint_file
 from aogpt.model.run_folder import tag_for
 from aogpt.model.sampler import KVCacheSampler, SamplingConfig
 from aogpt.trainer.config import EvalConfig
 from aogpt.trainer.genppl import Judge, generative_perplexity, unigram_entropy
+from aogpt.trainer.sample import sample_records
 
 SAMPLES_DIR = "samples"
 
@@ -48,28 +47,6 @@ def sampling_config(cfg: EvalConfig, any_order: bool) -> SamplingConfig:
     return config
 
 
-def check_judge(path: str) -> None:
-    """UsageError (one line) unless `path` is a local Hugging Face GPT-2 folder or a checkpoint
-    of this project: a judge of another kind would score with weights that are not its own."""
-    folder = Path(path)
-    config_file = folder / "config.json"
-    if config_file.is_file():
-        try:
-            model_type = json.loads(config_file.read_text()).get("model_type")
-        except (json.JSONDecodeError, AttributeError):
-            model_type = None
-        if model_type != "gpt2":
-            raise UsageError(f"eval.judge: {path} holds a {model_type or 'unreadable'} model, not a "
-                             "Hugging Face GPT-2 (model_type gpt2): give a GPT-2 folder saved with "
-                             "save_pretrained, e.g. gpt2-large")
-        return
-    try:
-        resolve_checkpoint_file(path)
-    except UsageError as err:
-        raise UsageError(f"eval.judge: {path} is neither a Hugging Face GPT-2 folder (no "
-                         f"config.json) nor a checkpoint of this project ({err})") from None
-
-
 class TrainingSamples:
     """Draws, writes and scores a round of samples (rank 0 only)."""
 
@@ -83,7 +60,7 @@ class TrainingSamples:
 
     def judge(self) -> Judge | None:
         if self.cfg.judge is not None and self._judge is None:
-            self._judge = Judge(self.cfg.judge, self.device)
+            self._judge = Judge(self.cfg.judge, self.device, setting="eval.judge")
         return self._judge
 
     @torch.no_grad()
@@ -94,13 +71,10 @@ class TrainingSamples:
         sampler = KVCacheSampler(model, count, self.seq_len, self.config)
         out = sampler.generate(torch.arange(count))
         tokens = out.tokens.tolist()
-        settings = dataclasses.asdict(self.config)
-        lines = [json.dumps({"sample": i, "step": step, "weights": weights, "tokens": sample,
-                             "text": self.encoding.decode(sample), "order": order,
-                             "steps": self.config.steps, "network_calls": out.network_calls,
-                             "settings": settings}) + "\n"
-                 for i, (sample, order) in enumerate(zip(tokens, out.orders.tolist(), strict=True))]
-        write_text_atomic(self.folder / f"{tag_for(step)}.jsonl", "".join(lines))
+        records = sample_records(list(range(count)), out, self.encoding, self.config, step=step,
+                                 weights=weights)
+        write_text_atomic(self.folder / f"{tag_for(step)}.jsonl",
+                          "".join(json.dumps(record) + "\n" for record in records))
         metrics = {"sample_entropy": sum(map(unigram_entropy, tokens)) / count}
         judge = self.judge()
         if judge is not None:

@@ -37,11 +37,12 @@ def metric_name(set_name: str, weights: str, reading: str, stat: str) -> str:
     return f"eval/{set_name}/{weights}/{reading}_{stat}"
 
 
-def open_sets(folders: list[str], block_size: int, max_tokens: int | None) -> list[EvalData]:
-    """The eval.sets folders, each checked: an eval set made by data_prep/eval_to_mds.py with
-    GPT-2's tokenizer at the model's block size, not empty. UsageError (one line) otherwise."""
+def open_sets(folders: list[str], block_size: int, max_tokens: int | None) -> dict[str, EvalData]:
+    """The eval.sets folders by their metric name (the folder's name), each checked: an eval set
+    made by data_prep/eval_to_mds.py with GPT-2's tokenizer at the model's block size, not empty.
+    UsageError (one line) otherwise."""
     max_samples = None if max_tokens is None else max_tokens // block_size
-    sets = []
+    sets = {}
     for folder in folders:
         fix = f"build it with {EVAL_TO_MDS} --out {folder} --seq-len {block_size}"
         if not Path(folder).is_dir():
@@ -60,7 +61,7 @@ def open_sets(folders: list[str], block_size: int, max_tokens: int | None) -> li
         if data.num_samples == 0:
             raise UsageError(f"eval.sets: {folder} holds no samples: rebuild it from more text, "
                              "or leave it out of eval.sets")
-        sets.append(data)
+        sets[Path(folder).name] = data
     return sets
 
 

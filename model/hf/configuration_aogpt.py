@@ -6,9 +6,7 @@ import dataclasses
 
 from transformers import PretrainedConfig
 
-from aogpt.model.config import GPT2_VOCAB, ModelConfig
-
-EOS = GPT2_VOCAB - 1  # <|endoftext|>
+from aogpt.model.config import GPT2_EOS, ModelConfig
 
 
 class AOGPTConfig(PretrainedConfig):
@@ -23,8 +21,8 @@ class AOGPTConfig(PretrainedConfig):
             setattr(self, field.name, kwargs.pop(field.name, getattr(defaults, field.name)))
         # transformers ties the head to wte by its own flag: one source, ModelConfig's
         kwargs["tie_word_embeddings"] = self.tie_embeddings
-        kwargs.setdefault("bos_token_id", EOS)
-        kwargs.setdefault("eos_token_id", EOS)
+        kwargs.setdefault("bos_token_id", GPT2_EOS)
+        kwargs.setdefault("eos_token_id", GPT2_EOS)
         kwargs.setdefault("use_cache", False)  # the wrapper keeps no KV cache in generate()
         super().__init__(**kwargs)
 

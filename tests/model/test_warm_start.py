@@ -8,8 +8,8 @@ import torch
 
 from aogpt import UsageError
 from aogpt.model import AOGPT, save_consolidated
-from aogpt.model.config import GPT2_VOCAB, ModelConfig, plain_gpt
-from aogpt.model.warm_start import EOS, check_source, warm_start
+from aogpt.model.config import GPT2_EOS, GPT2_VOCAB, ModelConfig, plain_gpt
+from aogpt.model.warm_start import check_source, warm_start
 
 BLOCK = 16
 
@@ -41,7 +41,7 @@ def test_at_step_0_the_left_to_right_logits_are_gpt2s_after_its_end_of_text(tmp_
     assert warm_start(model, tmp_path / "gpt2").startswith("Hugging Face GPT-2")
     with torch.no_grad():
         ours = model.logits(IDX)  # slot k predicts token k from [None], x_0 .. x_{k-1}
-        shifted = torch.cat([torch.full((3, 1), EOS), IDX[:, :-1]], dim=1)
+        shifted = torch.cat([torch.full((3, 1), GPT2_EOS), IDX[:, :-1]], dim=1)
         theirs = gpt2(shifted).logits
     # the same fp32 operations up to the order of sums inside matmuls and norms (d = 32, 2 layers)
     torch.testing.assert_close(ours[..., :GPT2_VOCAB], theirs, rtol=1e-5, atol=1e-5)

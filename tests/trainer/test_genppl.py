@@ -102,3 +102,17 @@ def test_cli_refuses_a_file_without_tokens(hf_judge_dir, tmp_path, capsys):
     path.write_text('{"text": "no tokens here"}\n')
     assert main(["--samples", str(path), "--judge", str(hf_judge_dir)]) == 2
     assert "bad.jsonl:1" in capsys.readouterr().err
+
+
+def test_a_judge_folder_of_another_model_is_refused_not_loaded_as_a_random_gpt2(tmp_path, capsys):
+    """transformers reads any config.json as a GPT-2 and starts missing weights at random: this
+    project's own Hugging Face export (model_type aogpt) would be scored by a random model."""
+    judge = tmp_path / "export"
+    judge.mkdir()
+    (judge / "config.json").write_text(json.dumps({"model_type": "aogpt"}))
+    path = tmp_path / "samples.jsonl"
+    path.write_text(json.dumps({"tokens": samples(1)[0]}) + "\n")
+    assert main(["--samples", str(path), "--judge", str(judge)]) == 2
+    assert capsys.readouterr().err.strip() == (
+        f"error: --judge: {judge} holds a aogpt model, not a Hugging Face GPT-2 (model_type gpt2): "
+        "give a GPT-2 folder saved with save_pretrained, e.g. gpt2-large")
