@@ -72,6 +72,11 @@ class TrainConfig:
     # A collective (gradient reduction, barrier) that waits longer for another rank fails and
     # ends the run (a dead or hung rank), instead of waiting forever.
     collective_timeout_s: float = 600.0
+    # What a bad step does (a loss or gradient norm that is not finite, or a spike by the
+    # recovery.spike_* rule): "stop" ends the run naming the last complete checkpoint; "rollback"
+    # reloads the last complete checkpoint before the bad step, moves the data stream past that
+    # step's samples and goes on (see recovery.*)
+    on_nonfinite: Literal["stop", "rollback"] = "stop"
 
 
 @dataclass
@@ -101,6 +106,21 @@ class CheckpointConfig:
     # many seconds (no step can finish), it exits anyway, status 1, without a checkpoint. Keep it
     # below the launcher's own grace (AOGPT_SIGNAL_GRACE, 240 s, in the SLURM templates).
     signal_grace_s: float = 180.0
+
+
+@dataclass
+class RecoveryConfig:
+    # loss spikes count as bad steps when above this many times the median loss of the
+    # spike_window steps before them, spike_steps steps in a row (0 = no spike rule)
+    spike_factor: float = 0.0
+    spike_steps: int = 3
+    spike_window: int = 100
+    # train.on_nonfinite=rollback gives up (one line, status 1) at a bad step after this many
+    max_rollbacks: int = 3
+    # after a rollback the learning rate is multiplied by lr_factor, from the checkpoint rolled
+    # back to until lr_steps steps past the bad step (1.0: unchanged)
+    lr_factor: float = 1.0
+    lr_steps: int = 0
 
 
 @dataclass
@@ -141,6 +161,7 @@ class RunConfig:
     order: OrderConfig = field(default_factory=OrderConfig)
     ema: EMAConfig = field(default_factory=EMAConfig)
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
+    recovery: RecoveryConfig = field(default_factory=RecoveryConfig)
     eval: EvalConfig = field(default_factory=EvalConfig)
     logging: LoggingConfig = field(default_factory=LoggingConfig)
 
@@ -159,10 +180,19 @@ class RunConfig:
             "optim.lr": self.optim.lr,
             "train.collective_timeout_s": self.train.collective_timeout_s,
             "checkpoint.signal_grace_s": self.checkpoint.signal_grace_s,
+            "recovery.spike_steps": self.recovery.spike_steps,
+            "recovery.spike_window": self.recovery.spike_window,
+            "recovery.max_rollbacks": self.recovery.max_rollbacks,
         }
         for name, value in positive.items():
             if value <= 0:
                 raise UsageError(f"{name} must be positive, got {value}")
+        if self.recovery.spike_factor != 0 and self.recovery.spike_factor <= 1:
+            raise UsageError(f"recovery.spike_factor must be above 1 (0 = no spike rule), got "
+                             f"{self.recovery.spike_factor}")
+        if not 0 < self.recovery.lr_factor <= 1 or self.recovery.lr_steps < 0:
+            raise UsageError(f"recovery.lr_factor must be in (0, 1] and recovery.lr_steps >= 0, "
+                             f"got {self.recovery.lr_factor} and {self.recovery.lr_steps}")
         if self.data.num_workers < 0:
             raise UsageError(f"data.num_workers must be >= 0, got {self.data.num_workers}")
         if self.eval.every < 0:

@@ -295,8 +295,21 @@ class TrainBatches:
         return self.loader.state_dict()
 
     def load_state_dict(self, state: dict) -> None:
-        """Call before the first batch: the next one is the sample after `state`'s position."""
+        """The next batch is the sample after `state`'s position: at the start of a run, or later
+        to go back to it (a rollback, trainer/recovery.py; collective over a node's ranks, which
+        share the dataset's shared memory: no rank may draw a batch before all have loaded)."""
+        if self._iterator is not None:
+            shut_down_workers(self.loader)
+            self._iterator = None
+        # Streaming ignores a position in an epoch before the one it believes comes next (it takes
+        # it for a stale checkpoint): going back in the same process, that epoch comes next again
+        self.dataset.next_epoch = state["epoch"]
         self.loader.load_state_dict(state)
+
+    def skip(self, micro_batches: int) -> list[int]:
+        """Moves the stream past this rank's next `micro_batches` micro-batches; their samples'
+        dataset indices."""
+        return [index for _ in range(micro_batches) for index in next(self)[1].tolist()]
 
 
 class ValidationBatches:

@@ -1,8 +1,6 @@
 """How a run ends when it cannot go on: one line naming the cause, a non-zero exit status, within
 a bounded time, whatever state the process is in.
 
-    FirstNonFinite(device)          the first step whose loss or gradient norm was not finite,
-                                    kept on the device every step and read at boundaries only
     SignalWatchdog(grace_s, ...)    after SIGTERM/SIGUSR1, ends the process if the run has not
                                     saved and exited within grace_s (a step or a save that never
                                     finishes: a hung peer, a stuck filesystem)
@@ -11,14 +9,13 @@ a bounded time, whatever state the process is in.
     end_child_processes()           loader workers ignore SIGTERM (trainer/data.py): kill them
 
 Exit statuses of trainer/main.py: 0 done; 1 the run failed while training (one line `error: ...`:
-a shard the loader cannot read, a non-finite loss, another rank lost, no checkpoint within the
+a shard the loader cannot read, a bad step (trainer/recovery.py), another rank lost, no checkpoint within the
 grace after a signal; see aogpt.RunFailure); 2 bad input found before training; 75 stopped by a
 signal after saving a checkpoint (EXIT_PREEMPTED).
 """
 
 from __future__ import annotations
 
-import math
 import multiprocessing
 import os
 import signal
@@ -28,7 +25,6 @@ import time
 from collections.abc import Callable
 
 import torch
-import torch.distributed as dist
 
 from aogpt import RunFailure
 from aogpt.trainer.checkpoint import EXIT_PREEMPTED, PreemptionFlag
@@ -39,40 +35,6 @@ EXIT_FAILED = 1  # what aogpt.cli_entry returns for a RunFailure
 class EveryRankFailure(RunFailure):
     """A RunFailure that every rank meets at the same point (a value all ranks reduce together):
     rank 0 alone reports it, so that the log holds one line and not one per rank."""
-
-
-class FirstNonFinite:
-    """The first step whose loss or gradient norm was not finite, on this rank, kept on the device.
-
-    `note` runs every step and never reads the device (a GPU would drain its queue and idle while
-    the host prepares the next micro-batch); `check` reads it, over all ranks, at the boundaries
-    where the trainer reads the device anyway (logging, evaluation, a checkpoint): a run whose
-    loss turns NaN goes on for at most log_every steps, and no checkpoint is ever saved after it.
-    """
-
-    def __init__(self, device: torch.device):
-        # [first non-finite loss, first non-finite gradient norm]; inf = none yet
-        self.steps = torch.full((2,), float("inf"), dtype=torch.float64, device=device)
-
-    def note(self, step: int, loss_sums: torch.Tensor, grad_norm) -> None:
-        """loss_sums: the step's nll sums; grad_norm: DeepSpeed's (a device tensor whose inf/NaN
-        it marks -1; a number or None from an engine that computed none)."""
-        bad_loss = ~torch.isfinite(loss_sums).all()
-        bad_norm = torch.zeros_like(bad_loss)  # made on the device: no copy from the host
-        if torch.is_tensor(grad_norm):
-            bad_norm = (~torch.isfinite(grad_norm) | (grad_norm < 0)).reshape(())
-        elif grad_norm is not None and not math.isfinite(grad_norm):
-            bad_norm = ~bad_norm
-        bad = torch.stack([bad_loss, bad_norm])
-        torch.minimum(self.steps, torch.where(bad, float(step), float("inf")), out=self.steps)
-
-    def check(self) -> tuple[int | None, int | None]:
-        """(first non-finite loss step, first non-finite gradient norm step) over all ranks, None
-        where there is none: a collective and a device read."""
-        steps = self.steps.clone()
-        if dist.is_initialized():
-            dist.all_reduce(steps, op=dist.ReduceOp.MIN)
-        return tuple(int(s) if math.isfinite(s) else None for s in steps.tolist())
 
 
 def is_collective_failure(err: BaseException) -> bool:

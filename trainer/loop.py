@@ -32,10 +32,10 @@ import deepspeed.comm as dist
 import torch
 
 from aogpt import RunFailure
-from aogpt.files import fsync_path, git_sha, write_json_atomic
+from aogpt.files import fsync_path, git_sha, write_json_atomic, write_text_atomic
 from aogpt.model import AOGPT, OrderSampler, save_consolidated
 from aogpt.model.checkpoint import copy_consolidated, read_consolidated
-from aogpt.model.run_folder import WEIGHTS_FILE, RunFolder, tag_for
+from aogpt.model.run_folder import WEIGHTS_FILE, RunFolder, step_of, tag_for
 from aogpt.model.warm_start import warm_start
 from aogpt.trainer import zero_shot
 from aogpt.trainer.checkpoint import (
@@ -57,9 +57,10 @@ from aogpt.trainer.dist_env import DistEnv, all_reduce_sum, any_rank, host_group
 from aogpt.trainer.ds_config import zero_stage
 from aogpt.trainer.ema import ShardedEMA, gather_full_weights, load_full_ema
 from aogpt.trainer.evaluation import EvalData, Evaluator
-from aogpt.trainer.failsafe import EveryRankFailure, FirstNonFinite, SignalWatchdog
+from aogpt.trainer.failsafe import EveryRankFailure, SignalWatchdog
 from aogpt.trainer.lr_schedule import learning_rate
 from aogpt.trainer.metrics import MetricsLogger, peak_flops, progress, truncate_metrics
+from aogpt.trainer.recovery import BadStep, BadSteps, PoisonedSamples, Rollbacks
 from aogpt.trainer.sync_free import install as make_deepspeed_steps_sync_free
 from aogpt.trainer.training_samples import TrainingSamples
 
@@ -139,7 +140,11 @@ class Trainer:
         self.samples = (TrainingSamples(cfg.eval, cfg.model.any_order, cfg.model.block_size,
                                         self.run_folder.root, self.device)
                         if cfg.eval.sample_every and dist_env.is_main else None)
-        self.non_finite = FirstNonFinite(self.device)
+        self.bad_steps = BadSteps(cfg.recovery, self.device)
+        self.rollbacks = Rollbacks(self.run_folder.root, cfg.recovery)
+        self.poison = PoisonedSamples.from_environment(self.device)
+        self.lr = 0.0  # of the step just run
+        self.skipped_now = 0  # samples the stream moved past before the step just run (a rollback's)
         self.step = self.resume(plan.resume_tag, plan.elastic) if plan.resume_tag else 0
 
     # ---- set-up ---------------------------------------------------------------------------------
@@ -156,6 +161,7 @@ class Trainer:
             if self.env.is_main:
                 shutil.rmtree(load_dir, ignore_errors=True)
         self.batches.load_state_dict(client["loader"])
+        self.bad_steps.load_state_dict(client.get("recovery"))
         # another partitioning has other rank files: rank 0's carries what all ranks share
         rank_state = load_rank_state(rank_state_file(folder, 0 if elastic else self.env.rank))
         if self.ema is not None and rank_state["ema"] is not None:
@@ -230,9 +236,10 @@ class Trainer:
         float64 vector of 4, on the device, not yet reduced) and the seconds spent waiting for data.
         """
         cfg = self.cfg
-        lr = learning_rate(update, cfg.optim)
+        self.lr = learning_rate(update, cfg.optim) * self.rollbacks.lr_factor(update + 1)
         for group in self.engine.optimizer.param_groups:
-            group["lr"] = lr
+            group["lr"] = self.lr
+        self.skip_bad_data(update + 1)
         self.engine.module.lm_head.weights_changed()  # by the last step: cast them once for this one
         sums = torch.zeros(4, dtype=torch.float64, device=self.device)
         data_wait = 0.0
@@ -244,6 +251,8 @@ class Trainer:
             # rank or micro-batch a sample lands in, whatever the world size.
             orders, is_l2r = self.sampler(update, sample_ids)
             nll, loss = self.engine(idx, orders, return_mean=True)  # (micro, t), scalar
+            if self.poison is not None:  # a test's bad data
+                nll, loss = self.poison(nll, sample_ids)
             self.engine.backward(loss)
             self.engine.step()  # DeepSpeed steps the optimizer on the last micro-step only
             with torch.no_grad():
@@ -252,7 +261,7 @@ class Trainer:
                 sums += torch.stack([(per_sample * is_l2r).sum(), tokens.sum(),
                                      (per_sample * ~is_l2r).sum(),
                                      nll.shape[1] * idx.shape[0] - tokens.sum()])
-        self.non_finite.note(update + 1, sums, self.engine.get_global_grad_norm())
+        self.bad_steps.note(update + 1, sums, self.engine.get_global_grad_norm())
         if self.ema is not None:
             self.ema.update()
         return sums, data_wait
@@ -406,6 +415,7 @@ class Trainer:
                                "model_config": dataclasses.asdict(self.cfg.model)},
                               folder / RUN_STATE)
         client_state = {**self.run_meta(), "loader": self.batches.state_dict(),
+                        "recovery": self.bad_steps.state_dict(),
                         "model_config": dataclasses.asdict(self.cfg.model)}
         self.engine.save_checkpoint(str(folder.parent), tag=folder.name,
                                     client_state=client_state, save_latest=False)
@@ -438,7 +448,8 @@ class Trainer:
                 bar.update(1)
                 last = self.step == cfg.train.max_steps
                 record = {}
-                if self.step % cfg.train.log_every == 0 or self.step == 1 or last:
+                if (self.step % cfg.train.log_every == 0 or self.step == 1 or last
+                        or self.skipped_now):
                     record = self.step_metrics(sums, window_start, window_steps, window_wait, peak)
                     window_start, window_steps, window_wait = time.perf_counter(), 0, 0.0
                     bar.set_postfix(loss=f"{record['loss']:.4f}",
@@ -457,8 +468,13 @@ class Trainer:
                 # a host collective: which rank was signalled needs no device value
                 preempted = any_rank(self.preemption.requested, self.host_group)
                 save = self.step % cfg.checkpoint.every == 0 or last or preempted
-                if record or save or sampled:  # boundaries, where the device is read anyway
-                    self.stop_if_not_finite()
+                if (record or save or sampled) and self.answer_bad_step():  # boundaries, where the
+                    # device is read anyway; rolled back: on from the checkpoint's step
+                    logger.reopen()
+                    bar.reset(total=cfg.train.max_steps)
+                    bar.update(self.step)
+                    window_start, window_steps, window_wait = time.perf_counter(), 0, 0.0
+                    continue
                 if save:
                     self.save_checkpoint()
                 if preempted:
@@ -474,23 +490,98 @@ class Trainer:
         self.publish_final()
         if env.is_main:
             print(f"done: {self.step} steps, {self.step * cfg.train.tokens_per_step:,} tokens; "
-                  f"weights in {self.run_folder.final_weights}", flush=True)
+                  f"weights in {self.run_folder.final_weights}{self.rollbacks.summary()}",
+                  flush=True)
         return 0
 
-    def stop_if_not_finite(self) -> None:
-        """Ends the run (collective) if any step so far had a non-finite loss or gradient norm:
-        called before every save, so no checkpoint ever holds weights updated by such a step."""
-        loss_step, norm_step = self.non_finite.check()
-        found = [(step, what) for step, what in ((loss_step, "loss"), (norm_step, "gradient norm"))
-                 if step is not None]
-        if not found:
+    def answer_bad_step(self) -> bool:
+        """Collective, at a boundary: whether a step so far was bad (trainer/recovery.py). Checked
+        before every save, so no checkpoint ever holds weights updated by a bad step that could
+        be seen. With train.on_nonfinite=stop a bad step ends the run; with rollback the run goes
+        back to the last complete checkpoint before it (True), or ends after max_rollbacks."""
+        bad = self.bad_steps.check()
+        if bad is None:
+            return False
+        why = bad.why + ("" if bad.step == self.step else f" (found at step {self.step})")
+        stopped = "stopped without saving this step; the last complete checkpoint is"
+        if self.cfg.train.on_nonfinite == "stop":
+            raise EveryRankFailure(
+                f"{why}: {stopped} {self.last_checkpoint()} (lower optim.lr or raise "
+                "optim.warmup_steps if it happens again, or set train.on_nonfinite=rollback)")
+        done = len(self.rollbacks)
+        if done >= self.cfg.recovery.max_rollbacks:
+            raise EveryRankFailure(
+                f"{why}, after {done} rollback{'s' if done > 1 else ''} "
+                f"(recovery.max_rollbacks={self.cfg.recovery.max_rollbacks}, listed in "
+                f"{self.rollbacks.file}): {stopped} {self.last_checkpoint()}")
+        target = self.checkpoint_before(bad.step)
+        if target is None:
+            raise EveryRankFailure(
+                f"{why}, and train.on_nonfinite=rollback has no complete checkpoint before it to "
+                f"roll back to: {stopped} {self.last_checkpoint()} (a smaller checkpoint.every "
+                "saves one sooner; a larger checkpoint.keep_last keeps one from before a spike)")
+        self.roll_back(bad, why, target)
+        return True
+
+    def checkpoint_before(self, step: int) -> str | None:
+        """Collective: the newest complete tag saved before `step`, as rank 0 finds it."""
+        found = [None]
+        if self.env.is_main:
+            complete = [tag for tag in self.run_folder.tags()
+                        if step_of(tag) < step and self.run_folder.problem(tag) is None]
+            found = [complete[-1] if complete else None]
+        if self.env.world_size > 1:
+            dist.broadcast_object_list(found, src=0, group=self.host_group)
+        return found[0]
+
+    def roll_back(self, bad: BadStep, why: str, tag: str) -> None:
+        """Collective: back to checkpoint `tag`, with the rollback recorded for the steps to come.
+
+        `latest` moves first and the record is written last: a kill in between resumes from
+        `tag` without the record, finds the bad step again and rolls back as a run never killed
+        did; a record never exists beside a later tag holding weights of the bad steps."""
+        record = [None]
+        if self.env.is_main:
+            write_text_atomic(self.run_folder.latest_file, tag, durable=True)
+            for later in self.run_folder.tags():
+                if step_of(later) > step_of(tag):  # saved after the bad step (a spike's)
+                    shutil.rmtree(self.run_folder.tag_dir(later))
+            record = [self.rollbacks.add(bad, self.step, tag, step_of(tag))]
+            lowered = (f"; optim.lr x{record[0]['lr_factor']:g} until step "
+                       f"{record[0]['lr_until_step']}" if record[0]["lr_factor"] != 1 else "")
+            bad_steps = (f"step {bad.step}" if bad.steps == 1
+                         else f"steps {bad.step}-{bad.step + bad.steps - 1}")
+            print(f"{why}: rolling back to {self.run_folder.tag_dir(tag)} (rollback "
+                  f"{len(self.rollbacks)} of at most {self.cfg.recovery.max_rollbacks}); the data "
+                  f"of {bad_steps} will be skipped{lowered}", flush=True)
+        if self.env.world_size > 1:
+            dist.broadcast_object_list(record, src=0, group=self.host_group)
+        if not self.env.is_main:
+            self.rollbacks.adopt(record[0])
+        self.step = self.resume(tag, elastic=False)
+        self.bad_steps.restart()
+        self._eval_model_holds = None  # the same step numbers will hold other weights
+        dist.barrier()  # every rank's data stream is back before any draws from it
+
+    def skip_bad_data(self, step: int) -> None:
+        """Before `step`: moves the data stream past the samples of the bad steps that began
+        there (a rollback's, trainer/recovery.py) and records them."""
+        steps = self.rollbacks.steps_to_skip(step)
+        self.skipped_now = 0
+        if not steps:
             return
-        step, what = min(found, key=lambda pair: pair[0])  # the loss first when both
-        later = "" if step == self.step else f" (found at step {self.step}, the next check)"
-        raise EveryRankFailure(
-            f"the {what} is not finite at step {step}{later}: stopped without saving this step; "
-            f"the last complete checkpoint is {self.last_checkpoint()} (lower optim.lr or raise "
-            "optim.warmup_steps if it happens again)")
+        ids = self.batches.skip(steps * self.accum)
+        every_rank = [ids]
+        if self.env.world_size > 1:
+            every_rank = [None] * self.env.world_size
+            dist.all_gather_object(every_rank, ids, group=self.host_group)
+        skipped = sorted(index for rank_ids in every_rank for index in rank_ids)
+        self.skipped_now = len(skipped)
+        if self.env.is_main:
+            self.rollbacks.record_skip(step, skipped)
+            print(f"step {step}: skipped {len(skipped)} samples, the data of {steps} bad "
+                  f"step{'s' if steps > 1 else ''} (their indices in "
+                  f"{self.rollbacks.skipped_file})", flush=True)
 
     def step_metrics(self, sums: torch.Tensor, window_start: float, window_steps: int,
                      window_wait: float, peak: float | None) -> dict:
@@ -503,7 +594,7 @@ class Trainer:
             "loss": token_weighted(total[0] + total[2], total[1] + total[3]),
             "loss_l2r": token_weighted(total[0], total[1]),
             "loss_ao": token_weighted(total[2], total[3]),
-            "lr": learning_rate(self.step - 1, cfg.optim),
+            "lr": self.lr,
             "grad_norm": None if grad_norm is None else float(grad_norm),
             "tokens_per_s": tokens_per_s,
             "tokens_per_s_per_device": tokens_per_s / self.env.world_size,
@@ -515,6 +606,8 @@ class Trainer:
                     if peak else None),
             "memory_gb": (torch.cuda.max_memory_allocated(self.device) / 2**30
                           if self.device.type == "cuda" else None),
+            **({"skipped_samples": self.skipped_now, "rollbacks": len(self.rollbacks)}
+               if self.skipped_now else {}),
         }
 
 

@@ -74,6 +74,14 @@ class MetricsLogger:
         if self._wandb_run is not None:
             self._wandb_run.log({k: v for k, v in metrics.items() if v is not None}, step=step)
 
+    def reopen(self) -> None:
+        """After metrics.jsonl was cut back to a checkpoint's step (a rollback: truncate_metrics
+        replaces the file): append to the new file. wandb keeps what it was sent (it takes no
+        step twice): metrics.jsonl is the record of the run."""
+        if self.enabled:
+            self._file.close()
+            self._file = self.path.open("a", buffering=1)
+
     def close(self) -> None:
         if not self.enabled:
             return

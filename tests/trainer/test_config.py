@@ -65,6 +65,7 @@ def test_streams_list_builds_nested_dataclasses(repo):
     ("train.max_steps=2.5", "train.max_steps must be an integer"),
     ("model.qk_norm=1", "model.qk_norm must be true or false"),
     ("order.kind=zigzag", "order.kind must be one of mixture, uniform, l2r, fixed, blockwise"),
+    ("train.on_nonfinite=retry", "train.on_nonfinite must be one of stop, rollback; got 'retry'"),
     ("train", "is not of the form key.sub=value"),
 ])
 def test_bad_overrides_name_the_problem(repo, override, message):
@@ -83,6 +84,10 @@ def test_bad_overrides_name_the_problem(repo, override, message):
     ("order.kind=blockwise order.block_size=48", 1, "order.block_size (48) must divide the sequence length (128)"),
     ("order.block_size=0", 1, "order.block_size must be positive, got 0"),
     ("model.target_injection=none", 1, "reads left to right only: set order.kind=l2r"),
+    ("recovery.spike_factor=0.9", 1, "recovery.spike_factor must be above 1 (0 = no spike rule), got 0.9"),
+    ("recovery.spike_window=0", 1, "recovery.spike_window must be positive, got 0"),
+    ("recovery.max_rollbacks=0", 1, "recovery.max_rollbacks must be positive, got 0"),
+    ("recovery.lr_factor=0", 1, "recovery.lr_factor must be in (0, 1] and recovery.lr_steps >= 0"),
 ])
 def test_cross_field_rules(repo, override, world, message):
     cfg = load_config(repo / "configs" / "tiny.yaml", override.split())

@@ -24,8 +24,9 @@ from aogpt.trainer.checkpoint import EXIT_PREEMPTED
 from aogpt.trainer.config import load_config
 from aogpt.trainer.data import TrainBatches, validation_loader
 from aogpt.trainer.dist_env import free_port, setup_distributed_env
-from aogpt.trainer.failsafe import EXIT_FAILED, FirstNonFinite
+from aogpt.trainer.failsafe import EXIT_FAILED
 from aogpt.trainer.metrics import read_metrics
+from aogpt.trainer.recovery import FirstNonFinite
 
 CPU = torch.device("cpu")
 # one process, one micro-batch of 8 x 64 tokens per step
@@ -236,7 +237,7 @@ def test_a_non_finite_loss_ends_the_run_without_saving_that_step(text_data, tmp_
     assert error_lines(result.stderr) == [
         f"error: the loss is not finite at step 2: stopped without saving this step; the last "
         f"complete checkpoint is {out / 'checkpoints' / 'step_00000001'} (lower optim.lr or raise "
-        "optim.warmup_steps if it happens again)"]
+        "optim.warmup_steps if it happens again, or set train.on_nonfinite=rollback)"]
     assert [p.name for p in (out / "checkpoints").glob("step_*")] == ["step_00000001"]
     assert losses(out)[2] is None  # logged as not a number
     assert not (out / "final").exists()

@@ -79,6 +79,26 @@ def test_resumed_stream_continues_with_the_next_batch_even_across_epochs(repo, s
         gc.collect()
 
 
+def test_the_same_stream_goes_back_to_an_earlier_position_and_skips_past_batches(repo, small_data):
+    """A rollback, in the process that drew the batches: back to a position of an earlier epoch
+    or of this one (streaming takes the first for stale unless told), then past two batches."""
+    cfg = config(repo, small_data)
+    stream = batches_for(cfg)
+    seen, states = [], []
+    for _ in range(30):
+        seen.append(next(stream))
+        states.append(stream.state_dict())
+    assert states[-1]["epoch"] >= 1 and states[3]["epoch"] == 0, "the test must cross an epoch"
+    for k in (3, len(states) - 5):
+        stream.load_state_dict(states[k])
+        assert same_batch(next(stream), seen[k + 1])
+    stream.load_state_dict(states[3])
+    skipped = stream.skip(2)
+    assert skipped == seen[4][1].tolist() + seen[5][1].tolist()
+    assert same_batch(next(stream), seen[6])
+    assert stream.state_dict() == states[6]
+
+
 def test_cached_copy_of_the_shards_streams_the_same_batches(repo, text_data, tmp_path):
     direct = next(batches_for(config(repo, text_data)))
     gc.collect()

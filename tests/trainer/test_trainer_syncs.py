@@ -23,6 +23,8 @@ RUN = [  # 2 ranks x 2 sequences of 64 x 2 accumulation steps: every micro-step 
     "model.block_size=64", "train.micro_batch_size=2", "train.tokens_per_step=512",
     f"train.log_every={LOG_EVERY}", f"train.max_steps={MAX_STEPS}", "eval.every=0",
     "checkpoint.every=100", "data.num_workers=1", "optim.warmup_steps=2",
+    # the spike rule watches every step too (it judges them at the boundaries)
+    "train.on_nonfinite=rollback", "recovery.spike_factor=3", "recovery.spike_window=2",
 ]
 # reads of values that live on the host in every run: the host group's signal flag, and torch's
 # DataLoader seeding its workers from the host RNG when an epoch's iterator starts

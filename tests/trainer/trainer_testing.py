@@ -109,3 +109,32 @@ class Launcher:
 def losses(out_dir: Path, key: str = "loss") -> dict[int, float | None]:
     return {r["step"]: r.get(key) for r in read_metrics(out_dir / "metrics.jsonl") if key in r}
 
+
+
+STEP_SAMPLES = """
+import json, sys
+import torch
+from aogpt.trainer.config import load_config
+from aogpt.trainer.data import TrainBatches, check_data
+from aogpt.trainer.dist_env import setup_distributed_env
+steps, overrides = int(sys.argv[1]), sys.argv[2:]
+cfg = load_config("configs/tiny.yaml", overrides)
+env = setup_distributed_env()
+batches = TrainBatches(cfg, check_data(cfg, env), env, torch.device("cpu"))
+accum = cfg.gradient_accumulation_steps(1)
+print(json.dumps([sorted(i for _ in range(accum) for i in next(batches)[1].tolist())
+                  for _ in range(steps)]))
+batches.close()
+"""
+
+
+def step_samples(overrides: list[str], steps: int) -> dict[int, list[int]]:
+    """The dataset indices of the samples of training steps 1..steps (sorted), as the real loader
+    deals them to a run with these overrides. Streaming deals every optimizer step the same samples
+    on any number of processes (the elastic-resume guarantee), so one process tells them."""
+    env = {**os.environ, "RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1",
+           "LOCAL_WORLD_SIZE": "1", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port())}
+    result = subprocess.run([sys.executable, "-c", STEP_SAMPLES, str(steps), *overrides],
+                            cwd=REPO, env=env, capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    return dict(enumerate(json.loads(result.stdout.splitlines()[-1]), start=1))
