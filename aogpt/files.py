@@ -15,8 +15,11 @@ from __future__ import annotations
 import json
 import os
 import subprocess
+import tempfile
 from collections.abc import Callable
 from pathlib import Path
+
+from aogpt import UsageError
 
 
 def write_atomic(path: str | os.PathLike, write: Callable[[Path], object],
@@ -52,6 +55,36 @@ def write_json_atomic(obj, path: str | os.PathLike, indent: int | None = 1,
     """Strict JSON (no NaN or infinity, which other tools cannot read), newline-terminated."""
     return write_text_atomic(path, json.dumps(obj, indent=indent, allow_nan=False) + "\n",
                              durable)
+
+
+def check_output_file(path: str | os.PathLike, flag: str, force: bool = False) -> Path:
+    """Checks, before any work, that the file a command will write at the end can be written: not
+    a folder, not an existing file unless `force` (the user's work is never replaced silently),
+    in a folder that exists or can be made, and writable. `flag` names it in the message
+    ("--json"). Returns the path."""
+    path = Path(path)
+    if path.is_dir():
+        raise UsageError(f"{flag} {path} is a folder: name a file in it")
+    if path.exists() and not force:
+        raise UsageError(f"{flag} {path} exists: pass --force to replace it, or choose another name")
+    check_writable_folder(path.parent, f"{flag} {path}")
+    return path
+
+
+def check_writable_folder(folder: str | os.PathLike, what: str) -> None:
+    """UsageError naming `what` unless `folder` exists or can be made, and a file can be created in
+    it (tried: permission bits say nothing to root, nor about a read-only filesystem)."""
+    folder = Path(folder)
+    existing = folder
+    while not existing.exists():  # the nearest folder that exists decides whether it can be made
+        existing = existing.parent
+    if not existing.is_dir():
+        raise UsageError(f"{what}: {existing} is a file, not a folder")
+    try:
+        with tempfile.TemporaryFile(dir=existing):
+            pass
+    except OSError as err:
+        raise UsageError(f"{what}: cannot write in {existing} ({err.strerror or err})") from None
 
 
 def ordinary_permissions(path: str | os.PathLike) -> None:
