@@ -2,9 +2,13 @@
 the newest complete one.
 
     out_dir/
-        config.yaml                     the run's resolved config
+        config.yaml                     the run's resolved config, as it began
+        config_changes.jsonl            what each relaunch with other settings changed, and when
         metrics.jsonl                   one JSON record per logged step
         wandb_id                        the wandb run that a resumed run continues
+        run.lock                        held by the training running in it (trainer/run_lock.py)
+        rollbacks.json                  the run's rollbacks through bad steps (trainer/recovery.py)
+        skipped_samples.json            the dataset indices they skipped, by step
         final/                          the finished run's consolidated checkpoint:
             model.safetensors           raw + EMA weights, their model config in the header
             model.json                  the same header, indented, for people and tools
@@ -66,8 +70,12 @@ class RunFolder:
     def __init__(self, out_dir: str | os.PathLike):
         self.root = Path(out_dir)
         self.config_file = self.root / "config.yaml"
+        self.config_changes_file = self.root / "config_changes.jsonl"
         self.metrics_file = self.root / "metrics.jsonl"
         self.wandb_id_file = self.root / "wandb_id"
+        self.lock_file = self.root / "run.lock"
+        self.rollbacks_file = self.root / "rollbacks.json"
+        self.skipped_samples_file = self.root / "skipped_samples.json"
         self.final = self.root / "final"
         self.final_weights = self.final / WEIGHTS_FILE
         self.checkpoints = self.root / "checkpoints"
