@@ -18,7 +18,6 @@ hashes): data_prep/verify.py checks whole datasets with it, the trainer checks s
 
 import hashlib
 import json
-from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -125,12 +124,11 @@ def read_index(folder: Path) -> list[dict]:
     return index["shards"]
 
 
-def shard_problem(folder: Path, entry: dict, header: bool = True, hashes: bool = True,
-                  on_read: Callable[[int], object] | None = None) -> ShardProblem | None:
+def shard_problem(folder: Path, entry: dict, header: bool = True,
+                  hashes: bool = True) -> ShardProblem | None:
     """What is wrong with a shard's files in `folder`, or None: present and of the size the index
     records (one stat per file), then with `header` the sample count and offsets at the start of
-    the raw file, and with `hashes` the hashes the index records (reads every byte; `on_read`
-    gets the size of each piece read). A compressed shard is good when one of its files is
+    the raw file, and with `hashes` the hashes the index records (reads every byte). A compressed shard is good when one of its files is
     present and every present one is good (a local reader decompresses next to the .zstd file)."""
     files = [(kind, entry[kind]) for kind in ("zip_data", "raw_data") if entry.get(kind)]
     present = [(kind, info) for kind, info in files if (Path(folder) / info["basename"]).is_file()]
@@ -140,7 +138,7 @@ def shard_problem(folder: Path, entry: dict, header: bool = True, hashes: bool =
         path = Path(folder) / info["basename"]
         problem = _file_problem(path, info, entry["samples"], kind == "raw_data", header)
         if problem is None and hashes:
-            problem = _hash_problem(path, info, on_read)
+            problem = _hash_problem(path, info)
         if problem is not None:
             return problem
     return None
@@ -183,8 +181,7 @@ def first_unreadable_sample(path: Path, samples: int) -> int:
     return int(np.argmin(whole)) if not whole.all() else len(whole)
 
 
-def _hash_problem(path: Path, info: dict,
-                  on_read: Callable[[int], object] | None) -> ShardProblem | None:
+def _hash_problem(path: Path, info: dict) -> ShardProblem | None:
     recorded = info.get("hashes") or {}
     if not recorded:
         return None
@@ -193,8 +190,6 @@ def _hash_problem(path: Path, info: dict,
         while chunk := file.read(READ_CHUNK):
             for digest in digests.values():
                 digest.update(chunk)
-            if on_read is not None:
-                on_read(len(chunk))
     for name, expected in recorded.items():
         if digests[name].hexdigest() != expected:
             return ShardProblem(path, f"its {name} hash differs from the index's: its bytes are "

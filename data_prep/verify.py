@@ -16,11 +16,10 @@ import hashlib
 import sys
 from pathlib import Path
 
-from tqdm import tqdm
-
 from aogpt import cli_entry
 from aogpt.data_prep import mds
 from aogpt.data_prep.manifest import read_manifest
+from aogpt.progress import progress
 
 PROGRESS_FROM_BYTES = 512 << 20  # smaller splits are checked in moments: no progress bar
 
@@ -68,13 +67,13 @@ def check_split(folder: Path, split: dict, contents: bool, name: str
                                                 f"{split['shards']}"))
     hashed = sorted({name for entry in entries for kind in ("raw_data", "zip_data")
                      if entry.get(kind) for name in entry[kind].get("hashes") or {}})
-    with tqdm(total=total, unit="B", unit_scale=True, desc=f"verify {name}", mininterval=1,
-              disable=not contents or not hashed or total < PROGRESS_FROM_BYTES) as bar:
+    with progress(total=len(entries), unit="shard", desc=f"verify {name}",
+                  disable=not contents or not hashed or total < PROGRESS_FROM_BYTES) as bar:
         for entry in entries:
-            problem = mds.shard_problem(split_dir, entry, header=contents, hashes=contents,
-                                        on_read=bar.update)
+            problem = mds.shard_problem(split_dir, entry, header=contents, hashes=contents)
             if problem is not None:
                 problems.append(problem)
+            bar.update(1)
     if not contents:
         checked = "files, sizes and counts checked (--sizes-only)"
     elif hashed:
