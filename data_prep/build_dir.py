@@ -8,20 +8,24 @@ A run never leaves a mixed or duplicated dataset behind:
 - a re-run finds nothing (build), a manifest (complete: nothing to do unless --overwrite), or
   .partial: resumed when it was started with the same settings, else started over;
 - bad input found mid-build (a UsageError) deletes .partial, since a re-run would fail the same way.
-Only entries this tool writes are ever deleted; a folder holding anything else is refused.
+A run only ever deletes what this tool wrote: manifest.json, .partial, and in each MDS folder
+(train/ and val/, or an eval set's DIR itself) index.json and the shard files it lists. Anything
+else there is refused, before anything is deleted.
 """
 
 import json
 import os
 import shutil
-from collections.abc import Callable
 from pathlib import Path
+from typing import NoReturn
 
 from aogpt import UsageError
+from aogpt.data_prep import mds
 from aogpt.data_prep.manifest import FILENAME, FORMAT, write_manifest
 
 PARTIAL = ".partial"
 SETTINGS = "settings.json"
+INDEX = "index.json"
 
 
 def _remove(path: Path) -> None:
@@ -32,14 +36,15 @@ def _remove(path: Path) -> None:
 
 
 class OutputDir:
-    """DIR and its DIR/.partial; `owns(name)` says which entries of DIR this tool writes."""
+    """DIR and its DIR/.partial; `splits` names DIR's MDS folders ("train", "val"; "." for an
+    eval set, whose one split is DIR itself)."""
 
-    def __init__(self, root: str | Path, owns: Callable[[str], bool]):
+    def __init__(self, root: str | Path, splits: tuple[str, ...]):
         self.root = Path(root)
         self.partial = self.root / PARTIAL
         self.work = self.partial / "work"  # scratch files, deleted when published
         self.out = self.partial / "out"  # what publish() moves into DIR
-        self._owns = owns
+        self.splits = splits
         self._created_root = False
 
     def start(self, settings: dict, overwrite: bool) -> bool:
@@ -56,10 +61,10 @@ class OutputDir:
         ours = [name for name in entries if name not in (FILENAME, PARTIAL)]
         if has_partial and not overwrite and self._saved_settings() == settings:
             if (self.partial / FILENAME).is_file():
-                print(f"finishing the interrupted publishing of {self.root}")
+                print(f"finishing the interrupted publishing of {self.root}", flush=True)
                 self._publish()
                 return False
-            print(f"resuming the interrupted build in {self.partial}")
+            print(f"resuming the interrupted build in {self.partial}", flush=True)
             return True
         if has_manifest and not has_partial and not overwrite:
             if json.loads((self.root / FILENAME).read_text()).get("settings") != settings:
@@ -69,14 +74,13 @@ class OutputDir:
             return False
         if has_partial:
             print(f"starting over: {self.partial} was made by a run with other settings"
-                  if not overwrite else f"--overwrite: removing {self.partial}")
+                  if not overwrite else f"--overwrite: removing {self.partial}", flush=True)
         elif ours and not has_manifest and not overwrite:
             raise UsageError(
                 f"output folder {self.root} holds {ours[0]!r} but no {FILENAME} (an unfinished "
                 f"build of another tool or version?): pass --overwrite to rebuild it there"
             )
-        for name in entries:
-            _remove(self.root / name)
+        self._clear()
         self.work.mkdir(parents=True)
         self.out.mkdir()
         (self.partial / SETTINGS).write_text(json.dumps(settings, indent=2) + "\n")
@@ -99,7 +103,8 @@ class OutputDir:
             self.root.rmdir()
 
     def _publish(self) -> None:
-        for entry in sorted(self.out.iterdir()):
+        # index.json first: after a crash here, DIR's index lists every shard DIR holds.
+        for entry in sorted(self.out.iterdir(), key=lambda entry: (entry.name != INDEX, entry.name)):
             target = self.root / entry.name
             if target.exists():  # moved before a crash, or a stale leftover of that crash
                 _remove(target)
@@ -108,22 +113,69 @@ class OutputDir:
         shutil.rmtree(self.partial)
 
     def _entries(self) -> list[str]:
-        """DIR's entries after checking that each one is this tool's (DIR is created if missing)."""
+        """DIR's entries, after checking that everything in DIR and in its MDS folders is this
+        tool's (DIR is created if missing)."""
         if self.root.exists() and not self.root.is_dir():
             raise UsageError(f"output {self.root} is a file, not a folder: choose a folder path")
         if not self.root.exists():
             self.root.mkdir(parents=True)
             self._created_root = True
         entries = sorted(os.listdir(self.root))
-        foreign = [name for name in entries
-                   if name not in (FILENAME, PARTIAL) and not self._owns(name)]
-        if foreign:
-            raise UsageError(f"output folder {self.root} holds {foreign[0]!r}, which this tool did "
-                             f"not write: choose an empty or new folder")
         if FILENAME in entries and not self._is_our_manifest(self.root / FILENAME):
             raise UsageError(f"output folder {self.root} holds a {FILENAME} that is not an aogpt "
                              f"data manifest: choose an empty or new folder")
+        ours = {FILENAME, PARTIAL, *self.splits}
+        for split in self.splits:
+            if split == ".":
+                ours |= self._written(self.root)
+            elif split in entries:
+                self._check_mds_folder(split)
+        foreign = [name for name in entries if name not in ours]
+        if foreign:
+            self._refuse(foreign[0], "which this tool did not write")
         return entries
+
+    def _check_mds_folder(self, split: str) -> None:
+        folder = self.root / split
+        if folder.is_symlink() or not folder.is_dir():
+            self._refuse(split, "which this tool did not write")
+        written = self._written(folder)
+        for name in sorted(os.listdir(folder)):
+            if name not in written:
+                self._refuse(f"{split}/{name}", f"which {split}/{INDEX} does not list, so it is "
+                                                f"not this tool's to delete")
+
+    def _written(self, folder: Path) -> set[str]:
+        """What this tool wrote in an MDS folder: index.json and the shard files it lists."""
+        if not (folder / INDEX).exists():
+            return set()
+        try:
+            entries = mds.read_index(folder)
+            return {INDEX} | {entry[kind]["basename"] for entry in entries
+                              for kind in ("raw_data", "zip_data") if entry.get(kind)}
+        except (OSError, ValueError, KeyError, TypeError):
+            raise UsageError(
+                f"output folder {self.root} holds {folder / INDEX}, which is not a readable MDS "
+                f"index, so this tool cannot tell which files there it wrote: move {folder} "
+                f"elsewhere or choose another --out (nothing was deleted)") from None
+
+    def _refuse(self, name: str, why: str) -> NoReturn:
+        raise UsageError(f"output folder {self.root} holds {name!r}, {why}: move it elsewhere or "
+                         f"choose another --out (nothing was deleted)")
+
+    def _clear(self) -> None:
+        """Deletes what _entries found to be this tool's: the manifest first (DIR stops claiming
+        to be complete), each index after its shards (what is left stays listed), .partial last."""
+        (self.root / FILENAME).unlink(missing_ok=True)
+        for split in self.splits:
+            folder = self.root / split
+            if folder.is_dir():
+                for name in sorted(self._written(folder), key=lambda name: name == INDEX):
+                    (folder / name).unlink(missing_ok=True)
+                if split != ".":
+                    folder.rmdir()
+        if self.partial.exists():
+            shutil.rmtree(self.partial)
 
     def _saved_settings(self) -> dict | None:
         try:

@@ -87,7 +87,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     encoding = packing.load_encoding(args.tokenizer_file)
     eval_set = EVAL_SETS[args.dataset]
-    out = OutputDir(args.out, owns=_owned)
+    out = OutputDir(args.out, splits=(".",))
     examples, description = read_examples(eval_set, args.split, args.source)
     if not examples:
         raise UsageError(f"no examples in {description}: the input is empty")
@@ -129,11 +129,6 @@ def main(argv: list[str] | None = None) -> int:
           f"{stats['dropped_tail_tokens'] + stats['group_dropped_tokens']:,} tokens dropped) "
           f"in {time.perf_counter() - wall_start:.1f} s -> {args.out}")
     return 0
-
-
-def _owned(name: str) -> bool:
-    """What this tool writes into DIR: index.json and the shards."""
-    return name == "index.json" or name.startswith("shard.")
 
 
 if __name__ == "__main__":

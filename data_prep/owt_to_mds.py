@@ -118,7 +118,7 @@ def main(argv: list[str] | None = None) -> int:
                 "sources": [source.fingerprint() for source in inputs],
                 "docs_per_chunk": args.docs_per_chunk, "tokenizer": describe(encoding),
                 "spec": dataclasses.asdict(spec)}
-    out = OutputDir(args.out, owns=lambda name: name in SPLITS)
+    out = OutputDir(args.out, splits=SPLITS)
     if not out.start(settings, args.overwrite):
         print(f"{args.out} is complete already ({_summary_of(read_manifest(args.out))}): "
               f"nothing to do (--overwrite rebuilds it)")

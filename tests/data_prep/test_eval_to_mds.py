@@ -2,6 +2,7 @@
 
 import json
 import random
+import shutil
 
 import numpy as np
 import pytest
@@ -257,3 +258,26 @@ def test_per_example_packing_is_for_lambada_only(tmp_path):
     )
     assert result.returncode == 2 and result.stderr.strip().count("\n") == 0
     assert "per_example is for lambada" in result.stderr and not (tmp_path / "out").exists()
+
+
+def _ptb_args(path: str, out) -> list[str]:
+    return ["--dataset", "ptb", "--source", path, "--out", str(out), "--seq-len", str(SEQ_LEN),
+            "--workers", "1"]
+
+
+def test_overwrite_refuses_a_folder_holding_a_file_it_did_not_write(tmp_path):
+    path, _ = _local_file(tmp_path, "ptb")
+    out = tmp_path / "out"
+    assert main(_ptb_args(path, out)) == 0
+    shutil.copy(out / "shard.00000.mds", out / "shard.00000.mds.bak")  # a user's, named alike
+    before = {entry.name: entry.read_bytes() for entry in out.iterdir()}
+    result = run_cli(EVAL_TO_MDS, *_ptb_args(path, out), "--overwrite")
+    assert result.returncode == 2
+    assert result.stderr.splitlines() == [
+        f"error: output folder {out} holds 'shard.00000.mds.bak', which this tool did not write: "
+        f"move it elsewhere or choose another --out (nothing was deleted)"
+    ]
+    assert {entry.name: entry.read_bytes() for entry in out.iterdir()} == before
+    assert len(read_samples(out)) == manifest_lib.read_manifest(out)["splits"]["validation"][
+        "samples"]
+

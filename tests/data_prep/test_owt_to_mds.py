@@ -43,22 +43,13 @@ def documents(request) -> list[str]:
     return real_or_generated_documents(request)
 
 
+def cli_args(out, *sources_, workers=1, extra=()) -> list[str]:
+    return ["--out", str(out), "--source", *map(str, sources_), "--seq-len", str(SEQ_LEN),
+            "--workers", str(workers), "--val-fraction", "0.1", *extra]
+
+
 def build(out, *sources_, workers=1, extra=()) -> int:
-    return main(
-        [
-            "--out",
-            str(out),
-            "--source",
-            *map(str, sources_),
-            "--seq-len",
-            str(SEQ_LEN),
-            "--workers",
-            str(workers),
-            "--val-fraction",
-            "0.1",
-            *extra,
-        ]
-    )
+    return main(cli_args(out, *sources_, workers=workers, extra=extra))
 
 
 def test_samples_concatenate_to_the_tokenized_document_stream(tmp_path, documents):
@@ -176,6 +167,28 @@ def test_complete_output_built_with_other_settings_is_refused(tmp_path, document
     assert build(tmp_path / "out", corpus) == 0
     assert build(tmp_path / "out", corpus, extra=["--val-fraction", "0.2"]) == 2
     assert "built with other settings" in capsys.readouterr().err
+
+
+def test_overwrite_refuses_a_split_folder_holding_a_file_it_did_not_write(tmp_path, documents):
+    corpus = write_jsonl(tmp_path / "docs.jsonl", documents)
+    out = tmp_path / "out"
+    assert build(out, corpus) == 0
+    (out / "train" / "notes.txt").write_text("precious")
+    before = files_of(out), (out / "manifest.json").read_bytes()
+    result = run_cli(OWT_TO_MDS, *cli_args(out, corpus, extra=["--overwrite"]))
+    assert result.returncode == 2
+    assert result.stderr.splitlines() == [
+        f"error: output folder {out} holds 'train/notes.txt', which train/index.json does not "
+        f"list, so it is not this tool's to delete: move it elsewhere or choose another --out "
+        f"(nothing was deleted)"
+    ]
+    assert (files_of(out), (out / "manifest.json").read_bytes()) == before  # not half deleted
+    assert len(read_samples(out / "train")) == manifest_lib.read_manifest(out)["splits"]["train"][
+        "samples"]
+    (out / "train" / "notes.txt").unlink()  # moved away: now the rebuild goes ahead
+    assert build(out, corpus, extra=["--overwrite"]) == 0
+    assert files_of(out) == {name: data for name, data in before[0].items()
+                             if name != "train/notes.txt"}
 
 
 def test_compressed_shards_hold_the_same_samples(tmp_path, documents):
