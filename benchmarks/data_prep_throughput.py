@@ -17,6 +17,7 @@ It also prints tokens per CPU-second, which stays comparable when other jobs loa
 
 import argparse
 import json
+import math
 import os
 import random
 import re
@@ -29,6 +30,9 @@ from concurrent.futures import ProcessPoolExecutor
 from multiprocessing import get_context
 from pathlib import Path
 
+from aogpt import UsageError, cli_entry
+from aogpt.data_prep.cli import check_counts
+from aogpt.data_prep.packing import available_cores
 from aogpt.data_prep.tokenizer import load_gpt2
 
 REPO = Path(__file__).resolve().parent.parent
@@ -123,13 +127,22 @@ def ours(corpus: Path, out: Path, workers: int, rate: Rate, tokenize_pass: Rate)
     tokenize_pass.record(tokens, tokens / reported, float("inf"))
 
 
-def main() -> None:
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--megabytes", type=float, default=200, help="corpus size (default 200)")
-    parser.add_argument("--workers", type=int, default=len(os.sched_getaffinity(0)))
+    parser.add_argument("--workers", type=int, default=available_cores(),
+                        help="workers and threads (default: all available cores)")
     parser.add_argument("--repeats", type=int, default=3, help="best of this many runs (default 3)")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
+    if not 0 < args.megabytes < math.inf:
+        raise UsageError(f"--megabytes must be a positive number, got {args.megabytes:g}")
+    check_counts(args, "workers", "repeats")
+    return args
 
+
+@cli_entry
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
     text, origin = real_text()
     docs = documents(text, args.megabytes)
     threads, processes, end_to_end, tokenize_pass = Rate(), Rate(), Rate(), Rate()
@@ -154,7 +167,8 @@ def main() -> None:
     print(f"ratio owt_to_mds / best baseline: {end_to_end.wall / best.wall:.2f} in wall time "
           f"(goal >= 0.8), {end_to_end.cpu / max(threads.cpu, processes.cpu):.2f} in tokens per "
           f"CPU-second")
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

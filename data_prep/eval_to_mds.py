@@ -24,6 +24,7 @@ import aogpt
 from aogpt import UsageError, cli_entry
 from aogpt.data_prep import packing
 from aogpt.data_prep.build_dir import OutputDir
+from aogpt.data_prep.cli import check_counts, check_out
 from aogpt.data_prep.eval_sets import (
     EVAL_SETS,
     REFERENCE_GROUP,
@@ -66,10 +67,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--overwrite", action="store_true",
                         help="rebuild OUT even when it is complete")
     args = parser.parse_args(argv)
-    if args.seq_len < 1:
-        raise UsageError(f"--seq-len must be at least 1, got {args.seq_len}")
-    if args.workers < 1:
-        raise UsageError(f"--workers must be at least 1, got {args.workers}")
+    check_counts(args, "seq_len", "workers")
     if args.packing == "per_example" and args.dataset != "lambada":
         raise UsageError("--packing per_example is for lambada (last-word scoring); use concat")
     if args.packing == "per_example" and args.reference_packing:
@@ -78,6 +76,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         if not Path(spec).expanduser().exists():
             raise UsageError(f"source {spec} does not exist: check the path")
     args.split = split_of(EVAL_SETS[args.dataset], args.split, args.source)
+    check_out(args.out)
     return args
 
 

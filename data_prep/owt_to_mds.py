@@ -28,6 +28,7 @@ import aogpt
 from aogpt import UsageError, cli_entry
 from aogpt.data_prep import packing, sources
 from aogpt.data_prep.build_dir import OutputDir
+from aogpt.data_prep.cli import check_counts, check_out
 from aogpt.data_prep.manifest import new_manifest, read_manifest
 from aogpt.data_prep.tokenizer import describe
 
@@ -70,23 +71,15 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         help=f"revision of a hub dataset (default: {sources.PARQUET_REVISION} for OpenWebText, "
              f"else the main branch)")
     args = parser.parse_args(argv)
-    if args.seq_len < 1:  # before the default shard size, which divides by it
-        raise UsageError(f"--seq-len must be at least 1, got {args.seq_len}")
-    if args.samples_per_shard is None:
+    check_counts(args, "seq_len", "workers", "docs_per_chunk")
+    if args.samples_per_shard is None:  # after --seq-len is checked: this divides by it
         args.samples_per_shard = packing.default_samples_per_shard(args.seq_len)
-    _validate(args)
-    return args
-
-
-def _validate(args: argparse.Namespace) -> None:
     if not 0.0 <= args.val_fraction < 1.0:
         raise UsageError(f"--val-fraction must be in [0, 1), got {args.val_fraction}")
-    if args.workers < 1:
-        raise UsageError(f"--workers must be at least 1, got {args.workers}")
-    if args.docs_per_chunk < 1:
-        raise UsageError(f"--docs-per-chunk must be at least 1, got {args.docs_per_chunk}")
     check_shard_size(args.samples_per_shard, args.seq_len)
     args.compression = parse_compression(args.compression)
+    check_out(args.out)
+    return args
 
 
 def check_shard_size(samples_per_shard: int, seq_len: int) -> None:

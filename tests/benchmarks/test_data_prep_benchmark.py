@@ -1,11 +1,25 @@
-"""benchmarks/data_prep_throughput.py runs end to end (a smoke test on a tiny corpus)."""
+"""benchmarks/data_prep_throughput.py runs end to end (a smoke test on a tiny corpus), and refuses
+sizes and counts that mean nothing."""
 
+import pytest
 from conftest import run_cli
+
+BENCHMARK = "benchmarks/data_prep_throughput.py"
 
 
 def test_benchmark_prints_the_ratio():
-    result = run_cli(
-        "benchmarks/data_prep_throughput.py", "--megabytes", "1", "--repeats", "1", "--workers", "2"
-    )
+    result = run_cli(BENCHMARK, "--megabytes", "1", "--repeats", "1", "--workers", "2")
     assert result.returncode == 0, result.stderr
     assert "ratio owt_to_mds / best baseline" in result.stdout and "per core" in result.stdout
+
+
+@pytest.mark.parametrize("flag,value,message", [
+    ("--megabytes", "0", "--megabytes must be a positive number, got 0"),
+    ("--megabytes", "-1", "--megabytes must be a positive number, got -1"),
+    ("--workers", "0", "--workers must be at least 1, got 0"),
+    ("--repeats", "0", "--repeats must be at least 1, got 0"),
+])
+def test_a_size_or_count_that_means_nothing_is_one_line(flag, value, message):
+    result = run_cli(BENCHMARK, flag, value)
+    assert result.returncode == 2
+    assert result.stderr.splitlines() == [f"error: {message}"] and result.stdout == ""
