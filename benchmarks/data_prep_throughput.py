@@ -123,7 +123,7 @@ def ours(corpus: Path, out: Path, workers: int, rate: Rate, tokenize_pass: Rate)
     splits = json.loads((out / "manifest.json").read_text())["splits"].values()
     tokens = sum(split["tokens"] - split["documents"] for split in splits)  # EOS not counted
     rate.record(tokens, wall, cpu)
-    reported = float(re.search(r"tokenized ([\d.]+)M tokens/s", result.stdout).group(1)) * 1e6
+    reported = float(re.search(r"tokenized at ([\d.]+)M tokens/s", result.stdout).group(1)) * 1e6
     tokenize_pass.record(tokens, tokens / reported, float("inf"))
 
 

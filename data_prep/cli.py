@@ -1,5 +1,6 @@
 """What the data-prep commands share at their edges: flags and --out checked before any work (a
-build can take hours; a typo must not cost them)."""
+build can take hours; a typo must not cost them), and the lines they end with, written to read
+as well in a log file as on a terminal."""
 
 from __future__ import annotations
 
@@ -27,3 +28,19 @@ def check_out(folder: Path) -> None:
     except UsageError as err:
         raise UsageError(f"{err}: choose another --out") from None
 
+
+def replaced_bytes_note(splits: dict[str, dict]) -> str | None:
+    """The note on bytes that were not UTF-8 (replaced by U+FFFD, never fatal), if there were any."""
+    replaced = sum(split["replaced_bytes"] for split in splits.values())
+    if not replaced:
+        return None
+    documents = sum(split["replaced_documents"] for split in splits.values())
+    return (f"note: {replaced:,} bytes in {documents:,} documents were not UTF-8 and became "
+            f"U+FFFD")
+
+
+def split_lines(folder: Path, manifest: dict, noun: str = "documents") -> list[str]:
+    """One line per split of a data folder: its samples, what they were made of, where they are."""
+    return [f"  {name}: {split['samples']:,} samples of {manifest['seq_len']} tokens from "
+            f"{split['documents']:,} {noun} ({split['tokens']:,} tokens) in {folder / split['path']}"
+            for name, split in manifest["splits"].items()]

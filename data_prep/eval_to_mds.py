@@ -24,7 +24,7 @@ import aogpt
 from aogpt import UsageError, cli_entry
 from aogpt.data_prep import packing
 from aogpt.data_prep.build_dir import OutputDir
-from aogpt.data_prep.cli import check_counts, check_out
+from aogpt.data_prep.cli import check_counts, check_out, replaced_bytes_note, split_lines
 from aogpt.data_prep.eval_sets import (
     EVAL_SETS,
     REFERENCE_GROUP,
@@ -35,8 +35,9 @@ from aogpt.data_prep.eval_sets import (
     read_examples,
     split_of,
 )
-from aogpt.data_prep.manifest import new_manifest
+from aogpt.data_prep.manifest import new_manifest, read_manifest
 from aogpt.data_prep.tokenizer import EOS, describe
+from aogpt.progress import duration
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -96,6 +97,7 @@ def main(argv: list[str] | None = None) -> int:
                 "tokenizer": describe(encoding)}
     if not out.start(settings, args.overwrite):
         print(f"{args.out} is complete already: nothing to do (--overwrite rebuilds it)")
+        print("\n".join(split_lines(args.out, read_manifest(args.out), "examples")))
         return 0
     try:
         if args.packing == "per_example":
@@ -121,13 +123,21 @@ def main(argv: list[str] | None = None) -> int:
         **extra,
     )
     out.publish(manifest)
-    print(f"done: {args.dataset} {args.split}: {stats['documents']:,} examples, "
-          f"{stats['tokens']:,} tokens, {stats['samples']:,} samples of {args.seq_len} "
-          f"({args.packing}"
-          f"{', reference packing' if args.reference_packing else ''}; "
-          f"{stats['dropped_tail_tokens'] + stats['group_dropped_tokens']:,} tokens dropped) "
-          f"in {time.perf_counter() - wall_start:.1f} s -> {args.out}")
+    _report(manifest, args, time.perf_counter() - wall_start)
     return 0
+
+
+def _report(manifest: dict, args: argparse.Namespace, wall: float) -> None:
+    """The closing lines: the note on replaced bytes, then what was written where, for a log."""
+    note = replaced_bytes_note(manifest["splits"])
+    if note:
+        print(note)
+    stats = manifest["splits"][args.split]
+    dropped = stats["dropped_tail_tokens"] + stats["group_dropped_tokens"]
+    print(f"done in {duration(wall)}: {args.dataset} {args.split} -> {args.out} ({args.packing}"
+          f"{', reference packing' if args.reference_packing else ''}; {dropped:,} tokens "
+          f"dropped)")
+    print("\n".join(split_lines(args.out, manifest, "examples")), flush=True)
 
 
 if __name__ == "__main__":

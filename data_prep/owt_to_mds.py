@@ -28,9 +28,10 @@ import aogpt
 from aogpt import UsageError, cli_entry
 from aogpt.data_prep import packing, sources
 from aogpt.data_prep.build_dir import OutputDir
-from aogpt.data_prep.cli import check_counts, check_out
+from aogpt.data_prep.cli import check_counts, check_out, replaced_bytes_note, split_lines
 from aogpt.data_prep.manifest import new_manifest, read_manifest
 from aogpt.data_prep.tokenizer import describe
+from aogpt.progress import duration
 
 SPLITS = ("train", "val")
 OPENWEBTEXT_DOCUMENTS = 8_013_769  # for the progress bar's total
@@ -113,8 +114,8 @@ def main(argv: list[str] | None = None) -> int:
                 "spec": dataclasses.asdict(spec)}
     out = OutputDir(args.out, splits=SPLITS)
     if not out.start(settings, args.overwrite):
-        print(f"{args.out} is complete already ({_summary_of(read_manifest(args.out))}): "
-              f"nothing to do (--overwrite rebuilds it)")
+        print(f"{args.out} is complete already: nothing to do (--overwrite rebuilds it)")
+        print("\n".join(split_lines(args.out, read_manifest(args.out))))
         return 0
 
     description = "; ".join(source.describe() for source in inputs)
@@ -152,28 +153,22 @@ def _check_result(result: packing.BuildResult, args: argparse.Namespace, descrip
                          f"sample of --seq-len {args.seq_len}: add text or lower --seq-len")
 
 
-def _summary_of(manifest: dict) -> str:
-    splits = manifest["splits"]
-    return ", ".join(f"{name} {split['samples']:,} samples" for name, split in splits.items())
-
-
 def _report(manifest: dict, result: packing.BuildResult, args: argparse.Namespace,
             wall: float) -> None:
+    """The closing lines: warnings and notes, then what was written where, for a log."""
     splits = manifest["splits"]
     if args.val_fraction > 0 and splits["val"]["samples"] == 0:
         print(f"warning: val/ has no samples ({splits['val']['tokens']} tokens): raise "
               f"--val-fraction or add text if you need a validation split")
-    replaced = sum(split["replaced_bytes"] for split in splits.values())
-    if replaced:
-        documents = sum(split["replaced_documents"] for split in splits.values())
-        print(f"note: {replaced:,} bytes in {documents:,} documents were not UTF-8 and became "
-              f"U+FFFD")
+    note = replaced_bytes_note(splits)
+    if note:
+        print(note)
     rate = result.tokenized / max(result.seconds, 1e-9)
-    print(f"done: {sum(s['documents'] for s in splits.values()):,} documents, "
-          f"{sum(s['tokens'] for s in splits.values()):,} tokens, "
-          f"{sum(s['samples'] for s in splits.values()):,} samples of {args.seq_len} "
-          f"({_summary_of(manifest)}) in {wall:.1f} s; tokenized {rate / 1e6:.2f}M tokens/s "
-          f"({rate / args.workers / 1e6:.2f}M per worker, {args.workers} workers) -> {args.out}")
+    print(f"done in {duration(wall)}: {sum(s['documents'] for s in splits.values()):,} documents, "
+          f"{sum(s['tokens'] for s in splits.values()):,} tokens -> {args.out}; tokenized at "
+          f"{rate / 1e6:.2f}M tokens/s ({rate / args.workers / 1e6:.2f}M per worker, "
+          f"{args.workers} workers)")
+    print("\n".join(split_lines(args.out, manifest)), flush=True)
 
 
 if __name__ == "__main__":

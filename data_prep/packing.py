@@ -31,7 +31,6 @@ from pathlib import Path
 
 import numpy as np
 import tiktoken
-from tqdm import tqdm
 
 from aogpt import UsageError
 from aogpt.data_prep import mds
@@ -40,6 +39,7 @@ from aogpt.data_prep.manifest import COLUMN
 from aogpt.data_prep.sources import Chunk
 from aogpt.data_prep.tokenizer import EOS, load_gpt2
 from aogpt.files import write_bytes_atomic
+from aogpt.progress import progress
 
 SHARD_BYTES = 1 << 26  # 64 MiB of tokens per shard: streaming's default shard size
 COUNTS = ("documents", "tokens", "group_dropped_tokens", "replaced_bytes", "replaced_documents")
@@ -218,7 +218,7 @@ def _tokenize_all(pool, chunks: Iterable[Chunk], spec: PackSpec, chunk_dir: Path
                   total_documents: int | None) -> tuple[list[dict], int]:
     metas: dict[int, dict] = {}
     tokenized, start = 0, time.perf_counter()
-    bar = tqdm(total=total_documents, unit="doc", desc="tokenize", mininterval=0.5)
+    bar = progress(total=total_documents, unit="doc", desc="tokenize")
 
     def record(meta: dict, fresh: bool) -> None:
         nonlocal tokenized
@@ -226,7 +226,8 @@ def _tokenize_all(pool, chunks: Iterable[Chunk], spec: PackSpec, chunk_dir: Path
         bar.update(sum(meta[name]["documents"] for name in spec.splits))
         if fresh:
             tokenized += sum(meta[name]["tokens"] for name in spec.splits)
-            bar.set_postfix_str(f"{tokenized / (time.perf_counter() - start) / 1e6:.2f}M tok/s")
+            rate = tokenized / (time.perf_counter() - start)
+            bar.set_postfix({"tokens/s": f"{rate / 1e6:.2f}M"})
 
     in_flight: set[Future] = set()
     with bar:
@@ -256,8 +257,8 @@ def _write_split(pool, name: str, metas: list[dict], spec: PackSpec, work_dir: P
     tasks = plan_shards(files, lengths, spec, split_dir, entry_dir)
     todo = [task for task in tasks if not Path(task.entry).is_file()]
     samples = sum(task.samples for task in tasks)
-    with tqdm(total=samples, initial=samples - sum(task.samples for task in todo), unit="sample",
-              desc=f"write {name}", mininterval=0.5) as bar:
+    with progress(total=samples, initial=samples - sum(task.samples for task in todo),
+                  unit="sample", desc=f"write {name}") as bar:
         for future in as_completed([pool.submit(write_shard, task) for task in todo]):
             bar.update(future.result())
     mds.write_index(split_dir, [json.loads(Path(task.entry).read_text()) for task in tasks])

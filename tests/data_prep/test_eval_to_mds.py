@@ -281,3 +281,16 @@ def test_overwrite_refuses_a_folder_holding_a_file_it_did_not_write(tmp_path):
     assert len(read_samples(out)) == manifest_lib.read_manifest(out)["splits"]["validation"][
         "samples"]
 
+
+def test_bytes_that_are_not_utf8_get_the_note_owt_to_mds_prints(tmp_path, capsys):
+    source = tmp_path / "test.txt"
+    source.write_bytes(b" the caf\xe9 is open .\n" * 30 + b" a na\xefve \xff\xfe man .\n")
+    out = tmp_path / "out"
+    assert main(["--dataset", "ptb", "--source", str(source), "--out", str(out),
+                 "--seq-len", str(SEQ_LEN), "--workers", "1"]) == 0
+    assert "note: 33 bytes in 31 documents were not UTF-8 and became U+FFFD" in (
+        capsys.readouterr().out)
+    examples = ["the caf\ufffd is open ."] * 30 + ["a na\ufffdve \ufffd\ufffd man ."]
+    stream = np.array([token for ids in _stream(examples, "ptb") for token in ids], dtype=np.uint16)
+    np.testing.assert_array_equal(read_samples(out).reshape(-1),
+                                  stream[: len(stream) // SEQ_LEN * SEQ_LEN])

@@ -4,6 +4,7 @@ import gzip
 import io
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -14,7 +15,7 @@ import numpy as np
 import psutil
 import pytest
 import tiktoken
-from conftest import run_cli
+from conftest import REPO, run_cli
 from mds_testing import (
     OWT_TO_MDS,
     FakeHub,
@@ -129,13 +130,15 @@ def _add(archive: tarfile.TarFile, name: str, data: bytes) -> None:
     archive.addfile(info, io.BytesIO(data))
 
 
-def test_non_utf8_bytes_are_replaced_and_counted(tmp_path):
+def test_non_utf8_bytes_are_replaced_and_counted(tmp_path, capsys):
     folder = tmp_path / "txt"
     folder.mkdir()
     (folder / "a.txt").write_bytes(b"caf\xe9 au lait, " * 40 + b"\xff\xfe end")
     (folder / "b.txt").write_bytes(b"clean text, " * 40)
     (folder / "c.jsonl").write_bytes(b'{"text": "na\xefve, " }\n' * 30)
     assert build(tmp_path / "out", folder, extra=["--val-fraction", "0"]) == 0
+    assert "note: 72 bytes in 31 documents were not UTF-8 and became U+FFFD" in (
+        capsys.readouterr().out)
     train = manifest_lib.read_manifest(tmp_path / "out")["splits"]["train"]
     assert train["replaced_bytes"] == 42 + 30 and train["replaced_documents"] == 1 + 30
     expected = token_stream(
@@ -199,6 +202,28 @@ def test_compressed_shards_hold_the_same_samples(tmp_path, documents):
     np.testing.assert_array_equal(
         read_samples(tmp_path / "zstd" / "train"), read_samples(tmp_path / "plain" / "train")
     )
+
+
+def test_a_log_file_gets_plain_progress_lines_and_a_closing_summary(tmp_path, documents):
+    corpus = write_jsonl(tmp_path / "docs.jsonl", documents)
+    out, log = tmp_path / "out", tmp_path / "build.log"
+    with open(log, "w") as stream:  # not a terminal, as under SLURM or nohup
+        done = subprocess.run([sys.executable, OWT_TO_MDS, *cli_args(out, corpus)],
+                              stdout=stream, stderr=subprocess.STDOUT, cwd=REPO)
+    assert done.returncode == 0, log.read_text()
+    text = log.read_text()
+    assert "\r" not in text
+    lines = text.splitlines()
+    assert any(line.startswith("tokenize: ") for line in lines)
+    splits = manifest_lib.read_manifest(out)["splits"]
+    tokens = splits["train"]["tokens"] + splits["val"]["tokens"]
+    assert re.fullmatch(rf"done in \d+ s: {len(documents):,} documents, {tokens:,} tokens -> "
+                        rf"{re.escape(str(out))}; tokenized at .* tokens/s .*", lines[-3]), lines[-3]
+    assert lines[-2:] == [
+        f"  {name}: {split['samples']:,} samples of {SEQ_LEN} tokens from "
+        f"{split['documents']:,} documents ({split['tokens']:,} tokens) in {out / name}"
+        for name, split in splits.items()
+    ]
 
 
 # ---- interrupted runs ----------------------------------------------------------------------------
