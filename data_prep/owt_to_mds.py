@@ -6,11 +6,13 @@
 Without --source it streams OpenWebText from the Hugging Face hub (its parquet export: datasets
 >= 4 cannot run the original loading script). SRC may also be local files or folders (.txt one
 document per file, .jsonl[.gz] field "text", .parquet column "text", OpenWebText's .tar/.xz
-archives; see sources.py). Every document is tokenized with GPT-2's BPE and followed by EOS
-(50256); the token stream is cut into samples of --seq-len tokens, the remainder carried into the
-next document (only the final tail is dropped), and written as MDS shards with one column
-`tokens` = ndarray:uint16:<seq-len>. A document goes to val/ when a hash of its text falls below
---val-fraction (0.0005 like nanoGPT), so the split never changes between runs.
+archives; see sources.py). A .txt file is one whole document: text with one document per line
+goes in as .jsonl, one {"text": ...} per line. Every document is tokenized with GPT-2's BPE and
+followed by EOS (50256); the token stream is cut into samples of --seq-len tokens, the remainder
+carried into the next document (only the final tail is dropped), and written as MDS shards with
+one column `tokens` = ndarray:uint16:<seq-len>. A document goes to val/ when a hash of its text
+falls below --val-fraction (0.0005 like nanoGPT), so the split never changes between runs; when
+that leaves val/ without a sample (a small corpus), the run says which --val-fraction gives it one.
 
 The output does not depend on --workers. An interrupted run resumes where it stopped when re-run
 with the same arguments; a finished folder (manifest.json present) is left alone unless
@@ -20,6 +22,7 @@ with the same arguments; a finished folder (manifest.json present) is left alone
 import argparse
 import dataclasses
 import itertools
+import math
 import sys
 import time
 from pathlib import Path
@@ -48,7 +51,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     add("--out", type=Path, required=True, help="output folder")
     add("--source", nargs="+", action="extend", metavar="SRC",
         help=f"Hugging Face dataset id (default: {sources.OPENWEBTEXT}) or local files/folders "
-             f"({sources.SUPPORTED}); repeatable")
+             f"({sources.SUPPORTED}); repeatable. A .txt file is one document (a folder of "
+             f".txt files: one document each); for one document per line, write .jsonl with "
+             f"one {{\"text\": ...}} per line")
     add("--seq-len", type=int, default=1024, help="tokens per sample (default 1024)")
     add("--val-fraction", type=float, default=0.0005,
         help="share of documents in val/, chosen by a hash of the text (default 0.0005)")
@@ -158,8 +163,7 @@ def _report(manifest: dict, result: packing.BuildResult, args: argparse.Namespac
     """The closing lines: warnings and notes, then what was written where, for a log."""
     splits = manifest["splits"]
     if args.val_fraction > 0 and splits["val"]["samples"] == 0:
-        print(f"warning: val/ has no samples ({splits['val']['tokens']} tokens): raise "
-              f"--val-fraction or add text if you need a validation split")
+        print(_empty_val_warning(splits, result.val_threshold, args))
     note = replaced_bytes_note(splits)
     if note:
         print(note)
@@ -169,6 +173,33 @@ def _report(manifest: dict, result: packing.BuildResult, args: argparse.Namespac
           f"{rate / 1e6:.2f}M tokens/s ({rate / args.workers / 1e6:.2f}M per worker, "
           f"{args.workers} workers)")
     print("\n".join(split_lines(args.out, manifest)), flush=True)
+
+
+def _empty_val_warning(splits: dict, threshold: tuple[float, int] | None,
+                       args: argparse.Namespace) -> str:
+    """What to pass to get a validation split: the smallest round --val-fraction that gives val/
+    a sample and leaves one to train/ (the hash rule is fixed: the documents it takes are known)."""
+    val, documents = splits["val"], sum(split["documents"] for split in splits.values())
+    tokens = sum(split["tokens"] for split in splits.values())
+    if threshold is None:  # resumed from an earlier version's work files, without positions
+        advice = "raise --val-fraction or add text"
+    elif tokens - threshold[1] >= args.seq_len and (fraction := _round_up(threshold[0])):
+        advice = f"--val-fraction {fraction} or more gives it at least one"
+    else:
+        advice = "add text: the corpus is too small for a sample in each split"
+    return (f"warning: val/ has no samples: --val-fraction {args.val_fraction:g} sent "
+            f"{val['documents']:,} of {documents:,} documents there ({val['tokens']:,} tokens; "
+            f"a sample takes {args.seq_len}); {advice}")
+
+
+def _round_up(threshold: float) -> str | None:
+    """The number of two significant digits just above `threshold`, as a user would type it; None
+    when that is 1 or more (no --val-fraction can do it)."""
+    step = 10.0 ** (math.floor(math.log10(threshold)) - 1)
+    text = f"{(math.floor(threshold / step) + 1) * step:.2g}"
+    if float(text) <= threshold:  # a hair below a round number, lost to floating point
+        text = f"{float(text) + step:.2g}"
+    return text if float(text) < 1 else None
 
 
 if __name__ == "__main__":

@@ -70,12 +70,16 @@ class PackSpec:
     samples_per_shard: int = 32768
     compression: str | None = None
 
-    def split_of(self, text: str) -> int:
-        """A document's split, fixed by its text alone: it never changes between runs."""
-        if len(self.splits) == 1 or self.val_fraction <= 0:
-            return 0
+    @property
+    def splits_by_hash(self) -> bool:
+        return len(self.splits) == 2 and self.val_fraction > 0
+
+    @staticmethod
+    def position(text: str) -> float:
+        """A document's place in [0, 1), fixed by its text alone: below val_fraction it goes to
+        the second split, so the split never changes between runs."""
         digest = hashlib.blake2b(text.encode("utf-8", "surrogatepass"), digest_size=8).digest()
-        return int(int.from_bytes(digest, "big") / 2**64 < self.val_fraction)
+        return int.from_bytes(digest, "big") / 2**64
 
 
 @dataclass
@@ -83,6 +87,9 @@ class BuildResult:
     splits: dict[str, dict]  # per split: the counts for the manifest
     tokenized: int  # tokens tokenized by this run (a resumed run skips finished chunks)
     seconds: float
+    # (position, tokens): a val_fraction above position gives the second split these tokens, its
+    # first sample (None: one split, or no such position)
+    val_threshold: tuple[float, int] | None = None
 
 
 def load_encoding(tokenizer_file: str | os.PathLike | None) -> tiktoken.Encoding:
@@ -117,9 +124,14 @@ def tokenize_chunk(index: int, chunk: Chunk, spec: PackSpec, chunk_dir: str) -> 
     detokenize = DETOKENIZERS[spec.detokenizer] if spec.detokenizer else None
     pieces: list[list[np.ndarray]] = [[] for _ in spec.splits]  # [ids, EOS, ids, EOS, ...]
     counts = [dict.fromkeys(COUNTS, 0) for _ in spec.splits]
+    placed: list[list] = []  # [position, tokens] per document: lists, as JSON reads them back
     for text, replaced in chunk.documents():
-        split = spec.split_of(text)
         ids = _encode(detokenize(text) if detokenize else text)
+        split = 0
+        if spec.splits_by_hash:
+            position = spec.position(text)
+            split = int(position < spec.val_fraction)
+            placed.append([position, len(ids) + 1])
         pieces[split] += (ids, _EOS)
         count = counts[split]
         count["documents"] += 1
@@ -127,12 +139,39 @@ def tokenize_chunk(index: int, chunk: Chunk, spec: PackSpec, chunk_dir: str) -> 
         count["replaced_bytes"] += replaced
         count["replaced_documents"] += int(replaced > 0)
     meta = {"index": index}
+    if spec.splits_by_hash:
+        meta["lowest"] = lowest_placed(placed, spec.seq_len)
     for split, name in enumerate(spec.splits):
         tokens = _join(pieces[split], spec, counts[split])
         write_bytes_atomic(Path(chunk_dir) / f"{index:08d}.{name}.u16", tokens.tobytes())
         meta[name] = counts[split]
     write_bytes_atomic(Path(chunk_dir) / f"{index:08d}.json", json.dumps(meta).encode())
     return meta
+
+
+def lowest_placed(placed: list[list], seq_len: int) -> list[list]:
+    """A chunk's documents of lowest position, up to the first whose tokens add up to one sample:
+    the only ones of the chunk that val_threshold can need (those before any later one of the
+    chunk make a sample already)."""
+    lowest, tokens = [], 0
+    for position, count in sorted(placed):
+        if tokens >= seq_len:
+            break
+        lowest.append([position, count])
+        tokens += count
+    return lowest
+
+
+def val_threshold(metas: list[dict], seq_len: int) -> tuple[float, int] | None:
+    """The position at which the documents in position order first add up to one sample, and
+    their tokens: any val_fraction above it gives the second split a sample. None when they never
+    do (or the work files are an earlier version's, without "lowest")."""
+    tokens = 0
+    for position, count in sorted(item for meta in metas for item in meta.get("lowest", [])):
+        tokens += count
+        if tokens >= seq_len:
+            return position, tokens
+    return None
 
 
 def _join(pieces: list[np.ndarray], spec: PackSpec, counts: dict) -> np.ndarray:
@@ -211,7 +250,8 @@ def build(chunks: Iterable[Chunk], spec: PackSpec, work_dir: Path, split_dirs: d
                        for meta in metas[:-1] for name in spec.splits), "chunks of whole groups"
         splits = {name: _write_split(pool, name, metas, spec, work_dir, split_dirs[name])
                   for name in spec.splits}
-    return BuildResult(splits, tokenized, seconds)
+    threshold = val_threshold(metas, spec.seq_len) if spec.splits_by_hash else None
+    return BuildResult(splits, tokenized, seconds, threshold)
 
 
 def _tokenize_all(pool, chunks: Iterable[Chunk], spec: PackSpec, chunk_dir: Path, workers: int,

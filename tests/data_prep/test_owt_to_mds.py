@@ -20,6 +20,7 @@ from mds_testing import (
     OWT_TO_MDS,
     FakeHub,
     files_of,
+    generated_documents,
     in_val,
     manifest_of,
     no_stale_shared_memory,  # noqa: F401 (an autouse fixture)
@@ -194,6 +195,28 @@ def test_overwrite_refuses_a_split_folder_holding_a_file_it_did_not_write(tmp_pa
                              if name != "train/notes.txt"}
 
 
+def test_an_empty_val_split_names_the_smallest_val_fraction_that_fills_it(tmp_path, capsys):
+    corpus = write_jsonl(tmp_path / "docs.jsonl", generated_documents(40))
+    default = ["--val-fraction", "0.0005"]  # the default, given after build()'s own
+    assert build(tmp_path / "small", corpus, extra=[*default, "--docs-per-chunk", "7"]) == 0
+    (warning,) = [line for line in capsys.readouterr().out.splitlines() if "warning" in line]
+    assert warning.startswith("warning: val/ has no samples: --val-fraction 0.0005 sent 0 of 40 "
+                              "documents there (0 tokens; a sample takes 64); --val-fraction ")
+    fraction = float(re.fullmatch(r".*; --val-fraction ([\d.e-]+) or more gives it at least one",
+                                  warning).group(1))
+    for name, value, has_samples in (("enough", fraction, True), ("less", fraction / 1.15, False)):
+        assert build(tmp_path / name, corpus, extra=["--val-fraction", str(value)]) == 0
+        val = manifest_lib.read_manifest(tmp_path / name)["splits"]["val"]
+        assert (val["samples"] > 0) == has_samples, (name, value)
+    assert len(read_samples(tmp_path / "enough" / "val")) > 0
+
+
+def test_help_says_a_txt_file_is_one_document_and_how_to_give_one_per_line():
+    help_text = " ".join(run_cli(OWT_TO_MDS, "--help").stdout.split())
+    assert "A .txt file is one document" in help_text
+    assert 'for one document per line, write .jsonl with one {"text": ...} per line' in help_text
+
+
 def test_compressed_shards_hold_the_same_samples(tmp_path, documents):
     corpus = write_jsonl(tmp_path / "docs.jsonl", documents)
     assert build(tmp_path / "plain", corpus) == 0
@@ -217,8 +240,9 @@ def test_a_log_file_gets_plain_progress_lines_and_a_closing_summary(tmp_path, do
     assert any(line.startswith("tokenize: ") for line in lines)
     splits = manifest_lib.read_manifest(out)["splits"]
     tokens = splits["train"]["tokens"] + splits["val"]["tokens"]
-    assert re.fullmatch(rf"done in \d+ s: {len(documents):,} documents, {tokens:,} tokens -> "
-                        rf"{re.escape(str(out))}; tokenized at .* tokens/s .*", lines[-3]), lines[-3]
+    done_line = (rf"done in \d+ s: {len(documents):,} documents, {tokens:,} tokens -> "
+                 rf"{re.escape(str(out))}; tokenized at .* tokens/s .*")
+    assert re.fullmatch(done_line, lines[-3]), lines[-3]
     assert lines[-2:] == [
         f"  {name}: {split['samples']:,} samples of {SEQ_LEN} tokens from "
         f"{split['documents']:,} documents ({split['tokens']:,} tokens) in {out / name}"
