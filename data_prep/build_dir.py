@@ -104,7 +104,7 @@ class OutputDir:
 
     def _publish(self) -> None:
         # index.json first: after a crash here, DIR's index lists every shard DIR holds.
-        for entry in sorted(self.out.iterdir(), key=lambda entry: (entry.name != INDEX, entry.name)):
+        for entry in sorted(self.out.iterdir(), key=lambda path: (path.name != INDEX, path.name)):
             target = self.root / entry.name
             if target.exists():  # moved before a crash, or a stale leftover of that crash
                 _remove(target)

@@ -30,7 +30,7 @@ def check_out(folder: Path) -> None:
 
 
 def replaced_bytes_note(splits: dict[str, dict]) -> str | None:
-    """The note on bytes that were not UTF-8 (replaced by U+FFFD, never fatal), if there were any."""
+    """The note on bytes that were not UTF-8 (replaced by U+FFFD, never fatal), if there were."""
     replaced = sum(split["replaced_bytes"] for split in splits.values())
     if not replaced:
         return None
@@ -42,5 +42,5 @@ def replaced_bytes_note(splits: dict[str, dict]) -> str | None:
 def split_lines(folder: Path, manifest: dict, noun: str = "documents") -> list[str]:
     """One line per split of a data folder: its samples, what they were made of, where they are."""
     return [f"  {name}: {split['samples']:,} samples of {manifest['seq_len']} tokens from "
-            f"{split['documents']:,} {noun} ({split['tokens']:,} tokens) in {folder / split['path']}"
-            for name, split in manifest["splits"].items()]
+            f"{split['documents']:,} {noun} ({split['tokens']:,} tokens) in "
+            f"{folder / split['path']}" for name, split in manifest["splits"].items()]

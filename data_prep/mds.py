@@ -128,8 +128,9 @@ def shard_problem(folder: Path, entry: dict, header: bool = True,
                   hashes: bool = True) -> ShardProblem | None:
     """What is wrong with a shard's files in `folder`, or None: present and of the size the index
     records (one stat per file), then with `header` the sample count and offsets at the start of
-    the raw file, and with `hashes` the hashes the index records (reads every byte). A compressed shard is good when one of its files is
-    present and every present one is good (a local reader decompresses next to the .zstd file)."""
+    the raw file, and with `hashes` the hashes the index records (reads every byte). A compressed
+    shard is good when one of its files is present and every present one is good (a local reader
+    decompresses next to the .zstd file)."""
     files = [(kind, entry[kind]) for kind in ("zip_data", "raw_data") if entry.get(kind)]
     present = [(kind, info) for kind, info in files if (Path(folder) / info["basename"]).is_file()]
     if not present:
