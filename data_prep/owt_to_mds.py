@@ -97,11 +97,23 @@ def check_shard_size(samples_per_shard: int, seq_len: int) -> None:
 
 
 def parse_compression(name: str) -> str | None:
+    """None for "none", else a codec name that streaming accepts: checked before any work (an
+    unknown level such as zstd:99 used to fail at the first shard, after tokenizing)."""
     algorithm, _, level = name.partition(":")
-    if algorithm not in COMPRESSIONS or (level and (not level.isdigit() or algorithm == "none")):
+    if algorithm not in COMPRESSIONS or (level and algorithm == "none"):
         raise UsageError(f"--compression {name!r} is not one of {', '.join(COMPRESSIONS)} "
                          f"(with an optional :level, e.g. zstd:7)")
-    return None if algorithm == "none" else name
+    if name == "none":
+        return None
+    from aogpt.data_prep.streaming_compat import streaming  # imports torch: only to compress
+
+    codecs = streaming.base.compression.get_compressions()
+    if name not in codecs:
+        levels = sorted(int(codec.partition(":")[2]) for codec in codecs
+                        if codec.startswith(f"{algorithm}:"))
+        takes = f"a level from {levels[0]} to {levels[-1]}" if levels else "no level"
+        raise UsageError(f"--compression {name!r}: {algorithm} takes {takes}")
+    return name
 
 
 @cli_entry
