@@ -15,6 +15,7 @@ nothing. tqdm itself imports no torch: data_prep uses this too.
 
 from __future__ import annotations
 
+import math
 import sys
 import time
 from collections.abc import Iterable, Iterator
@@ -104,7 +105,7 @@ class PlainProgress:
     def close(self) -> None:
         if not self._closed:
             self._closed = True
-            if self.n != self._start_n:
+            if self.n != self._start_n and math.isfinite(self.every_s):  # inf: lines by write only
                 self._print()
 
 

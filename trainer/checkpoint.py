@@ -1,4 +1,4 @@
-"""Checkpoint saves that are complete or absent, keep-last-K retention, resume checks, preemption.
+"""Checkpoint saves that are complete or absent, keep-last-K retention, resume checks.
 
 Where a tag lives, when it is complete and which one `latest` means is the run folder's
 (aogpt.model.run_folder). Besides its consolidated weights, a tag holds the trainer's own files:
@@ -29,7 +29,6 @@ import os
 import random
 import re
 import shutil
-import signal
 from pathlib import Path
 
 import numpy as np
@@ -41,7 +40,6 @@ from aogpt.model.config import ModelConfig
 from aogpt.model.run_folder import COMPLETE, PARTIAL, RunFolder, complete_record, step_of
 
 RUN_STATE = "trainer_state.json"
-EXIT_PREEMPTED = 75  # sysexits' EX_TEMPFAIL: stopped by a signal after a checkpoint, re-run to resume
 
 # ModelConfig fields that may change between a run and its resumption: they do not change the
 # weights' shapes or meaning (kernels, memory savers, dropout, how the weights were initialized).
@@ -151,22 +149,3 @@ def load_rank_state(path: Path) -> dict:
 
 def save_torch_atomic(obj, path: Path) -> None:
     write_atomic(path, lambda partial: torch.save(obj, partial))
-
-
-class PreemptionFlag:
-    """Set by SIGTERM/SIGUSR1; the training loop saves at the next step boundary and exits."""
-
-    SIGNALS = (signal.SIGTERM, signal.SIGUSR1)
-
-    def __init__(self):
-        self.received: str | None = None
-        for sig in self.SIGNALS:
-            signal.signal(sig, self._handle)
-
-    def _handle(self, signum, frame) -> None:
-        # Only a flag: saving needs every rank at the same point, which a handler cannot ensure.
-        self.received = signal.Signals(signum).name
-
-    @property
-    def requested(self) -> bool:
-        return self.received is not None

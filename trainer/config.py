@@ -11,7 +11,9 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import json
 import os
+import time
 import types
 import typing
 from dataclasses import dataclass, field
@@ -284,6 +286,40 @@ def config_to_dict(cfg: Any) -> dict:
 def save_config(cfg: RunConfig, path: str | os.PathLike) -> None:
     """Writes the resolved config atomically (temp file, then rename)."""
     write_text_atomic(path, yaml.safe_dump(config_to_dict(cfg), sort_keys=False))
+
+
+def flat_config(tree: dict, prefix: str = "") -> dict[str, Any]:
+    """{"train.max_steps": 200, ...} of a config dict, values as JSON reads them back."""
+    flat = {}
+    for key, value in tree.items():
+        if isinstance(value, dict):
+            flat.update(flat_config(value, f"{prefix}{key}."))
+        else:
+            flat[prefix + key] = json.loads(json.dumps(value))
+    return flat
+
+
+def record_config(cfg: RunConfig, config_file: Path, changes_file: Path, step: int,
+                  git_sha: str | None) -> dict[str, list]:
+    """config.yaml is the config a run began with, written once; a relaunch with other settings
+    appends what changed ({key: [before, now]}), from which step and by which code, to
+    config_changes.jsonl. Returns that change (empty when none)."""
+    now = flat_config(config_to_dict(cfg))
+    if not config_file.is_file():
+        save_config(cfg, config_file)
+        return {}
+    before = flat_config(yaml.safe_load(config_file.read_text()) or {})
+    if changes_file.is_file():
+        for line in changes_file.read_text().splitlines():
+            before.update({key: value[1] for key, value in json.loads(line)["changed"].items()})
+    changed = {key: [before.get(key), value] for key, value in now.items()
+               if before.get(key) != value}
+    if changed:
+        record = {"time": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "from_step": step,
+                  "git_sha": git_sha, "changed": changed}
+        with changes_file.open("a") as file:
+            file.write(json.dumps(record) + "\n")
+    return changed
 
 
 def _read_preset(path: Path, seen: tuple[Path, ...]) -> dict:

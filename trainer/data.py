@@ -36,7 +36,7 @@ from aogpt.data_prep.streaming_compat import release_shared_memory, streaming
 from aogpt.files import write_atomic
 from aogpt.trainer.config import RunConfig
 from aogpt.trainer.dist_env import DistEnv
-from aogpt.trainer.failsafe import silence_in_child
+from aogpt.trainer.failsafe import PreemptionFlag, silence_in_child
 
 
 def is_remote(location: str) -> bool:
@@ -225,10 +225,11 @@ def collate_tokens(samples: list[dict]) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 def _ignore_preemption_signals(worker_id: int) -> None:
-    # Launchers signal the whole process tree. Loader workers must outlive the signal, so the
-    # trainer can still finish its step and checkpoint; it shuts them down itself afterwards.
-    signal.signal(signal.SIGTERM, signal.SIG_IGN)
-    signal.signal(signal.SIGUSR1, signal.SIG_IGN)
+    # Launchers signal the whole process tree, and Ctrl-C reaches every process of the terminal's
+    # group. Loader workers must outlive the signal, so the trainer can still finish its step and
+    # checkpoint; it shuts them down itself afterwards.
+    for sig in PreemptionFlag.SIGNALS:
+        signal.signal(sig, signal.SIG_IGN)
     silence_in_child()
 
 

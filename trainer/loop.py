@@ -39,9 +39,7 @@ from aogpt.model.run_folder import WEIGHTS_FILE, RunFolder, step_of, tag_for
 from aogpt.model.warm_start import warm_start
 from aogpt.trainer import zero_shot
 from aogpt.trainer.checkpoint import (
-    EXIT_PREEMPTED,
     RUN_STATE,
-    PreemptionFlag,
     commit_tag,
     load_rank_state,
     prune_tags,
@@ -51,15 +49,23 @@ from aogpt.trainer.checkpoint import (
     rng_states,
     save_torch_atomic,
 )
-from aogpt.trainer.config import RunConfig, config_to_dict, save_config
+from aogpt.trainer.config import RunConfig, config_to_dict, record_config
 from aogpt.trainer.data import TrainBatches, clean_stale_shared_memory, validation_loader
 from aogpt.trainer.dist_env import DistEnv, all_reduce_sum, any_rank, host_group, init_process_group
 from aogpt.trainer.ds_config import zero_stage
 from aogpt.trainer.ema import ShardedEMA, gather_full_weights, load_full_ema
 from aogpt.trainer.evaluation import EvalData, Evaluator
-from aogpt.trainer.failsafe import EveryRankFailure, SignalWatchdog
+from aogpt.trainer.failsafe import EXIT_PREEMPTED, EveryRankFailure, PreemptionFlag, SignalWatchdog
 from aogpt.trainer.lr_schedule import learning_rate
-from aogpt.trainer.metrics import MetricsLogger, peak_flops, progress, truncate_metrics
+from aogpt.trainer.metrics import (
+    MetricsLogger,
+    peak_flops,
+    step_line,
+    summary_lines,
+    training_bar,
+    truncate_metrics,
+    validation_line,
+)
 from aogpt.trainer.recovery import BadStep, BadSteps, PoisonedSamples, Rollbacks
 from aogpt.trainer.sync_free import install as make_deepspeed_steps_sync_free
 from aogpt.trainer.training_samples import TrainingSamples
@@ -86,8 +92,9 @@ class Trainer:
         self.cfg = cfg = plan.cfg
         self.ds_config = plan.ds_config
         self.env = dist_env
-        self.preemption = PreemptionFlag()
-        self.watchdog = SignalWatchdog(cfg.checkpoint.signal_grace_s, self.last_checkpoint)
+        self.preemption = PreemptionFlag(announce=dist_env.is_main)
+        self.watchdog = SignalWatchdog(cfg.checkpoint.signal_grace_s, self.last_checkpoint,
+                                       announce=dist_env.is_main)
         quiet_third_party_logs()
         self.device = dist_env.device
         if self.device.type == "cuda":  # before the process group, so NCCL binds the right GPU
@@ -102,7 +109,7 @@ class Trainer:
         self.run_folder = RunFolder(cfg.out_dir)
         self.git_sha = git_sha()
         if dist_env.is_main:
-            save_config(cfg, self.run_folder.config_file)
+            self.note_the_run_folder(plan)
 
         torch.manual_seed(cfg.train.seed)  # the same initial weights on every rank
         model = AOGPT(cfg.model).to(self.device)
@@ -141,10 +148,13 @@ class Trainer:
                                         self.run_folder.root, self.device)
                         if cfg.eval.sample_every and dist_env.is_main else None)
         self.bad_steps = BadSteps(cfg.recovery, self.device)
-        self.rollbacks = Rollbacks(self.run_folder.root, cfg.recovery)
+        self.rollbacks = Rollbacks(self.run_folder, cfg.recovery)
         self.poison = PoisonedSamples.from_environment(self.device)
         self.lr = 0.0  # of the step just run
         self.skipped_now = 0  # samples the stream moved past before the step just run (a rollback's)
+        # what the run had seen at the step it started this launch from: another
+        # train.tokens_per_step after a resume counts from there
+        self.seen_at = {"step": 0, "tokens_seen": 0, "samples_seen": 0}
         self.step = self.resume(plan.resume_tag, plan.elastic) if plan.resume_tag else 0
 
     # ---- set-up ---------------------------------------------------------------------------------
@@ -176,10 +186,33 @@ class Trainer:
                 print("the checkpoint has no EMA: it starts now, from the resumed weights", flush=True)
         if not elastic:  # (elastically, each rank's RNG, used by dropout only, starts from the seed)
             restore_rng_states(rank_state["rng"])
+        self.seen_at = {key: client[key] for key in ("step", "tokens_seen", "samples_seen")}
         if self.env.is_main:
             truncate_metrics(self.run_folder.metrics_file, client["step"])
             print(f"resumed from {folder} at step {client['step']}", flush=True)
         return client["step"]
+
+    def note_the_run_folder(self, plan: Plan) -> None:
+        """Rank 0, before anything is written: a run starting from step 0 replaces what an earlier
+        attempt left without a checkpoint (else its metrics would hold the same steps twice); the
+        config is recorded, with what a relaunch changed (config_changes.jsonl)."""
+        run = self.run_folder
+        if plan.resume_tag is None:
+            earlier = [path for path in (run.metrics_file, run.config_file, run.config_changes_file,
+                                         run.rollbacks_file, run.skipped_samples_file)
+                       if path.is_file()]
+            if earlier:
+                print(f"starting from step 0: {run.root} holds no checkpoint, so the files of an "
+                      f"earlier attempt are replaced ({', '.join(p.name for p in earlier)})",
+                      flush=True)
+            for path in earlier:
+                path.unlink()
+        changed = record_config(self.cfg, run.config_file, run.config_changes_file,
+                                step_of(plan.resume_tag) if plan.resume_tag else 0, self.git_sha)
+        if changed:
+            print("config changed since the run began: " + ", ".join(
+                f"{key} {before!r} -> {now!r}" for key, (before, now) in changed.items())
+                + f" (recorded in {run.config_changes_file})", flush=True)
 
     def universal_checkpoint(self, tag: str) -> Path:
         """Rank 0 converts the tag with DeepSpeed's ds_to_universal; the folder to load from."""
@@ -368,17 +401,28 @@ class Trainer:
         elif self.env.is_main:
             copy_consolidated(saved, self.run_folder.final)
 
+    @property
+    def tokens_seen(self) -> int:
+        return (self.seen_at["tokens_seen"]
+                + (self.step - self.seen_at["step"]) * self.cfg.train.tokens_per_step)
+
+    @property
+    def samples_seen(self) -> int:
+        return (self.seen_at["samples_seen"]
+                + (self.step - self.seen_at["step"]) * self.cfg.sequences_per_step)
+
     def run_meta(self) -> dict:
-        return {"step": self.step, "tokens_seen": self.step * self.cfg.train.tokens_per_step,
-                "samples_seen": self.step * self.cfg.sequences_per_step, "git_sha": self.git_sha,
+        return {"step": self.step, "tokens_seen": self.tokens_seen,
+                "samples_seen": self.samples_seen, "git_sha": self.git_sha,
                 "run_config": config_to_dict(self.cfg)}
 
-    def save_checkpoint(self) -> None:
-        """Collective: the tag is complete or absent (trainer/checkpoint.py). A failed write (a
-        full disk) removes what it wrote and ends the run, naming the checkpoint still intact."""
+    def save_checkpoint(self) -> bool:
+        """Collective: the tag is complete or absent (trainer/checkpoint.py); False when it was
+        there already. A failed write (a full disk) removes what it wrote and ends the run, naming
+        the checkpoint still intact."""
         tag = tag_for(self.step)
         if self.run_folder.problem(tag) is None:
-            return  # resumed from this very step: nothing has changed since
+            return False  # resumed from this very step: nothing has changed since
         work = self.run_folder.partial_dir(tag)
         if self.env.is_main and work.exists():
             shutil.rmtree(work)  # a save of this step that was interrupted earlier
@@ -401,6 +445,7 @@ class Trainer:
             commit_tag(self.run_folder, tag)
             prune_tags(self.run_folder, self.cfg.checkpoint.keep_last)
         dist.barrier()
+        return True
 
     def write_tag(self, folder: Path) -> None:
         """Collective: every file of a checkpoint into `folder` (see trainer/checkpoint.py)."""
@@ -435,14 +480,16 @@ class Trainer:
         logger = MetricsLogger(self.run_folder.root, env.rank, cfg.logging, config_to_dict(cfg))
         on_gpu = self.device.type == "cuda"
         peak = peak_flops(torch.cuda.get_device_name(self.device)) if on_gpu else None
-        bar = progress(env.rank, total=cfg.train.max_steps, initial=self.step, desc="train",
-                       unit="step")
-        window_start, window_steps, window_wait = time.perf_counter(), 0, 0.0
-        self._last_eval = window_start
+        bar = training_bar(env.rank, cfg.train.max_steps, self.step)
+        say = bar.write if env.is_main else lambda line: None
+        launch_start = window_start = self._last_eval = time.perf_counter()
+        window_steps, window_wait, trained = 0, 0.0, 0
+        last_record, last_validation = {}, {}
         try:
             while self.step < cfg.train.max_steps:
                 sums, data_wait = self.train_step(self.step)
                 self.step += 1
+                trained += 1
                 window_steps += 1
                 window_wait += data_wait
                 bar.update(1)
@@ -452,12 +499,17 @@ class Trainer:
                         or self.skipped_now):
                     record = self.step_metrics(sums, window_start, window_steps, window_wait, peak)
                     window_start, window_steps, window_wait = time.perf_counter(), 0, 0.0
-                    bar.set_postfix(loss=f"{record['loss']:.4f}",
-                                    tok_s=f"{record['tokens_per_s']:.0f}")
+                    last_record = record
+                    per_step = (time.perf_counter() - launch_start) / trained
+                    say(step_line(record, self.step, cfg.train.max_steps,
+                                        per_step * (cfg.train.max_steps - self.step)))
                 if cfg.eval.every and (self.step % cfg.eval.every == 0 or last):
-                    record.update(self.evaluate())
-                    if env.is_main and self.zero_shot_sets:
-                        bar.write(f"step {self.step}: " + zero_shot.describe(
+                    evaluation = self.evaluate()
+                    record.update(evaluation)
+                    last_validation = evaluation
+                    say(validation_line(evaluation, self.step, self.eval_weights[0]))
+                    if self.zero_shot_sets:
+                        say(f"step {self.step} | " + zero_shot.describe(
                             record, list(self.zero_shot_sets), self.eval_weights[0]))
                 sampled = cfg.eval.sample_every and (self.step % cfg.eval.sample_every == 0
                                                      or last)
@@ -475,23 +527,25 @@ class Trainer:
                     bar.update(self.step)
                     window_start, window_steps, window_wait = time.perf_counter(), 0, 0.0
                     continue
-                if save:
-                    self.save_checkpoint()
+                if save and self.save_checkpoint():
+                    say(f"step {self.step} | checkpoint {self.run_folder.tag_dir(tag_for(self.step))}")
                 if preempted:
                     self.watchdog.saved()
-                    if env.is_main:
-                        bar.write(f"stopping at step {self.step} on "
-                                  f"{self.preemption.received or 'a signal to another rank'}: "
-                                  f"checkpoint saved, re-run the same command to resume")
+                    say(f"stopping at step {self.step} on "
+                              f"{self.preemption.received or 'a signal to another rank'}: "
+                              f"checkpoint saved, re-run the same command to resume")
                     return EXIT_PREEMPTED
         finally:
             bar.close()
             logger.close()
         self.publish_final()
         if env.is_main:
-            print(f"done: {self.step} steps, {self.step * cfg.train.tokens_per_step:,} tokens; "
-                  f"weights in {self.run_folder.final_weights}{self.rollbacks.summary()}",
-                  flush=True)
+            lines = summary_lines(self.run_folder, self.step, self.tokens_seen,
+                                  time.perf_counter() - launch_start,
+                                  trained * cfg.train.tokens_per_step, last_record,
+                                  last_validation, self.eval_weights[0])
+            lines[0] += self.rollbacks.summary()
+            print("\n".join(lines), flush=True)
         return 0
 
     def answer_bad_step(self) -> bool:
@@ -598,8 +652,8 @@ class Trainer:
             "grad_norm": None if grad_norm is None else float(grad_norm),
             "tokens_per_s": tokens_per_s,
             "tokens_per_s_per_device": tokens_per_s / self.env.world_size,
-            "samples_seen": self.step * cfg.sequences_per_step,
-            "tokens_seen": self.step * cfg.train.tokens_per_step,
+            "samples_seen": self.samples_seen,
+            "tokens_seen": self.tokens_seen,
             "step_time": elapsed / window_steps,
             "data_wait": window_wait / window_steps,
             "mfu": (self.flops_per_token * tokens_per_s / (peak * self.env.world_size)

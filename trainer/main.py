@@ -8,8 +8,9 @@ MASTER_ADDR and MASTER_PORT), or as plain `python trainer/main.py` on one proces
 same command resumes from out_dir/checkpoints/latest. Exit status: 0 done; 1 the run failed
 while training (one line `error: ...` naming the cause: a shard the loader cannot read, a
 non-finite loss, a lost rank, no checkpoint within checkpoint.signal_grace_s of a signal); 2 bad
-input (one line saying what and how to fix it, before any heavy work); 75 stopped by
-SIGTERM/SIGUSR1 after saving a checkpoint (re-run, or requeue, to continue).
+input (one line saying what and how to fix it, before any heavy work; another training already
+running in out_dir is one); 75 stopped by SIGTERM/SIGUSR1 or Ctrl-C after saving a checkpoint
+(re-run, or requeue, to continue); 130 stopped by a second Ctrl-C without saving.
 """
 
 from __future__ import annotations
@@ -37,6 +38,7 @@ from aogpt.trainer.failsafe import (
 )
 from aogpt.trainer.genppl import check_judge
 from aogpt.trainer.loop import Plan, Trainer
+from aogpt.trainer.run_lock import RunLock
 
 RANK0_REPORTS_FIRST_S = 5
 EXIT_AFTER_FAILURE_S = 60  # a failing process is gone by then, whatever holds its exit
@@ -91,12 +93,24 @@ def preflight(args: argparse.Namespace, dist_env: DistEnv) -> Plan:
                 zero_shot_sets=sets)
 
 
+def lock_run_folder(plan: Plan, dist_env: DistEnv) -> RunLock | None:
+    """Rank 0 takes out_dir's lock once every check has passed (nothing is written before); a
+    live holder is a UsageError. The other ranks follow rank 0: if it stops, the launcher ends
+    them."""
+    if not dist_env.is_main:
+        return None
+    lock = RunLock(RunFolder(plan.cfg.out_dir).lock_file)
+    lock.acquire()
+    return lock
+
+
 @cli_entry
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     dist_env = setup_distributed_env()
     try:
         plan = preflight(args, dist_env)
+        lock = lock_run_folder(plan, dist_env)
     except UsageError:
         if dist_env.rank != 0:
             # Every rank meets the same problem; rank 0 alone says it. A launcher kills the other
@@ -104,6 +118,14 @@ def main(argv: list[str] | None = None) -> int:
             time.sleep(RANK0_REPORTS_FIRST_S)
             return 2
         raise
+    try:
+        return train(plan, dist_env)
+    finally:
+        if lock is not None:
+            lock.release()
+
+
+def train(plan: Plan, dist_env: DistEnv) -> int:
     trainer = Trainer(plan, dist_env)
     try:
         return trainer.fit()

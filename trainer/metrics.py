@@ -20,6 +20,7 @@ from tqdm import tqdm
 from aogpt import UsageError
 from aogpt.files import write_text_atomic
 from aogpt.model.run_folder import RunFolder
+from aogpt.progress import PlainProgress, duration, progress
 from aogpt.trainer.config import LoggingConfig
 
 
@@ -134,9 +135,62 @@ def curve(records: list[dict], key: str, x: str = "step",
     return xs, ys
 
 
-def progress(rank: int, **kwargs) -> tqdm:
-    """A tqdm bar shown on rank 0 only (all other ranks get a disabled one with the same API)."""
-    return tqdm(disable=rank != 0, dynamic_ncols=True, **kwargs)
+def training_bar(rank: int, total: int, initial: int) -> tqdm | PlainProgress:
+    """The step bar: on rank 0 at a terminal only. In a log file (SLURM, nohup) the log lines
+    below say everything, and a bar's carriage returns would make one unreadable line of them."""
+    return progress(total=total, initial=initial, desc="train", unit="step",
+                    disable=rank != 0, every_s=math.inf)
+
+
+def _loss(value: float | None) -> str:
+    return "n/a" if value is None else f"{value:.4f}"
+
+
+def step_line(record: dict, step: int, max_steps: int, seconds_left: float | None) -> str:
+    """The log line of a log step, from its metrics record:
+
+    step 120/400 | 491,520 tokens | loss 6.5124 (l2r 5.4021, any order 6.6343) | lr 4.80e-03 |
+    grad norm 0.412 | 2,812 tokens/s | MFU 38.1% | 13 min 02 s left
+    """
+    readings = [f"{name} {_loss(record[key])}" for name, key in
+                (("l2r", "loss_l2r"), ("any order", "loss_ao")) if record.get(key) is not None]
+    parts = [f"step {step}/{max_steps}", f"{record['tokens_seen']:,} tokens",
+             f"loss {_loss(record['loss'])}" + (f" ({', '.join(readings)})" if readings else ""),
+             f"lr {record['lr']:.2e}"]
+    if record.get("grad_norm") is not None:
+        parts.append(f"grad norm {record['grad_norm']:.3g}")
+    parts.append(f"{record['tokens_per_s']:,.0f} tokens/s")
+    if record.get("mfu") is not None:
+        parts.append(f"MFU {100 * record['mfu']:.1f}%")
+    if record.get("skipped_samples"):
+        parts.append(f"{record['skipped_samples']} samples skipped")
+    if seconds_left is not None and step < max_steps:
+        parts.append(f"{duration(seconds_left)} left")
+    return " | ".join(parts)
+
+
+def validation_line(record: dict, step: int, weights: str) -> str:
+    """step 200 | validation (ema weights): l2r 5.4021 (ppl 221.89), any order 6.6343 (ppl 761.2)"""
+    readings = [f"{name} {record[key]:.4f} (ppl {math.exp(record[key]):,.2f})"
+                for name, key in (("l2r", "val_loss_l2r"), ("any order", "val_loss_ao"))
+                if record.get(key) is not None]
+    return f"step {step} | validation ({weights} weights): {', '.join(readings)}"
+
+
+def summary_lines(run: RunFolder, step: int, tokens_seen: int, wall_s: float, launch_tokens: int,
+                  last: dict, validation: dict, weights: str) -> list[str]:
+    """The closing lines of a run: what it did, its last losses, where its results are."""
+    losses = [f"loss {_loss(last.get('loss'))}"] if last else []
+    readings = [f"{name} {_loss(last[key])}" for name, key in
+                (("l2r", "loss_l2r"), ("any order", "loss_ao")) if last.get(key) is not None]
+    if readings:
+        losses[0] += f" ({', '.join(readings)})"
+    if validation:
+        losses.append(validation_line(validation, step, weights).split(" | ", 1)[1])
+    return [f"done: {step} steps, {tokens_seen:,} tokens; this launch {duration(wall_s)}, "
+            f"{launch_tokens / max(wall_s, 1e-9):,.0f} tokens/s",
+            *([f"last step: {'; '.join(losses)}"] if losses else []),
+            f"weights: {run.final_weights} (raw and EMA); metrics: {run.metrics_file}"]
 
 
 def _json_safe(value: Any) -> Any:

@@ -37,17 +37,14 @@ import os
 import statistics
 from collections import deque
 from dataclasses import dataclass
-from pathlib import Path
 
 import torch
 import torch.distributed as dist
 
 from aogpt import UsageError
 from aogpt.files import write_json_atomic
+from aogpt.model.run_folder import RunFolder
 from aogpt.trainer.config import RecoveryConfig
-
-ROLLBACKS_FILE = "rollbacks.json"
-SKIPPED_FILE = "skipped_samples.json"
 
 
 @dataclass(frozen=True)
@@ -187,8 +184,9 @@ class Rollbacks:
     """out_dir/rollbacks.json: every rollback of the run, and what each asks of the steps after
     it (the data to skip before a step, the learning-rate factor of a step)."""
 
-    def __init__(self, out_dir: Path, cfg: RecoveryConfig):
-        self.file, self.skipped_file, self.cfg = out_dir / ROLLBACKS_FILE, out_dir / SKIPPED_FILE, cfg
+    def __init__(self, run_folder: RunFolder, cfg: RecoveryConfig):
+        self.file, self.skipped_file = run_folder.rollbacks_file, run_folder.skipped_samples_file
+        self.cfg = cfg
         self.records: list[dict] = []
         if self.file.is_file():
             try:

@@ -3,7 +3,7 @@
 import json
 
 from aogpt.trainer.config import LoggingConfig
-from aogpt.trainer.metrics import MetricsLogger, progress, read_metrics, wandb_mode
+from aogpt.trainer.metrics import MetricsLogger, read_metrics, training_bar, wandb_mode
 
 
 def test_rank0_writes_one_json_object_per_step(tmp_path):
@@ -51,6 +51,12 @@ def test_wandb_offline_run_keeps_its_id_across_restarts(tmp_path, monkeypatch):
     assert list((tmp_path / "wandb").glob(f"offline-run-*-{first_id}"))
 
 
-def test_progress_bar_only_on_rank0():
-    assert progress(rank=1, total=3).disable
-    assert not progress(rank=0, total=3).disable
+def test_the_step_bar_shows_on_rank0_only_and_never_writes_its_own_lines_in_a_log(capsys):
+    assert training_bar(rank=1, total=3, initial=0).disable
+    bar = training_bar(rank=0, total=3, initial=0)  # stderr is not a terminal under pytest
+    assert not bar.disable
+    bar.update(3)
+    bar.write("step 3/3 | ...")
+    bar.close()
+    captured = capsys.readouterr()
+    assert (captured.out, captured.err) == ("step 3/3 | ...\n", "")

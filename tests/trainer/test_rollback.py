@@ -27,6 +27,7 @@ from trainer_testing import (
 
 from aogpt import UsageError
 from aogpt.model.checkpoint import read_consolidated
+from aogpt.model.run_folder import RunFolder
 from aogpt.trainer.config import RecoveryConfig, load_config
 from aogpt.trainer.failsafe import EXIT_FAILED
 from aogpt.trainer.lr_schedule import learning_rate
@@ -144,8 +145,10 @@ def test_a_kill_9_during_the_recovery_resumes_into_the_same_run(recovered, launc
                            capture_output=True, text=True, timeout=600)
     assert rerun.returncode == 0, rerun.stdout[-3000:] + rerun.stderr[-3000:]
     assert record_of(out) == record_of(out_ref)
+    # The same steps on the same weights and data; a process's fp32 reductions (a logsumexp over
+    # 50,304 logits: ~sqrt(n) x 6e-8 relative) may be ordered differently from another's
     for key in ("loss", "grad_norm", "lr", "skipped_samples"):
-        assert losses(out, key) == pytest.approx(losses(out_ref, key), abs=1e-6), key
+        assert losses(out, key) == pytest.approx(losses(out_ref, key), rel=1e-5), key
     for kind in ("raw", "ema"):
         expected = read_consolidated(out_ref / "final")["weights"][kind]
         for name, value in read_consolidated(out / "final")["weights"][kind].items():
@@ -253,16 +256,16 @@ def test_the_spike_rule_resumes_from_its_state_as_if_never_stopped():
 
 def test_rollback_records_give_the_skips_and_learning_rates_of_the_steps_after_them(tmp_path):
     cfg = RecoveryConfig(lr_factor=0.5, lr_steps=3)
-    rollbacks = Rollbacks(tmp_path, cfg)
+    rollbacks = Rollbacks(RunFolder(tmp_path), cfg)
     rollbacks.add(BadStep(6, 2, "spike"), found_at=7, rolled_back_to="step_00000004", to_step=4)
     rollbacks.add(BadStep(6, 1, "NaN"), found_at=9, rolled_back_to="step_00000004", to_step=4)
     assert [rollbacks.steps_to_skip(step) for step in (5, 6, 7)] == [0, 3, 0]
     assert [rollbacks.lr_factor(step) for step in (4, 5, 9, 10)] == [1.0, 0.25, 0.25, 1.0]
-    assert len(Rollbacks(tmp_path, cfg)) == 2  # a rerun reads them back
+    assert len(Rollbacks(RunFolder(tmp_path), cfg)) == 2  # a rerun reads them back
 
 
 def test_an_unreadable_rollback_record_is_one_line(tmp_path):
     (tmp_path / "rollbacks.json").write_text("{not json")
     with pytest.raises(UsageError, match=r"rollbacks.json is unreadable .*: restore it, or delete "
                                         r"it to resume without the skips it records"):
-        Rollbacks(tmp_path, RecoveryConfig())
+        Rollbacks(RunFolder(tmp_path), RecoveryConfig())

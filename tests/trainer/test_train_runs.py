@@ -29,8 +29,8 @@ from trainer_testing import (
 from aogpt.model import load_checkpoint
 from aogpt.model.checkpoint import read_consolidated
 from aogpt.model.run_folder import RunFolder
-from aogpt.trainer.checkpoint import EXIT_PREEMPTED
 from aogpt.trainer.config import load_config
+from aogpt.trainer.failsafe import EXIT_PREEMPTED
 from aogpt.trainer.main import main
 from aogpt.trainer.metrics import read_metrics
 
@@ -180,13 +180,19 @@ def test_elastic_resume_on_another_world_size_and_stage_continues_the_same_run(
         assert losses(out, key)[12] == pytest.approx(losses(out_ref, key)[12], abs=1e-5), key
 
 
-def test_sigterm_saves_a_checkpoint_and_the_rerun_continues_the_same_run(reference, launcher,
-                                                                         text_data, tmp_path):
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "Ctrl-C"])
+def test_a_signal_saves_a_checkpoint_and_the_rerun_continues_the_same_run(reference, launcher,
+                                                                         text_data, sig, tmp_path):
+    """SIGTERM (scancel, a preemption) or Ctrl-C (SIGINT to the terminal's whole process group,
+    the launcher included, which forwards SIGTERM to the ranks): a checkpoint at the next step."""
     out_ref, _ = reference
     out = tmp_path / "interrupted"
     args = run_args(text_data, out)
-    _, log = launcher.run_and_signal("deepspeed", args, out, after_step=2)
-    assert "stopping at step" in log and "on SIGTERM" in log
+    _, log = launcher.run_and_signal("deepspeed", args, out, after_step=2, sig=sig)
+    assert "stopping at step" in log and f"on {sig.name}" in log
+    if sig == signal.SIGINT:  # once, from rank 0
+        assert log.count("Ctrl-C: saving a checkpoint at the end of this step, then stopping "
+                         "(press Ctrl-C again to stop at once without saving)") == 1
     stopped_at = int((out / "checkpoints" / "latest").read_text().removeprefix("step_"))
     assert 2 <= stopped_at < STEPS
     assert load_checkpoint(out / "checkpoints" / f"step_{stopped_at:08d}").config.n_layer == 2
@@ -278,6 +284,28 @@ def test_sigusr1_stops_a_single_process_run_with_its_own_exit_status(text_data, 
         proc.send_signal(signal.SIGUSR1)
         assert proc.wait(timeout=120) == EXIT_PREEMPTED, log.read_text()
     assert "on SIGUSR1" in log.read_text() and (out / "checkpoints" / "latest").is_file()
+
+
+def test_a_second_ctrl_c_stops_at_once_and_says_what_is_lost(text_data, tmp_path):
+    """Steps of 64 micro-batches: the second Ctrl-C comes long before the step could end."""
+    out, log = tmp_path / "single", tmp_path / "single.log"
+    args = [sys.executable, MAIN, *run_args(text_data, out, "ds_configs/cpu.json",
+                                            "train.micro_batch_size=1", "train.tokens_per_step=4096",
+                                            "checkpoint.every=1")]
+    with log.open("w") as sink:
+        proc = subprocess.Popen(args, cwd=REPO, stdout=sink, stderr=subprocess.STDOUT)
+        latest = out / "checkpoints" / "latest"
+        while not latest.is_file():
+            assert proc.poll() is None, log.read_text()
+            time.sleep(0.1)
+        proc.send_signal(signal.SIGINT)
+        time.sleep(0.5)
+        proc.send_signal(signal.SIGINT)
+        assert proc.wait(timeout=60) == 130, log.read_text()
+    assert latest.read_text() == "step_00000001"  # nothing saved after the first Ctrl-C
+    assert ("a second Ctrl-C: stopped at once without saving; the steps after the last complete "
+            f"checkpoint are lost, a re-run resumes from it: {out / 'checkpoints' / 'step_00000001'}"
+            ) in log.read_text()
 
 
 def test_launcher_reports_bad_input_once_with_status_2(launcher, text_data, tmp_path):

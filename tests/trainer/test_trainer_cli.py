@@ -2,7 +2,9 @@
 group, model or loader exists (so these run in-process as rank 0 of a 2-process world)."""
 
 import json
+import os
 import shutil
+import socket
 
 import pytest
 from eval_testing import build_wikitext
@@ -10,6 +12,7 @@ from trainer_testing import REPO, SEQ_LEN, TINY_RUN, build_data, real_documents
 
 from aogpt.trainer import main as main_module
 from aogpt.trainer.main import main
+from aogpt.trainer.run_lock import RunLock
 
 
 @pytest.fixture(scope="module")
@@ -173,3 +176,28 @@ def test_init_from_a_folder_of_another_vocabulary(text_data, tmp_path, capsys):
     assert_refused(run(text_data, tmp_path, f"model.init_from={tmp_path / 'gpt2'}"), capsys,
                    tmp_path, f"model.init_from: {tmp_path / 'gpt2'} has a vocabulary of 1000 "
                    "tokens, not GPT-2's 50257")
+
+
+def test_an_out_dir_in_use_by_a_live_training(text_data, tmp_path, capsys):
+    """Its lock names a process that is alive on this host (this one, here)."""
+    lock = RunLock(tmp_path / "run" / "run.lock")
+    lock.acquire()
+    try:
+        assert main(run(text_data, tmp_path)) == 2
+        line = one_error_line(capsys)
+    finally:
+        lock.release()
+    assert line.startswith(f"error: out_dir {tmp_path / 'run'} is in use by another training "
+                           f"(process {os.getpid()} on {socket.gethostname()}, started ")
+    assert line.endswith(f"): wait for it to end, or choose another out_dir; if that process is "
+                         f"gone, delete {tmp_path / 'run' / 'run.lock'}")
+    assert sorted(p.name for p in (tmp_path / "run").iterdir()) == []  # released, nothing else
+
+
+def test_an_out_dir_that_cannot_be_written(text_data, tmp_path, capsys):
+    """/proc refuses new files even to root, whose permission bits allow everything."""
+    args = run(text_data, tmp_path)
+    args[args.index(f"out_dir={tmp_path / 'run'}")] = "out_dir=/proc/aogpt-run"
+    assert main(args) == 2
+    assert one_error_line(capsys).startswith(
+        "error: out_dir /proc/aogpt-run: cannot write in /proc (")
