@@ -19,7 +19,7 @@ import tempfile
 from collections.abc import Callable
 from pathlib import Path
 
-from aogpt import UsageError
+from aogpt import UsageError, __version__
 
 
 def write_atomic(path: str | os.PathLike, write: Callable[[Path], object],
@@ -71,6 +71,18 @@ def check_output_file(path: str | os.PathLike, flag: str, force: bool = False) -
     return path
 
 
+def check_input_file(path: str | os.PathLike, flag: str, expected: str) -> Path:
+    """Checks that a file a command reads exists and is a file: a folder or a missing path is
+    named as such, with what to give instead (`expected`, e.g. "the paper's ckpt_<iter>.pt
+    file"). `flag` names it in the message ("--samples"). Returns the path."""
+    path = Path(path)
+    if path.is_dir():
+        raise UsageError(f"{flag} {path} is a folder, not a file: give {expected}")
+    if not path.is_file():
+        raise UsageError(f"{flag} {path} does not exist: give {expected}")
+    return path
+
+
 def check_writable_folder(folder: str | os.PathLike, what: str) -> None:
     """UsageError naming `what` unless `folder` exists or can be made, and a file can be created in
     it (tried: permission bits say nothing to root, nor about a read-only filesystem)."""
@@ -115,3 +127,9 @@ def git_sha() -> str | None:
     except (OSError, subprocess.SubprocessError):
         return None
     return sha + ("+dirty" if dirty else "")
+
+
+def code_version() -> dict:
+    """The code that made an output, as every output file records it: the package version and
+    the commit (git_sha)."""
+    return {"aogpt_version": __version__, "git_sha": git_sha()}

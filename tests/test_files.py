@@ -5,7 +5,14 @@ import os
 
 import pytest
 
-from aogpt.files import write_atomic, write_bytes_atomic, write_json_atomic, write_text_atomic
+from aogpt import UsageError
+from aogpt.files import (
+    check_input_file,
+    write_atomic,
+    write_bytes_atomic,
+    write_json_atomic,
+    write_text_atomic,
+)
 
 
 def test_writers_replace_the_file_whole_and_leave_nothing_else(tmp_path):
@@ -44,3 +51,14 @@ def test_a_file_gets_the_permissions_open_gives_whatever_the_writer_chose(tmp_pa
     path = write_atomic(tmp_path / "w.bin", lambda partial: (partial.write_bytes(b"x"),
                                                             partial.chmod(0o600)))
     assert path.stat().st_mode & 0o777 == 0o666 & ~umask
+
+
+def test_an_input_that_is_a_folder_or_missing_is_named_as_such(tmp_path):
+    (tmp_path / "samples.jsonl").write_text("{}")
+    assert check_input_file(tmp_path / "samples.jsonl", "--samples", "a JSONL file") == (
+        tmp_path / "samples.jsonl")
+    with pytest.raises(UsageError, match=f"^--samples {tmp_path} is a folder, not a file: give a "
+                                         "JSONL file$"):
+        check_input_file(tmp_path, "--samples", "a JSONL file")
+    with pytest.raises(UsageError, match="^--samples .*/absent.jsonl does not exist: give a JSONL"):
+        check_input_file(tmp_path / "absent.jsonl", "--samples", "a JSONL file")
