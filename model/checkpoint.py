@@ -15,11 +15,14 @@ weights_only unpickler (tensors and plain containers, nothing executable).
 The trainer writes one into every checkpoint tag and into out_dir/final/ (the run folder:
 model/run_folder.py, which also names these two files), tools/import_official.py converts the
 paper's checkpoints into one, and load_checkpoint turns any of them back into a model.
+locate_checkpoint says which file a path means, and provenance is the record of it (file, tag,
+step, weights, settings, code) that every output of the commands carries.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import datetime
 import json
 import os
 import pickle
@@ -33,10 +36,16 @@ from safetensors import SafetensorError, safe_open
 from safetensors.torch import save_file
 
 from aogpt import UsageError
-from aogpt.files import write_atomic, write_json_atomic
+from aogpt.files import code_version, write_atomic, write_json_atomic
 from aogpt.model.config import ModelConfig
 from aogpt.model.gpt import AOGPT
-from aogpt.model.run_folder import CONFIG_FILE, WEIGHTS_FILE, RunFolder, named_tag
+from aogpt.model.run_folder import (
+    CONFIG_FILE,
+    TAG_PATTERN,
+    WEIGHTS_FILE,
+    RunFolder,
+    named_tag,
+)
 
 FORMAT = "aogpt-consolidated"
 VERSION = 2
@@ -102,7 +111,28 @@ def copy_consolidated(source: str | os.PathLike, folder: str | os.PathLike) -> N
                      lambda partial, name=name: shutil.copyfile(Path(source) / name, partial))
 
 
-def resolve_checkpoint_file(path: str | os.PathLike) -> Path:
+@dataclasses.dataclass(frozen=True)
+class CheckpointSource:
+    """The weights file a --ckpt path means (see locate_checkpoint) and where it was found.
+
+    tag: "final", a checkpoint tag (step_N), or None for a file or folder outside a run.
+    unfinished: `given` is a run folder without final/ (still training, preempted, killed): the
+    checkpoint its `latest` names stands in for the finished weights."""
+
+    given: Path
+    file: Path
+    tag: str | None
+    unfinished: bool = False
+
+    def unfinished_note(self) -> str | None:
+        """One line saying which checkpoint stands in for an unfinished run's final weights."""
+        if not self.unfinished:
+            return None
+        return (f"note: {self.given} has no final/ (the run has not finished): reading its "
+                f"latest checkpoint, {self.tag}")
+
+
+def locate_checkpoint(path: str | os.PathLike) -> CheckpointSource:
     """The weights file that `path` means: the file itself, DIR/model.safetensors (or a version 1
     DIR/model.pt), the same in OUT_DIR/final/, or, for a run without final/ yet (still training,
     preempted), in the checkpoint `latest` points to. That tag is taken as named, without
@@ -110,20 +140,52 @@ def resolve_checkpoint_file(path: str | os.PathLike) -> Path:
     or written by save_consolidated) has no complete.json and still loads."""
     path = Path(path)
     run = RunFolder(path)
-    folders = [path, run.final]
+    folders = [(path, False), (run.final, False)]
     for checkpoints in (run.checkpoints, path):  # an out_dir, or a checkpoints folder itself
         tag = named_tag(checkpoints)
         if tag is not None:
-            folders.append(checkpoints / tag)
-    candidates = [path] + [folder / name for folder in folders
-                           for name in (WEIGHTS_FILE, LEGACY_FILE)]
-    for candidate in candidates:
+            folders.append((checkpoints / tag, checkpoints == run.checkpoints))
+    candidates = [(path, False)] + [(folder / name, unfinished) for folder, unfinished in folders
+                                    for name in (WEIGHTS_FILE, LEGACY_FILE)]
+    for candidate, unfinished in candidates:
         if candidate.is_file():
-            return candidate
+            folder = candidate.parent.name
+            tag = folder if folder == run.final.name or TAG_PATTERN.match(folder) else None
+            return CheckpointSource(path, candidate, tag, unfinished)
     raise UsageError(
         f"no checkpoint at {path}: give a {WEIGHTS_FILE} (or a version 1 {LEGACY_FILE}), a folder "
         f"holding one, or a training out_dir (its final/, else its latest checkpoint)"
     )
+
+
+def resolve_checkpoint_file(path: str | os.PathLike) -> Path:
+    """The weights file that `path` means (see locate_checkpoint)."""
+    return locate_checkpoint(path).file
+
+
+def provenance(source: CheckpointSource | None, weights: str | None, settings: dict,
+               **inputs) -> dict:
+    """Where an output came from, as every output file of the commands records it: the checkpoint
+    file read (not the path given: a run's final/ or latest checkpoint), its tag and the step it
+    was saved at, the weights (ema or raw), the command's settings, its other `inputs` (JSON
+    values), the code (aogpt_version, git_sha) and the time. source None: no checkpoint of this
+    project was read (a Hugging Face judge)."""
+    record = {}
+    if source is not None:
+        meta = read_consolidated(source.file, weights=())["meta"]
+        record = {"checkpoint": str(source.file.resolve()), "tag": source.tag,
+                  "step": meta.get("step"), "unfinished_run": source.unfinished,
+                  "weights": weights}
+    return {**record, **inputs, "settings": json.loads(json.dumps(settings, default=str)),
+            **code_version(),
+            "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")}
+
+
+def describe_provenance(record: dict) -> str:
+    """'step_00000004, step 4' for a provenance record: what a command says it read."""
+    step = record.get("step")
+    parts = [record.get("tag"), None if step is None else f"step {step}"]
+    return ", ".join(part for part in parts if part) or "no step recorded"
 
 
 def read_consolidated(path: str | os.PathLike, map_location: str | torch.device = "cpu",

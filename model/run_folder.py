@@ -64,6 +64,15 @@ def named_tag(checkpoints: Path) -> str | None:
     return latest.read_text().strip() if latest.is_file() else None
 
 
+def check_not_a_run(folder: str | os.PathLike, flag: str, instead: str) -> None:
+    """UsageError, naming what makes `folder` a training run, when it is one: a tool told to
+    write its output there must never replace or mix into a run. `instead` says what to do."""
+    entries = RunFolder(folder).run_entries()
+    if entries:
+        raise UsageError(f"{flag} {folder} is a training run (it holds {', '.join(entries)}): "
+                         f"{instead}")
+
+
 class RunFolder:
     """The paths of one run's out_dir, and the checks of its checkpoint tags."""
 
@@ -81,6 +90,12 @@ class RunFolder:
         self.checkpoints = self.root / "checkpoints"
         self.latest_file = self.checkpoints / LATEST
         self.universal = self.checkpoints / "universal"
+
+    def run_entries(self) -> list[str]:
+        """What the trainer writes here that makes this folder a run (config.yaml, metrics.jsonl,
+        checkpoints/), those present: a tool asked to write here must refuse to replace it."""
+        return [path.name + ("/" if path.is_dir() else "")
+                for path in (self.config_file, self.metrics_file, self.checkpoints) if path.exists()]
 
     def tag_dir(self, tag: str) -> Path:
         return self.checkpoints / tag

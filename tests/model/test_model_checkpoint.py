@@ -4,6 +4,7 @@ import dataclasses
 import json
 import os
 import pickle
+import re
 
 import pytest
 import torch
@@ -12,7 +13,7 @@ from safetensors.torch import save_file
 
 from aogpt import UsageError
 from aogpt.model import AOGPT, load_checkpoint, save_consolidated
-from aogpt.model.checkpoint import read_consolidated
+from aogpt.model.checkpoint import locate_checkpoint, provenance, read_consolidated
 from aogpt.model.config import ModelConfig, sigma_gpt
 
 
@@ -181,3 +182,37 @@ def test_weights_that_do_not_fit_the_config_are_a_usage_error(tmp_path):
     save_consolidated(tmp_path, config, state, None)
     with pytest.raises(UsageError, match="lm_head.bias"):
         load_checkpoint(tmp_path, weights="raw")
+
+
+def test_locate_checkpoint_says_which_tag_it_read_and_whether_the_run_had_finished(tmp_path):
+    config = tiny_config()
+    raw, _ = two_weight_sets(config)
+    save_consolidated(tmp_path / "checkpoints" / "step_00000004", config, raw.state_dict(), None)
+    (tmp_path / "checkpoints" / "latest").write_text("step_00000004")
+    tag_file = tmp_path / "checkpoints" / "step_00000004" / "model.safetensors"
+    source = locate_checkpoint(tmp_path)  # no final/ yet: the run has not finished
+    assert (source.file, source.tag, source.unfinished) == (tag_file, "step_00000004", True)
+    assert source.unfinished_note() == (f"note: {tmp_path} has no final/ (the run has not "
+                                        "finished): reading its latest checkpoint, step_00000004")
+    for path in (tmp_path / "checkpoints", tag_file):  # asked for by name: no note
+        assert (locate_checkpoint(path).tag, locate_checkpoint(path).unfinished_note()) == (
+            "step_00000004", None)
+    save_consolidated(tmp_path / "final", config, raw.state_dict(), None)
+    source = locate_checkpoint(tmp_path)
+    assert (source.file, source.tag, source.unfinished) == (
+        tmp_path / "final" / "model.safetensors", "final", False)
+
+
+def test_provenance_names_the_file_read_its_step_the_weights_settings_and_code(tmp_path):
+    config = tiny_config()
+    raw, ema = two_weight_sets(config)
+    save_consolidated(tmp_path / "final", config, raw.state_dict(), ema.state_dict(), step=7)
+    record = provenance(locate_checkpoint(tmp_path), "ema", {"out": tmp_path / "x.json"},
+                        data=["wikitext2"])
+    assert record["checkpoint"] == str((tmp_path / "final" / "model.safetensors").resolve())
+    assert (record["tag"], record["step"], record["weights"], record["unfinished_run"]) == (
+        "final", 7, "ema", False)
+    assert record["settings"] == {"out": str(tmp_path / "x.json")}  # JSON values only
+    assert record["data"] == ["wikitext2"] and record["aogpt_version"] and record["created"]
+    assert re.fullmatch(r"[0-9a-f]{40}(\+dirty)?", record["git_sha"])
+    json.dumps(record, allow_nan=False)  # as the commands write it
