@@ -2,17 +2,22 @@
 
     python trainer/evaluate.py --ckpt PATH --data DIR [--data DIR2 ...] [--orders l2r,random]
         [--num-orders K] [--ensemble M[,M2,...]] [--ensemble-targets N] [--weights ema|raw]
-        [--json OUT] [--batch-size B] [--max-samples N] [--seed S] [--precision fp32|bf16]
-        [--unigram-from PRETRAIN_DIR]
+        [--json OUT [--force]] [--batch-size B] [--max-samples N] [--seed S]
+        [--precision fp32|bf16] [--unigram-from PRETRAIN_DIR]
     torchrun --nproc_per_node 8 trainer/evaluate.py ...      (or deepspeed, or srun)
 
---ckpt is a training out_dir (its final/ weights), a checkpoint folder, a consolidated
-model.safetensors, or a paper checkpoint converted by tools/import_official.py. --data is a folder made by data_prep:
+--ckpt is a training out_dir (its final/ weights; a run that has not finished is read through its
+latest checkpoint, which a line on stderr says), a checkpoint folder, a consolidated
+model.safetensors, or a paper checkpoint converted by tools/import_official.py. The checkpoint
+file read, its tag and its step are printed first. --data is a folder made by data_prep:
 a pretraining folder is scored on its val split, an eval set on its only split. With several
 processes each scores a disjoint strided slice of the samples and the sums are all-reduced.
-Prints a table (nll in nats per token, ppl, tokens, cost) and writes the same as JSON:
+Prints a table (nll in nats per token, ppl, tokens, cost) and writes the same as JSON (--json;
+an existing file is replaced only with --force):
     {"checkpoint", "weights", "model": {...}, "precision", "precision_policy", "world_size",
-     "settings": {...}, "results": [{"data", "dataset", "split", "samples", "seq_len",
+     "settings": {...}, "provenance": {"checkpoint" (the file read), "tag", "step", "weights",
+        "settings" (every flag), "aogpt_version", "git_sha", ...},
+     "results": [{"data", "dataset", "split", "samples", "seq_len",
         "l2r": {"nll", "ppl", "tokens", "forwards", "token_forwards", "wall_s"},
         "random": {... same, "num_orders", "nll_std" (over the orders), "nll_per_order"},
         "unigram": {"nll", "ppl", "tokens", "counted_tokens", "counts_from"} (--unigram-from),
@@ -37,8 +42,9 @@ import torch.distributed as dist
 
 import aogpt
 from aogpt import UsageError, cli_entry
-from aogpt.files import write_json_atomic
+from aogpt.files import check_output_file, write_json_atomic
 from aogpt.model import load_checkpoint
+from aogpt.model.checkpoint import describe_provenance, locate_checkpoint, provenance
 from aogpt.model.precision import resolve_device
 from aogpt.trainer.dist_env import DistEnv, setup_distributed_env
 from aogpt.trainer.evaluation import (
@@ -75,6 +81,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         help="also score a context-free reference: the token frequencies of this pretraining "
         "folder's train split (the level a model reaches before it uses any context)")
     add("--json", type=Path, default=None, metavar="OUT", help="also write the results here")
+    add("--force", action="store_true", help="replace the --json file if it exists")
     add("--batch-size", type=int, default=8,
         help="sequences per forward; ensemble forwards hold as many slots (default 8)")
     add("--max-samples", type=int, default=None, metavar="N",
@@ -133,16 +140,29 @@ def report_costs(results: list[dict]) -> str:
     return "\n".join(lines)
 
 
+def open_data(folder: str, block_size: int, max_samples: int | None) -> EvalData:
+    data = EvalData(folder, block_size, max_samples)
+    if data.num_samples == 0:
+        raise UsageError(f"--data {folder}: its {data.split} split holds no samples, so there "
+                         "is nothing to score: rebuild the folder from more text, or for a "
+                         "pretraining folder with a larger --val-fraction")
+    return data
+
+
 def preflight(args: argparse.Namespace, dist_env: DistEnv):
     """Every check that can fail on user input, before any process group exists."""
+    if args.json is not None:
+        check_output_file(args.json, "--json", args.force)
     device = resolve_device(args.device, own=dist_env.device)
-    model = load_checkpoint(args.ckpt, weights=args.weights)
+    source = locate_checkpoint(args.ckpt)
+    model = load_checkpoint(source.file, weights=args.weights)
     settings = settings_from_args(args, model.config.any_order)
     settings.validate(model)
-    data = [EvalData(folder, model.config.block_size, settings.max_samples) for folder in args.data]
+    data = [open_data(folder, model.config.block_size, settings.max_samples)
+            for folder in args.data]
     unigrams = [None if args.unigram_from is None else unigram_reference(args.unigram_from, folder)
                 for folder in data]
-    return device, model.to(device), settings, data, unigrams
+    return device, source, model.to(device), settings, data, unigrams
 
 
 @cli_entry
@@ -150,7 +170,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     dist_env = setup_distributed_env()
     try:
-        device, model, settings, data, unigrams = preflight(args, dist_env)
+        device, source, model, settings, data, unigrams = preflight(args, dist_env)
     except UsageError:
         if dist_env.rank != 0:
             return 2  # every rank sees the same problem: rank 0 alone says it
@@ -163,7 +183,11 @@ def main(argv: list[str] | None = None) -> int:
         dist.init_process_group("nccl" if device.type == "cuda" else "gloo")
     main_rank = dist_env.is_main
     if main_rank:
-        print(f"evaluating {args.ckpt}: {describe_model(model, args.weights)}\n"
+        origin = provenance(source, args.weights, vars(args))
+        if source.unfinished:
+            print(source.unfinished_note(), file=sys.stderr, flush=True)
+        print(f"evaluating {source.file} ({describe_provenance(origin)}): "
+              f"{describe_model(model, args.weights)}\n"
               f"on {dist_env.world_size} x {device.type}, precision {settings.precision} "
               f"({PRECISIONS[settings.precision]}), seed {settings.seed}", flush=True)
     evaluator = Evaluator(model, settings, device, dist_env.rank, dist_env.world_size)
@@ -186,7 +210,8 @@ def main(argv: list[str] | None = None) -> int:
                     "params": model.num_params()},
                 "precision": settings.precision, "precision_policy": PRECISIONS[settings.precision],
                 "device": device.type, "world_size": dist_env.world_size,
-                "settings": dataclasses.asdict(settings), "results": results,
+                "settings": dataclasses.asdict(settings), "provenance": origin,
+                "results": results,
                 "aogpt_version": aogpt.__version__,
                 "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
             }, args.json)

@@ -44,13 +44,13 @@ from pathlib import Path
 import numpy as np
 import torch
 import torch.distributed as dist
-from tqdm import tqdm
 
 from aogpt import UsageError
 from aogpt.data_prep.manifest import check_compatible, read_manifest, split_path
 from aogpt.data_prep.streaming_compat import streaming
 from aogpt.model import AOGPT, OrderConfig, OrderSampler
 from aogpt.model.orders import counter_uniform
+from aogpt.progress import progress as progress_bar
 
 ORDER_KINDS = ("l2r", "random")
 PRECISIONS = {
@@ -398,9 +398,9 @@ class Evaluator:
         tallies, sampler = self.new_tallies(), self.order_sampler(data.seq_len)
         batches = data.batches(self.rank, self.world_size, s.batch_size)
         total = data.num_batches(self.rank, self.world_size, s.batch_size)
-        with self.autocast():
-            for sample_indices, idx, lengths in tqdm(batches, total=total, desc=data.name,
-                                                     unit="batch", disable=not progress):
+        with self.autocast(), progress_bar(batches, total=total, desc=data.name, unit="batch",
+                                           disable=not progress) as bar:
+            for sample_indices, idx, lengths in bar:
                 self.score_batch(sampler, tallies, *(t.to(self.device) for t in
                                                      (sample_indices, idx, lengths)))
         summarize = {"l2r": self.summarize_l2r, "random": self.summarize_random,

@@ -1,8 +1,12 @@
-"""trainer/evaluate.py: the command, every checkpoint kind, one or two processes, bad input."""
+"""trainer/evaluate.py: the command, every checkpoint kind, one or two processes, what it read,
+bad input refused before any scoring."""
 
 import json
 import os
+import re
 import shutil
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -10,14 +14,18 @@ import torch
 from conftest import REPO, run_cli
 from eval_testing import build_wikitext, read_folder, save_checkpoint, wikitext_lines
 
+import aogpt
 from aogpt.data_prep.owt_to_mds import main as owt_to_mds
 from aogpt.model import AOGPT, save_consolidated
+from aogpt.model.checkpoint import model_config_from_dict, read_consolidated
 from aogpt.model.config import ModelConfig
 from aogpt.model.official import convert_official
+from aogpt.model.run_folder import RunFolder, tag_for
 from aogpt.trainer.dist_env import free_port
 from aogpt.trainer.evaluate import main
 
 EVALUATE = str(REPO / "trainer" / "evaluate.py")
+COMMIT = r"[0-9a-f]{40}(\+dirty)?"  # git_sha()'s form; its value moves with each commit
 
 
 @pytest.fixture(scope="module")
@@ -255,3 +263,95 @@ def test_unigram_reference_needs_a_pretraining_folder(folders, evaluate):
     code, _, err = evaluate("--ckpt", folders["adaln"], "--data", folders["data"],
                             "--unigram-from", folders["data"])
     assert code == 2 and "needs a pretraining folder" in err
+
+
+# ---- outputs, provenance, progress ---------------------------------------------------------------
+
+
+def test_an_existing_json_is_replaced_only_with_force(folders, tmp_path, evaluate):
+    out = tmp_path / "eval.json"
+    out.write_text("my earlier results")
+    args = ["--ckpt", folders["adaln"], "--data", folders["data"], "--orders", "l2r",
+            "--max-samples", "2", "--json", out]
+    code, printed, err = evaluate(*args)
+    assert (code, printed) == (2, "")  # refused before any scoring
+    assert err == f"error: --json {out} exists: pass --force to replace it, or choose another name\n"
+    assert out.read_text() == "my earlier results"
+    assert evaluate(*args, "--force")[0] == 0
+    assert results(out)["l2r"]["tokens"] == 2 * 16
+
+
+@pytest.mark.parametrize("where, message", [
+    ("folder", "is a folder: name a file in it"),
+    ("under a file", "is a file, not a folder"),
+])
+def test_a_json_that_cannot_be_written_is_refused_before_scoring(folders, tmp_path, evaluate,
+                                                                  where, message):
+    (tmp_path / "notes.txt").write_text("mine")
+    out = {"folder": tmp_path, "under a file": tmp_path / "notes.txt" / "eval.json"}[where]
+    code, printed, err = evaluate("--ckpt", folders["adaln"], "--data", folders["data"],
+                                  "--json", out)
+    assert (code, printed) == (2, "")
+    assert err.count("\n") == 1 and message in err, err
+
+
+def test_a_data_folder_with_an_empty_val_split_is_one_line(folders, tmp_path, evaluate, capsys):
+    source = tmp_path / "one.jsonl"
+    source.write_text(json.dumps({"text": "".join(wikitext_lines(40))}) + "\n")
+    data = tmp_path / "owt"  # one document: it lands in train, val holds no sample
+    assert owt_to_mds(["--source", str(source), "--out", str(data), "--seq-len", "16",
+                       "--val-fraction", "0.0001", "--workers", "1"]) == 0
+    capsys.readouterr()  # what building it printed
+    code, printed, err = evaluate("--ckpt", folders["adaln"], "--data", data)
+    assert (code, printed) == (2, "")
+    assert err == (f"error: --data {data}: its val split holds no samples, so there is nothing "
+                   "to score: rebuild the folder from more text, or for a pretraining folder "
+                   "with a larger --val-fraction\n")
+
+
+def test_an_unfinished_run_is_scored_through_its_latest_checkpoint_and_says_so(folders, tmp_path,
+                                                                              evaluate):
+    run = RunFolder(tmp_path / "run")  # as the trainer leaves it before final/
+    ckpt = read_consolidated(folders["adaln"])
+    save_consolidated(run.tag_dir(tag_for(4)), model_config_from_dict(ckpt["model_config"]),
+                      ckpt["weights"]["raw"], ckpt["weights"]["ema"], step=4)
+    run.latest_file.write_text(tag_for(4))
+    code, printed, err = evaluate("--ckpt", run.root, "--data", folders["data"], "--orders", "l2r",
+                                  "--max-samples", "2", "--json", tmp_path / "r.json")
+    read = run.tag_dir(tag_for(4)) / "model.safetensors"
+    assert code == 0, err
+    assert err.splitlines()[0] == (f"note: {run.root} has no final/ (the run has not finished): "
+                                   f"reading its latest checkpoint, {tag_for(4)}")
+    assert printed.startswith(f"evaluating {read} ({tag_for(4)}, step 4): AO-GPT")
+    origin = json.loads((tmp_path / "r.json").read_text())["provenance"]
+    assert (origin["checkpoint"], origin["tag"], origin["step"], origin["unfinished_run"]) == (
+        str(read.resolve()), tag_for(4), 4, True)
+
+
+def test_the_json_records_the_checkpoint_read_the_settings_and_the_code(folders, tmp_path,
+                                                                      evaluate):
+    shutil.copytree(folders["adaln"], tmp_path / "run" / "final")
+    assert evaluate("--ckpt", tmp_path / "run", "--data", folders["data"], "--orders", "l2r",
+                    "--max-samples", "2", "--weights", "raw", "--json", tmp_path / "r.json")[0] == 0
+    origin = json.loads((tmp_path / "r.json").read_text())["provenance"]
+    read = tmp_path / "run" / "final" / "model.safetensors"
+    assert (origin["checkpoint"], origin["tag"], origin["step"], origin["weights"]) == (
+        str(read.resolve()), "final", 1, "raw")
+    assert not origin["unfinished_run"]
+    assert origin["settings"]["ckpt"] == str(tmp_path / "run")
+    assert origin["settings"]["data"] == [str(folders["data"])]
+    assert origin["settings"]["max_samples"] == 2 and origin["settings"]["orders"] == "l2r"
+    assert origin["aogpt_version"] == aogpt.__version__ and re.fullmatch(COMMIT, origin["git_sha"]) and origin["created"]
+
+
+def test_progress_written_to_a_log_file_has_no_carriage_returns(folders, tmp_path):
+    """A SLURM or nohup log is a file: plain lines, not a terminal's redrawn bar."""
+    log = tmp_path / "eval.log"
+    with log.open("w") as sink:
+        done = subprocess.run([sys.executable, EVALUATE, "--ckpt", str(folders["adaln"]),
+                               "--data", str(folders["data"]), "--orders", "l2r",
+                               "--max-samples", "4", "--batch-size", "2"],
+                              cwd=REPO, stdout=sink, stderr=subprocess.STDOUT)
+    text = log.read_text()
+    assert done.returncode == 0, text
+    assert "\r" not in text and "wikitext2: 2/2 batch (100%)" in text
