@@ -1,7 +1,7 @@
 """Generative perplexity: how likely a judge language model finds generated samples.
 
     python trainer/genppl.py --samples FILE.jsonl --judge PATH [--batch-size B] [--device D]
-        [--json OUT]
+        [--json OUT [--force]]
 
 --samples is what trainer/sample.py writes (a `tokens` list per line). --judge is either a local
 Hugging Face GPT-2 folder (config.json + weights, e.g. gpt2-large saved with save_pretrained; it
@@ -13,6 +13,10 @@ the ones before (no BOS), and the report holds:
   entropy        mean over samples of the unigram entropy of the sample's tokens (nats): a guard
                  against degenerate samples, which a judge may like (repetitions) but which
                  have a low entropy (natural 1024-token text: about 5.5-5.7)
+--json writes the report (an existing file is replaced only with --force) with its provenance:
+the judge (a project checkpoint: the file read, its tag and step, the weights), the samples file
+and the provenance its first line carries (the checkpoint sample.py read), every flag, and the
+code's version and commit.
 """
 
 from __future__ import annotations
@@ -26,13 +30,13 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
-from tqdm import tqdm
 
 from aogpt import UsageError, cli_entry
-from aogpt.files import write_json_atomic
+from aogpt.files import check_input_file, check_output_file, write_json_atomic
 from aogpt.model import load_checkpoint
-from aogpt.model.checkpoint import resolve_checkpoint_file
+from aogpt.model.checkpoint import locate_checkpoint, provenance, resolve_checkpoint_file
 from aogpt.model.precision import resolve_device
+from aogpt.progress import progress as progress_bar
 
 
 def check_judge(path: str | Path, setting: str = "--judge") -> None:
@@ -66,6 +70,7 @@ class Judge:
         check_judge(path, setting)
         path = Path(path)
         self.max_len: int
+        self.source = None  # the project checkpoint read, if the judge is one
         if (path / "config.json").is_file():  # a Hugging Face folder
             from transformers import GPT2LMHeadModel  # slow import, only when needed
 
@@ -76,7 +81,8 @@ class Judge:
                                  f"{str(err).splitlines()[0]}") from err
             self.kind, self.max_len = "hf", model.config.n_positions
         else:
-            model = load_checkpoint(path, weights=weights, map_location=device)
+            self.source = locate_checkpoint(path)
+            model = load_checkpoint(self.source.file, weights=weights, map_location=device)
             self.kind, self.max_len = "aogpt", model.config.block_size
         self.model = model.to(device).eval()
         self.device = device
@@ -116,11 +122,12 @@ def generative_perplexity(samples: Sequence[Sequence[int]], judge: Judge,
                for k in range(0, len(idx), batch_size)]
     sample_nll = torch.empty(len(samples), dtype=torch.float64)  # mean per sample
     total_nll, total_tokens = 0.0, 0
-    for batch in tqdm(batches, desc="judging", unit="batch", disable=not progress):
-        nll = judge.nll(torch.tensor([samples[i] for i in batch]))  # (b, n-1)
-        sample_nll[batch] = nll.mean(dim=1).cpu()
-        total_nll += float(nll.sum())
-        total_tokens += nll.numel()
+    with progress_bar(batches, desc="judging", unit="batch", disable=not progress) as bar:
+        for batch in bar:
+            nll = judge.nll(torch.tensor([samples[i] for i in batch]))  # (b, n-1)
+            sample_nll[batch] = nll.mean(dim=1).cpu()
+            total_nll += float(nll.sum())
+            total_tokens += nll.numel()
     ppl = sample_nll.exp()
     return {"judge": judge.name, "samples": len(samples), "tokens_scored": total_tokens,
             "mean_ppl": float(ppl.mean()), "std_ppl": float(ppl.std()) if len(ppl) > 1 else 0.0,
@@ -134,18 +141,22 @@ def format_report(report: dict) -> str:
             f"exp(mean nll) {report['ppl']:.2f}, unigram entropy {report['entropy']:.3f}")
 
 
-def read_samples(path: Path) -> list[list[int]]:
-    if not path.is_file():
-        raise UsageError(f"--samples {path} does not exist: write one with trainer/sample.py --out")
-    samples = []
+def read_samples(path: Path) -> tuple[list[list[int]], dict | None]:
+    """The token lists of a sample.py --out file, and the provenance its first line carries
+    (None in files without one, e.g. the trainer's samples)."""
+    check_input_file(path, "--samples", "a JSONL file written by trainer/sample.py --out")
+    samples, origin = [], None
     for number, line in enumerate(path.read_text().splitlines(), 1):
         if not line.strip():
             continue
         try:
-            samples.append([int(t) for t in json.loads(line)["tokens"]])
+            record = json.loads(line)
+            samples.append([int(t) for t in record["tokens"]])
         except (json.JSONDecodeError, KeyError, TypeError, ValueError) as err:
             raise UsageError(f"{path}:{number}: not a sample line with a `tokens` list ({err})") from err
-    return samples
+        if len(samples) == 1:
+            origin = record.get("provenance")
+    return samples, origin
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -159,6 +170,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--batch-size", type=int, default=8, help="samples per forward (default 8)")
     parser.add_argument("--device", default="auto", help="auto (cuda if available), cpu, cuda")
     parser.add_argument("--json", type=Path, help="also write the report here")
+    parser.add_argument("--force", action="store_true", help="replace the --json file if it exists")
     return parser.parse_args(argv)
 
 
@@ -167,12 +179,17 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     if args.batch_size < 1:
         raise UsageError(f"--batch-size must be >= 1, got {args.batch_size}")
-    samples = read_samples(args.samples)
+    if args.json:
+        check_output_file(args.json, "--json", args.force)
+    samples, sampled_from = read_samples(args.samples)
     judge = Judge(args.judge, resolve_device(args.device), args.weights)
     report = generative_perplexity(samples, judge, args.batch_size)
     print(format_report(report))
     if args.json:
-        write_json_atomic(report, args.json, indent=2)
+        origin = provenance(judge.source, args.weights if judge.source else None, vars(args),
+                            judge=str(Path(args.judge).resolve()),
+                            samples=str(args.samples.resolve()), sampled_from=sampled_from)
+        write_json_atomic({**report, "provenance": origin}, args.json, indent=2)
     return 0
 
 

@@ -2,7 +2,7 @@
 
     python trainer/sample.py --ckpt PATH [--num-samples N] [--steps S] [--seq-len L]
         [--temperature T] [--top-p P] [--top-k K] [--prompt TEXT] [--infill JSON-or-file]
-        [--seed X] [--out FILE.jsonl] [--schedule linear|cosine]
+        [--seed X] [--out FILE.jsonl [--force]] [--schedule linear|cosine]
         [--counts deterministic|binomial] [--order random|l2r] [--weights ema|raw]
         [--batch-size B] [--judge PATH]
 
@@ -15,8 +15,11 @@ batch size. How the steps work: model/sampler.py.
 --infill places text at token positions: a JSON object (or a file holding one) mapping a start
 position to a string or a list of token ids, e.g. '{"0": "The city of", "40": [13, 383]}'.
 --prompt TEXT is the same as '{"0": TEXT}'.
---out writes one JSON object per sample: sample, tokens, text, order, given_positions, steps,
-network_calls, time_s (seconds of its batch) and the settings. --judge PATH also reports the
+--out writes one JSON object per sample (an existing file is replaced only with --force): sample,
+tokens, text, order, given_positions, steps, network_calls, time_s (seconds of its batch), the
+sampler's settings, and provenance: the checkpoint file read (a run that has not finished is read
+through its latest checkpoint, which a line on stderr says), its tag and step, the weights, every
+flag and the code's version and commit. --judge PATH also reports the
 generative perplexity (a local Hugging Face GPT-2 folder or a checkpoint of this project; see
 trainer/genppl.py).
 """
@@ -26,21 +29,21 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
-import os
 import sys
 import time
 from pathlib import Path
 
 import torch
-from tqdm import tqdm
 
 from aogpt import UsageError, cli_entry
 from aogpt.data_prep.tokenizer import EOS, load_gpt2
-from aogpt.files import write_text_atomic
+from aogpt.files import check_input_file, check_output_file, write_text_atomic
 from aogpt.model import load_checkpoint
+from aogpt.model.checkpoint import describe_provenance, locate_checkpoint, provenance
 from aogpt.model.precision import resolve_device
 from aogpt.model.sampler import Generation, KVCacheSampler, SamplingConfig, given_from_text
-from aogpt.trainer.genppl import Judge, format_report, generative_perplexity
+from aogpt.progress import progress
+from aogpt.trainer.genppl import Judge, check_judge, format_report, generative_perplexity
 
 DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32}
 
@@ -71,6 +74,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     add("--infill", default=None, metavar="JSON-or-file", help="text at given positions (above)")
     add("--seed", type=int, default=0)
     add("--out", type=Path, default=None, metavar="FILE.jsonl", help="write the samples here")
+    add("--force", action="store_true", help="replace the --out file if it exists")
     add("--show", type=int, default=4, help="samples printed to the terminal (default 4)")
     add("--judge", default=None, help="also score the samples: local HF GPT-2 folder or checkpoint")
     add("--judge-weights", choices=("ema", "raw"), default="ema",
@@ -83,14 +87,21 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     return parser.parse_args(argv)
 
 
+INFILL_EXAMPLE = '\'{"0": "Once upon a time"}\''
+
+
 def read_infill(spec: str) -> dict:
-    """The --infill JSON object, from the argument itself or from the file it names."""
-    text = Path(spec).read_text() if os.path.isfile(spec) else spec
+    """The --infill JSON object: the argument itself when it reads as JSON, else the file it
+    names."""
+    if spec.lstrip().startswith(("{", "[")):
+        text, source = spec, "--infill"
+    else:
+        expected = f"a file holding a JSON object, or the object itself, e.g. {INFILL_EXAMPLE}"
+        text, source = check_input_file(spec, "--infill", expected).read_text(), f"--infill {spec}"
     try:
         value = json.loads(text)
     except json.JSONDecodeError as err:
-        raise UsageError(f"--infill is neither a file nor JSON ({err}): give e.g. "
-                         "'{\"0\": \"Once upon a time\"}'") from err
+        raise UsageError(f"{source} is not valid JSON ({err}): give e.g. {INFILL_EXAMPLE}") from err
     if not isinstance(value, dict):
         raise UsageError("--infill must be a JSON object mapping start positions to text or ids")
     return value
@@ -112,19 +123,34 @@ def readable(text: str) -> str:
     return text.replace("<|endoftext|>", "\n<|endoftext|>\n")
 
 
+def check_args(args: argparse.Namespace) -> None:
+    """The checks that need no checkpoint, before any work: counts, the output file, the judge."""
+    for flag, value in (("--num-samples", args.num_samples), ("--batch-size", args.batch_size),
+                        ("--seq-len", args.seq_len), ("--steps", args.steps),
+                        ("--judge-batch-size", args.judge_batch_size)):
+        if value is not None and value < 1:  # 0 is not a way to ask for the default
+            raise UsageError(f"{flag} must be >= 1, got {value}")
+    if args.show < 0:
+        raise UsageError(f"--show must be >= 0 (0 prints none), got {args.show}")
+    if args.out is not None:
+        check_output_file(args.out, "--out", args.force)
+    if args.judge is not None:
+        check_judge(args.judge)
+
+
 @cli_entry
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    for flag, value in (("--num-samples", args.num_samples), ("--batch-size", args.batch_size),
-                        ("--seq-len", args.seq_len), ("--steps", args.steps)):
-        if value is not None and value < 1:  # 0 is not a way to ask for the default
-            raise UsageError(f"{flag} must be >= 1, got {value}")
+    check_args(args)
     batch_size = args.batch_size if args.batch_size is not None else min(args.num_samples, 32)
     device = resolve_device(args.device)
     dtype = DTYPES[args.dtype] if args.dtype != "auto" else (
         torch.bfloat16 if device.type == "cuda" else torch.float32)
     encoding = load_gpt2(args.tokenizer_file)
-    model = load_checkpoint(args.ckpt, weights=args.weights, map_location=device).to(dtype)
+    source = locate_checkpoint(args.ckpt)
+    if source.unfinished:
+        print(source.unfinished_note(), file=sys.stderr, flush=True)
+    model = load_checkpoint(source.file, weights=args.weights, map_location=device).to(dtype)
     seq_len = args.seq_len if args.seq_len is not None else model.config.block_size
     if not 1 <= seq_len <= model.config.block_size:
         raise UsageError(f"--seq-len must be in 1..{model.config.block_size} (the model's block "
@@ -144,16 +170,20 @@ def main(argv: list[str] | None = None) -> int:
                             top_k=args.top_k, seed=args.seed)
     sampler = KVCacheSampler(model, batch_size, seq_len, config,
                              cuda_graphs=False if args.no_cuda_graphs else None)
+    origin = provenance(source, args.weights, vars(args))
+    print(f"sampling from {source.file} ({describe_provenance(origin)})", flush=True)
     records, started = [], time.perf_counter()
-    for first in tqdm(range(0, args.num_samples, batch_size), desc="sampling", unit="batch"):
-        ids = torch.arange(first, min(first + batch_size, args.num_samples))
-        batch_start = time.perf_counter()
-        out = sampler.generate(ids, tokens.expand(len(ids), -1), mask.expand(len(ids), -1))
-        if device.type == "cuda":
-            torch.cuda.synchronize(device)
-        seconds = time.perf_counter() - batch_start
-        records += sample_records(ids.tolist(), out, encoding, config, time_s=seconds,
-                                  given_positions=mask.nonzero().flatten().tolist())
+    with progress(range(0, args.num_samples, batch_size), desc="sampling", unit="batch") as bar:
+        for first in bar:
+            ids = torch.arange(first, min(first + batch_size, args.num_samples))
+            batch_start = time.perf_counter()
+            out = sampler.generate(ids, tokens.expand(len(ids), -1), mask.expand(len(ids), -1))
+            if device.type == "cuda":
+                torch.cuda.synchronize(device)
+            seconds = time.perf_counter() - batch_start
+            records += sample_records(ids.tolist(), out, encoding, config, time_s=seconds,
+                                      given_positions=mask.nonzero().flatten().tolist(),
+                                      provenance=origin)
     elapsed = time.perf_counter() - started
     for record in records[:args.show]:
         print(f"\n=== sample {record['sample']} ({seq_len} tokens, {record['network_calls']} "

@@ -3,15 +3,20 @@ Hugging Face GPT-2 folder or by a checkpoint of this project."""
 
 import json
 import math
+import re
 
 import pytest
 import torch
 import torch.nn.functional as F
 
+import aogpt
 from aogpt import UsageError
 from aogpt.model import AOGPT, save_consolidated
 from aogpt.model.config import ModelConfig
+from aogpt.trainer import sample
 from aogpt.trainer.genppl import Judge, generative_perplexity, main, unigram_entropy
+
+COMMIT = r"[0-9a-f]{40}(\+dirty)?"  # git_sha()'s form; its value moves with each commit
 
 
 @pytest.fixture(scope="module")
@@ -116,3 +121,41 @@ def test_a_judge_folder_of_another_model_is_refused_not_loaded_as_a_random_gpt2(
     assert capsys.readouterr().err.strip() == (
         f"error: --judge: {judge} holds a aogpt model, not a Hugging Face GPT-2 (model_type gpt2): "
         "give a GPT-2 folder saved with save_pretrained, e.g. gpt2-large")
+
+
+def test_an_existing_report_is_replaced_only_with_force(hf_judge_dir, tmp_path, capsys):
+    path = tmp_path / "samples.jsonl"
+    path.write_text("".join(json.dumps({"tokens": s}) + "\n" for s in samples(2)))
+    out = tmp_path / "report.json"
+    out.write_text("my earlier report")
+    args = ["--samples", str(path), "--judge", str(hf_judge_dir), "--json", str(out)]
+    assert main(args) == 2
+    captured = capsys.readouterr()
+    assert captured.out == "" and captured.err == (  # refused before any scoring
+        f"error: --json {out} exists: pass --force to replace it, or choose another name\n")
+    assert out.read_text() == "my earlier report"
+    assert main([*args, "--force"]) == 0
+    assert json.loads(out.read_text())["samples"] == 2
+
+
+def test_a_folder_given_as_samples_is_named_as_a_folder(hf_judge_dir, tmp_path, capsys):
+    assert main(["--samples", str(tmp_path), "--judge", str(hf_judge_dir)]) == 2
+    assert capsys.readouterr().err == (f"error: --samples {tmp_path} is a folder, not a file: give "
+                                       "a JSONL file written by trainer/sample.py --out\n")
+
+
+def test_the_report_records_the_judge_the_samples_and_where_they_came_from(project_ckpt, tmp_path):
+    samples_file = tmp_path / "samples.jsonl"
+    assert sample.main(["--ckpt", str(project_ckpt), "--weights", "raw", "--seq-len", "8",
+                        "--num-samples", "2", "--out", str(samples_file)]) == 0
+    out = tmp_path / "report.json"
+    assert main(["--samples", str(samples_file), "--judge", str(project_ckpt), "--weights", "raw",
+                 "--json", str(out)]) == 0
+    origin = json.loads(out.read_text())["provenance"]
+    assert (origin["checkpoint"], origin["step"], origin["weights"]) == (
+        str(project_ckpt.resolve()), None, "raw")  # the judge, saved without a step
+    assert origin["samples"] == str(samples_file.resolve())
+    sampled = json.loads(samples_file.read_text().splitlines()[0])["provenance"]
+    assert origin["sampled_from"] == sampled and sampled["checkpoint"] == str(project_ckpt.resolve())
+    assert origin["settings"]["batch_size"] == 8
+    assert origin["aogpt_version"] == aogpt.__version__ and re.fullmatch(COMMIT, origin["git_sha"])

@@ -1,18 +1,24 @@
 """trainer/sample.py: samples from a checkpoint to readable text and JSONL, prompts and infill
-kept, bad input refused with one line."""
+kept, each record naming where it came from, bad input refused with one line before any work."""
 
 import json
+import re
+import subprocess
+import sys
 
 import pytest
 import torch
-from conftest import run_cli
+from conftest import REPO, run_cli
 
+import aogpt
 from aogpt.data_prep.tokenizer import load_gpt2
 from aogpt.model import AOGPT, save_consolidated
 from aogpt.model.config import ModelConfig
+from aogpt.model.run_folder import RunFolder, tag_for
 from aogpt.trainer.sample import main
 
 N = 16
+COMMIT = r"[0-9a-f]{40}(\+dirty)?"  # git_sha()'s form; its value moves with each commit
 
 
 @pytest.fixture(scope="module")
@@ -34,9 +40,9 @@ def encoding():
 
 
 def sample(checkpoint, tmp_path, *flags):
-    out = tmp_path / "samples.jsonl"
+    out = tmp_path / "samples.jsonl"  # each call replaces the last one's file
     code = main(["--ckpt", str(checkpoint), "--seq-len", str(N), "--steps", "4",
-                 "--out", str(out), *flags])
+                 "--out", str(out), "--force", *flags])
     return code, [json.loads(line) for line in out.read_text().splitlines()] if code == 0 else []
 
 
@@ -90,6 +96,9 @@ def test_left_to_right_greedy_continuation(checkpoint, tmp_path):
     (["--steps", "0"], "--steps must be >= 1, got 0"),  # 0 never means "the default"
     (["--seq-len", "0"], "--seq-len must be >= 1, got 0"),
     (["--batch-size", "0"], "--batch-size must be >= 1, got 0"),
+    (["--judge-batch-size", "0"], "--judge-batch-size must be >= 1, got 0"),
+    (["--show", "-1"], "--show must be >= 0 (0 prints none), got -1"),
+    (["--infill", "{0: 1}"], "--infill is not valid JSON"),
 ])
 def test_bad_input_is_one_line_and_exit_status_2(checkpoint, tmp_path, capsys, flags, message):
     assert main(["--ckpt", str(checkpoint), "--seq-len", str(N), "--steps", "4", *flags]) == 2
@@ -116,3 +125,83 @@ def test_the_script_runs_from_the_command_line(checkpoint):
                      "--num-samples", "1")
     assert result.returncode == 0, result.stderr
     assert "1 samples of 8 tokens" in result.stdout
+
+
+def test_a_missing_or_folder_infill_file_is_named_as_such(checkpoint, tmp_path, capsys):
+    expected = ("a file holding a JSON object, or the object itself, e.g. "
+                "'{\"0\": \"Once upon a time\"}'")
+    for path, what in ((tmp_path / "gap.json", "does not exist"),
+                       (tmp_path, "is a folder, not a file")):
+        assert main(["--ckpt", str(checkpoint), "--seq-len", str(N), "--infill", str(path)]) == 2
+        assert capsys.readouterr().err == f"error: --infill {path} {what}: give {expected}\n"
+
+
+def test_an_existing_out_file_is_replaced_only_with_force(checkpoint, tmp_path, capsys):
+    out = tmp_path / "samples.jsonl"
+    out.write_text("my earlier samples\n")
+    args = ["--ckpt", str(checkpoint), "--seq-len", str(N), "--steps", "4", "--out", str(out)]
+    assert main(args) == 2
+    captured = capsys.readouterr()
+    assert captured.out == "" and captured.err == (
+        f"error: --out {out} exists: pass --force to replace it, or choose another name\n")
+    assert out.read_text() == "my earlier samples\n"
+    assert main([*args, "--force"]) == 0
+    assert json.loads(out.read_text().splitlines()[0])["sample"] == 0
+
+
+@pytest.mark.parametrize("where, message", [
+    ("folder", "is a folder: name a file in it"),
+    ("under a file", "is a file, not a folder"),
+])
+def test_an_out_that_cannot_be_written_is_refused_before_sampling(checkpoint, tmp_path, capsys,
+                                                                   where, message):
+    (tmp_path / "notes.txt").write_text("mine")
+    out = {"folder": tmp_path, "under a file": tmp_path / "notes.txt" / "s.jsonl"}[where]
+    assert main(["--ckpt", str(checkpoint), "--seq-len", str(N), "--out", str(out)]) == 2
+    captured = capsys.readouterr()
+    assert captured.out == "" and captured.err.count("\n") == 1 and message in captured.err
+
+
+def unfinished_run(folder, step: int):
+    """A run folder as the trainer leaves it before final/: a consolidated checkpoint in the tag
+    that `latest` names."""
+    run = RunFolder(folder)
+    config = ModelConfig(n_layer=1, n_head=2, n_embd=16, block_size=24, cond_dim=8)
+    torch.manual_seed(step)
+    weights = AOGPT(config).state_dict()
+    save_consolidated(run.tag_dir(tag_for(step)), config, weights, weights, step=step)
+    run.latest_file.write_text(tag_for(step))
+    return run
+
+
+def test_each_record_names_the_checkpoint_read_its_step_the_settings_and_the_code(tmp_path, capsys):
+    """An unfinished run is read through its latest checkpoint, and says so on stderr."""
+    run = unfinished_run(tmp_path / "run", step=3)
+    out = tmp_path / "samples.jsonl"
+    assert main(["--ckpt", str(run.root), "--seq-len", "8", "--num-samples", "2", "--weights",
+                 "raw", "--out", str(out)]) == 0
+    read = run.tag_dir(tag_for(3)) / "model.safetensors"
+    captured = capsys.readouterr()
+    assert captured.err.splitlines()[0] == (
+        f"note: {run.root} has no final/ (the run has not finished): reading its latest "
+        f"checkpoint, {tag_for(3)}")
+    assert f"sampling from {read} ({tag_for(3)}, step 3)" in captured.out
+    for record in map(json.loads, out.read_text().splitlines()):
+        origin = record["provenance"]
+        assert (origin["checkpoint"], origin["tag"], origin["step"], origin["weights"]) == (
+            str(read.resolve()), tag_for(3), 3, "raw")
+        assert origin["unfinished_run"] and origin["settings"]["ckpt"] == str(run.root)
+        assert origin["settings"]["num_samples"] == 2 and origin["settings"]["seq_len"] == 8
+        assert origin["aogpt_version"] == aogpt.__version__ and re.fullmatch(COMMIT, origin["git_sha"])
+
+
+def test_progress_written_to_a_log_file_has_no_carriage_returns(checkpoint, tmp_path):
+    """A SLURM or nohup log is a file: plain lines, not a terminal's redrawn bar."""
+    log = tmp_path / "sample.log"
+    with log.open("w") as sink:
+        done = subprocess.run([sys.executable, "trainer/sample.py", "--ckpt", str(checkpoint),
+                               "--seq-len", "8", "--num-samples", "3", "--batch-size", "1"],
+                              cwd=REPO, stdout=sink, stderr=subprocess.STDOUT)
+    text = log.read_text()
+    assert done.returncode == 0, text
+    assert "\r" not in text and "sampling: 3/3 batch (100%)" in text
