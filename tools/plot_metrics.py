@@ -1,6 +1,7 @@
 """Training curves of one or more runs, as in the paper's figures 1-2: left-to-right vs any-order loss.
 
     python tools/plot_metrics.py --run runs/ao_gpt_small [--run runs/gpt_small ...] [--out curves.png]
+        [--force]
 
 First panel: the training loss of the left-to-right samples (loss_l2r) and of the any-order ones
 (loss_ao) against the step; second: the validation losses (val_loss_l2r, val_loss_ao); then one
@@ -8,7 +9,7 @@ panel per zero-shot set the run scored while training (eval.sets, trainer/zero_s
 left-to-right perplexity and any-order bound, EMA weights (raw ones dotted, when scored), on a
 log scale: the paper's curves. Several runs are overlaid, one colour per run, solid = left to
 right, dashed = any order. Reads out_dir/metrics.jsonl; where a resumed run logged a step twice,
-the later record wins.
+the later record wins. An existing PNG is replaced only with --force.
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ matplotlib.use("Agg")  # files only: works on a cluster node without a display
 import matplotlib.pyplot as plt  # noqa: E402
 
 from aogpt import UsageError, cli_entry  # noqa: E402
-from aogpt.files import write_atomic
+from aogpt.files import check_output_file, write_atomic  # noqa: E402
 from aogpt.trainer.metrics import curve, run_records  # noqa: E402
 from aogpt.trainer.zero_shot import metric_name  # noqa: E402
 
@@ -59,6 +60,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                         metavar="OUT_DIR", help="a training out_dir (repeat to overlay runs)")
     parser.add_argument("--out", type=Path, default=None,
                         help="PNG to write (default: OUT_DIR/training_curves.png of the first run)")
+    parser.add_argument("--force", action="store_true", help="replace the PNG if it exists")
     parser.add_argument("--x", choices=("step", "tokens"), default="step",
                         help="x axis: optimizer steps or tokens seen")
     parser.add_argument("--smooth", type=float, default=0.0,
@@ -66,6 +68,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     args = parser.parse_args(argv)
     if not 0.0 <= args.smooth < 1.0:
         raise UsageError(f"--smooth must be in [0, 1), got {args.smooth}")
+    for out_dir in args.run:
+        if out_dir.is_file():
+            raise UsageError(f"--run {out_dir} is a file: give the training out_dir that holds "
+                             f"its metrics.jsonl ({out_dir.parent})")
+    args.out = check_output_file(args.out or args.run[0] / "training_curves.png", "--out",
+                                 args.force)
     return args
 
 
@@ -101,11 +109,10 @@ def main(argv: list[str] | None = None) -> int:
     for out_dir in args.run:
         name = out_dir.resolve().name
         runs[name if name not in runs else str(out_dir)] = run_records(out_dir)
-    out = args.out or args.run[0] / "training_curves.png"
-    plot(runs, args.x, args.smooth, out)
+    plot(runs, args.x, args.smooth, args.out)
     steps = ", ".join(f"{name} to step {records[-1]['step']}" for name, records in runs.items())
     sets = zero_shot_sets(runs)
-    print(f"wrote {out} ({steps}{'; zero-shot sets: ' + ', '.join(sets) if sets else ''})")
+    print(f"wrote {args.out} ({steps}{'; zero-shot sets: ' + ', '.join(sets) if sets else ''})")
     return 0
 
 

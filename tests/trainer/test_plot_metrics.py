@@ -1,9 +1,10 @@
 """tools/plot_metrics.py: training curves to PNG, several runs overlaid, clear errors."""
 
+import importlib.util
 import json
 import math
 
-from conftest import run_cli
+from conftest import REPO, run_cli
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
@@ -59,3 +60,37 @@ def test_zero_shot_sets_scored_while_training_get_a_panel_each(tmp_path):
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip().endswith("zero-shot sets: wikitext2, ptb)")
     assert (run / "training_curves.png").read_bytes().startswith(PNG_MAGIC)
+
+
+
+def plot_metrics(capsys, *argv) -> tuple[int, str, str]:
+    """The command's main() in this process (a subprocess pays matplotlib's import each time)."""
+    spec = importlib.util.spec_from_file_location("plot_metrics", REPO / "tools" / "plot_metrics.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    code = module.main([str(arg) for arg in argv])
+    return code, *capsys.readouterr()
+
+
+def test_an_existing_png_is_replaced_only_with_force(tmp_path, capsys):
+    run = write_run(tmp_path / "ao_gpt")
+    out = tmp_path / "curves.png"
+    out.write_bytes(b"my annotated figure")
+    assert plot_metrics(capsys, "--run", run, "--out", out) == (
+        2, "", f"error: --out {out} exists: pass --force to replace it, or choose another name\n")
+    assert out.read_bytes() == b"my annotated figure"
+    assert plot_metrics(capsys, "--run", run, "--out", out, "--force")[0] == 0
+    assert out.read_bytes().startswith(PNG_MAGIC)
+
+
+def test_an_out_that_is_a_folder_is_refused_before_plotting(tmp_path, capsys):
+    run = write_run(tmp_path / "ao_gpt")
+    assert plot_metrics(capsys, "--run", run, "--out", tmp_path) == (
+        2, "", f"error: --out {tmp_path} is a folder: name a file in it\n")
+
+
+def test_a_metrics_file_given_as_the_run_names_its_folder(tmp_path, capsys):
+    run = write_run(tmp_path / "ao_gpt")
+    assert plot_metrics(capsys, "--run", run / "metrics.jsonl") == (
+        2, "", f"error: --run {run / 'metrics.jsonl'} is a file: give the training out_dir that "
+               f"holds its metrics.jsonl ({run})\n")
