@@ -3,8 +3,10 @@
     python tools/export_hf.py --ckpt RUN_OR_FILE --out DIR [--weights ema|raw] [--force]
 
 DIR gets config.json, generation_config.json, model.safetensors, the modelling code (model/hf/ and
-the model modules it imports, see model/hf/remote_code.py) and GPT-2's tokenizer made from the
-ranks this project tokenizes with (vocab.json, merges.txt, tokenizer.json). Then, anywhere:
+the model modules it imports, see model/hf/remote_code.py), GPT-2's tokenizer made from the
+ranks this project tokenizes with (vocab.json, merges.txt, tokenizer.json) and aogpt_export.json:
+where it came from (the checkpoint file read, its tag and step, the weights, the code's version
+and commit) and the files the export wrote. Then, anywhere:
 
     model = AutoModelForCausalLM.from_pretrained(DIR, trust_remote_code=True)
     tokenizer = AutoTokenizer.from_pretrained(DIR)
@@ -12,7 +14,10 @@ ranks this project tokenizes with (vocab.json, merges.txt, tokenizer.json). Then
     model.generate(ids, max_new_tokens=20)
     model.generate_any_order(num_samples=4, given={0: tokenizer.encode("The")}, steps=32, top_p=0.9)
 
-The folder is written beside DIR and renamed into place: DIR is complete or absent.
+The folder is written beside DIR and renamed into place: DIR is complete or absent. DIR may be
+new or empty; --force replaces an earlier export only (a folder holding aogpt_export.json and no
+file the export did not write). A training run's folder, or a folder of other files, is never
+replaced.
 """
 
 from __future__ import annotations
@@ -32,13 +37,19 @@ from transformers.models.gpt2.tokenization_gpt2 import bytes_to_unicode
 
 from aogpt import UsageError, cli_entry
 from aogpt.data_prep.tokenizer import EOS, load_gpt2
-from aogpt.files import ordinary_permissions
+from aogpt.files import check_writable_folder, ordinary_permissions, write_json_atomic
 from aogpt.model import AOGPT, load_checkpoint
-from aogpt.model.checkpoint import resolve_checkpoint_file
+from aogpt.model.checkpoint import (
+    CheckpointSource,
+    locate_checkpoint,
+    provenance,
+    resolve_checkpoint_file,
+)
 from aogpt.model.config import GPT2_VOCAB
 from aogpt.model.hf.configuration_aogpt import AOGPTConfig
 from aogpt.model.hf.modeling_aogpt import AOGPTForCausalLM
 from aogpt.model.hf.remote_code import AUTO_MAP, write_remote_code
+from aogpt.model.run_folder import check_not_a_run
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -47,7 +58,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--ckpt", required=True, help="out_dir, checkpoint folder or consolidated model.pt")
     parser.add_argument("--out", required=True, type=Path, help="the folder to write")
     parser.add_argument("--weights", choices=("ema", "raw"), default="ema", help="default ema (as the paper)")
-    parser.add_argument("--force", action="store_true", help="replace --out if it holds files")
+    parser.add_argument("--force", action="store_true",
+                        help="replace --out if it holds an earlier export (never other files)")
     parser.add_argument("--tokenizer-file", default=None, help="GPT-2 ranks file (offline tokenizer)")
     return parser.parse_args(argv)
 
@@ -119,18 +131,60 @@ def write_model(model: AOGPT, dest: Path) -> None:
     hf_model.save_pretrained(dest)
 
 
+# ---- the folder ------------------------------------------------------------------------------------
+
+
+MARKER = "aogpt_export.json"  # in every folder this tool writes: what --force may replace
+
+
+def check_out(out: Path, source: CheckpointSource, force: bool) -> None:
+    """UsageError unless `out` can take the export: new, empty, or (with --force) an earlier export
+    of this tool holding nothing else. A training run, the checkpoint's own folder and a folder
+    of other files are refused, with or without --force."""
+    if out.exists() and not out.is_dir():
+        raise UsageError(f"--out {out} is a file: give a folder")
+    if not out.is_dir() or not any(out.iterdir()):
+        check_writable_folder(out.parent, f"--out {out}")
+        return
+    check_not_a_run(out, "--out", "give a new folder for the export; --force never replaces a run")
+    if out.resolve() in source.file.resolve().parents:
+        raise UsageError(f"--out {out} holds the checkpoint itself: write the export elsewhere")
+    foreign = sorted(set(os.listdir(out)) - exported_files(out))
+    if foreign:
+        raise UsageError(f"--out {out} holds files this tool did not write there (e.g. "
+                         f"{foreign[0]}; {len(foreign)} in all): give a new or empty folder; "
+                         f"--force replaces only an earlier export of this tool (a folder whose "
+                         f"{MARKER} lists every file in it)")
+    if not force:
+        raise UsageError(f"--out {out} holds an earlier export: pass --force to replace it, or "
+                         "give a new folder")
+
+
+def exported_files(folder: Path) -> set[str]:
+    """The files an earlier export wrote in `folder`, as its marker lists them (none without a
+    readable marker)."""
+    try:
+        return {MARKER, *json.loads((folder / MARKER).read_text())["files"]}
+    except (OSError, json.JSONDecodeError, KeyError, TypeError):
+        return set()
+
+
+def write_marker(folder: Path, source: CheckpointSource, weights: str,
+                 tokenizer_file: str | None) -> None:
+    """MARKER: the export's provenance and the files it wrote (written last, so it lists them all)."""
+    record = {"made_by": "tools/export_hf.py",
+              **provenance(source, weights, {"tokenizer_file": tokenizer_file}),
+              "files": sorted(os.listdir(folder))}
+    write_json_atomic(record, folder / MARKER)
+
+
 def export(ckpt: str | os.PathLike, out: Path, weights: str = "ema", force: bool = False,
            tokenizer_file: str | None = None) -> AOGPT:
     """Writes the folder `out` (see the module's docstring); returns the exported model."""
     out = Path(out)
-    if out.exists() and not out.is_dir():
-        raise UsageError(f"--out {out} is a file: give a folder")
-    if out.is_dir() and any(out.iterdir()) and not force:
-        raise UsageError(f"--out {out} exists and holds files: choose a new folder, or pass "
-                         "--force to replace it")
-    if out.resolve() in resolve_checkpoint_file(ckpt).resolve().parents:
-        raise UsageError(f"--out {out} holds the checkpoint itself: write the export elsewhere")
-    model = load_checkpoint(ckpt, weights=weights)
+    source = locate_checkpoint(ckpt)
+    check_out(out, source, force)
+    model = load_checkpoint(source.file, weights=weights)
     encoding = load_gpt2(tokenizer_file)
     out.parent.mkdir(parents=True, exist_ok=True)
     partial = out.with_name(f".{out.name}.{os.getpid()}.partial")
@@ -142,6 +196,7 @@ def export(ckpt: str | os.PathLike, out: Path, weights: str = "ema", force: bool
         write_tokenizer(encoding, partial, model_max_length=model.config.block_size - 1)
         for path in partial.iterdir():  # safetensors makes its file readable by its owner only
             ordinary_permissions(path)
+        write_marker(partial, source, weights, tokenizer_file)
         _move_into_place(partial, out)
     finally:
         shutil.rmtree(partial, ignore_errors=True)

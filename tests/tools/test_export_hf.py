@@ -1,12 +1,14 @@
 """tools/export_hf.py: the exported folder loads with torch and transformers alone and computes
 what the project computes: left-to-right logits and loss, greedy generate(), any-order sampling
 and the tokenizer. Each kind of network is trained briefly, exported, then read by one separate
-process that cannot import aogpt."""
+process that cannot import aogpt. The folder records where it came from, and --force replaces an
+earlier export only: never a training run, never other files."""
 
 import importlib.util
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 
@@ -15,6 +17,7 @@ import torch
 import torch.nn.functional as F
 from conftest import REPO
 
+import aogpt
 from aogpt.data_prep.tokenizer import EOS, load_gpt2
 from aogpt.model import AOGPT, load_checkpoint, save_consolidated
 from aogpt.model.checkpoint import resolve_checkpoint_file
@@ -24,6 +27,8 @@ from aogpt.model.sampler import KVCacheSampler, SamplingConfig
 spec = importlib.util.spec_from_file_location("export_hf", REPO / "tools" / "export_hf.py")
 export_hf = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(export_hf)
+sys.path.insert(0, str(REPO / "tests" / "trainer"))  # the trainer tests' real data and tiny runs
+from trainer_testing import MAIN, TINY_RUN, build_data, real_documents  # noqa: E402
 
 TEXT = (
     "The city council met on Tuesday to discuss the new bridge over the river. Engineers said "
@@ -39,6 +44,7 @@ TOKENIZER_TEXTS = [
     "  leading spaces,\ttabs,\n\n\nnew lines and trailing spaces   ",
     "'s 'll 'VE ’curly’ \u00a0non-breaking\u2028line separator\r\nCRLF",
 ]
+COMMIT = r"[0-9a-f]{40}(\+dirty)?"  # git_sha()'s form; its value moves with each commit
 BLOCK = 32
 KINDS = {
     "ao_gpt": ModelConfig(n_layer=2, n_head=2, n_embd=32, block_size=BLOCK, cond_dim=8),
@@ -339,17 +345,83 @@ def test_a_tokenizer_file_with_the_wrong_hash_is_one_line_and_exit_2(exported, t
     assert not (tmp_path / "out").exists()
 
 
-def test_a_folder_with_files_is_replaced_only_with_force(exported, tmp_path, capsys):
+def test_the_folder_records_where_it_came_from_and_what_it_wrote(exported):
+    folder = exported["tmp"] / "ao_gpt_hf"
+    record = json.loads((folder / "aogpt_export.json").read_text())
+    assert record["made_by"] == "tools/export_hf.py"
+    read = exported["tmp"] / "ao_gpt" / "model.safetensors"
+    assert (record["checkpoint"], record["tag"], record["step"], record["weights"]) == (
+        str(read.resolve()), None, None, "ema")  # a bare folder, saved without a step
+    assert record["aogpt_version"] == aogpt.__version__ and re.fullmatch(COMMIT, record["git_sha"])
+    assert record["files"] == sorted(p.name for p in folder.iterdir()
+                                     if p.name != "aogpt_export.json")
+
+
+def files_of(folder) -> dict:
+    """Every file under `folder` with its size and modification time."""
+    return {str(p.relative_to(folder)): (p.stat().st_size, p.stat().st_mtime_ns)
+            for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+@pytest.fixture(scope="module")
+def training_run(tmp_path_factory):
+    """A real run folder: trainer/main.py in one process, 2 steps of the tiny model, a
+    checkpoint at each."""
+    root = tmp_path_factory.mktemp("training_run")
+    data = build_data(root / "text", real_documents())
+    out = root / "run"
+    done = subprocess.run(
+        [sys.executable, MAIN, "--ds_config", "ds_configs/cpu.json", "--config", "configs/tiny.yaml",
+         f"data.path={data}", f"out_dir={out}", *TINY_RUN, "train.max_steps=2",
+         "train.tokens_per_step=512", "checkpoint.every=1", "eval.every=2", "eval.batches=1"],
+        cwd=REPO, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    return out
+
+
+def test_a_training_run_is_never_replaced_even_with_force(training_run, tmp_path):
+    """--out a run by mistake (here with other weights) deleted the run; it is refused now."""
+    other = shutil.copytree(training_run / "final", tmp_path / "other_weights")
+    before = files_of(training_run)
+    assert {"config.yaml", "metrics.jsonl", "final/model.safetensors",
+            "checkpoints/step_00000002/model.safetensors"} <= set(before)
+    done = subprocess.run([sys.executable, "tools/export_hf.py", "--ckpt", str(other),
+                           "--out", str(training_run), "--force"],
+                          cwd=REPO, capture_output=True, text=True)
+    assert done.returncode == 2
+    assert done.stderr.splitlines() == [
+        f"error: --out {training_run} is a training run (it holds config.yaml, metrics.jsonl, "
+        "checkpoints/): give a new folder for the export; --force never replaces a run"]
+    assert files_of(training_run) == before
+    assert not any(p.name.startswith(".") for p in training_run.parent.iterdir())
+
+
+def test_a_folder_of_other_files_is_refused_even_with_force(exported, tmp_path, capsys):
     out = tmp_path / "out"
     out.mkdir()
     (out / "notes.txt").write_text("mine")
+    assert export_hf.main(["--ckpt", str(exported["tmp"] / "plain_gpt"), "--out", str(out),
+                           "--force"]) == 2
+    assert one_line_error(capsys) == (
+        f"error: --out {out} holds files this tool did not write there (e.g. notes.txt; 1 in "
+        "all): give a new or empty folder; --force replaces only an earlier export of this tool "
+        "(a folder whose aogpt_export.json lists every file in it)")
+    assert [p.name for p in out.iterdir()] == ["notes.txt"]
+
+
+def test_an_earlier_export_is_replaced_only_with_force_and_only_as_it_was_written(
+        exported, tmp_path, capsys):
+    out = shutil.copytree(exported["tmp"] / "plain_gpt_hf", tmp_path / "out")
     ckpt = str(exported["tmp"] / "plain_gpt")
     assert export_hf.main(["--ckpt", ckpt, "--out", str(out)]) == 2
-    assert "--force" in one_line_error(capsys)
-    assert [p.name for p in out.iterdir()] == ["notes.txt"]
+    assert one_line_error(capsys) == (f"error: --out {out} holds an earlier export: pass --force "
+                                      "to replace it, or give a new folder")
     assert export_hf.main(["--ckpt", ckpt, "--out", str(out), "--force"]) == 0
-    assert (out / "model.safetensors").is_file() and not (out / "notes.txt").exists()
-    assert [p.name for p in tmp_path.iterdir()] == ["out"]
+    assert [p.name for p in tmp_path.iterdir()] == ["out"]  # no partial or old folder left
+    (out / "notes.txt").write_text("mine")  # the user's file among the export's
+    assert export_hf.main(["--ckpt", ckpt, "--out", str(out), "--force"]) == 2
+    assert "(e.g. notes.txt; 1 in all)" in one_line_error(capsys)
+    assert (out / "notes.txt").read_text() == "mine"
 
 
 def test_the_checkpoint_folder_itself_is_never_replaced(exported, capsys):
@@ -362,9 +434,8 @@ def test_the_checkpoint_folder_itself_is_never_replaced(exported, capsys):
 
 
 def test_a_failed_export_leaves_the_old_folder_and_no_partial_one(exported, tmp_path, monkeypatch):
-    out = tmp_path / "out"
-    out.mkdir()
-    (out / "notes.txt").write_text("mine")
+    out = shutil.copytree(exported["tmp"] / "plain_gpt_hf", tmp_path / "out")  # an earlier export
+    before = files_of(out)
 
     def disk_full(*args, **kwargs):
         raise OSError(28, "No space left on device")
@@ -373,4 +444,4 @@ def test_a_failed_export_leaves_the_old_folder_and_no_partial_one(exported, tmp_
     with pytest.raises(OSError, match="No space"):
         export_hf.export(exported["tmp"] / "plain_gpt", out, force=True)
     assert [p.name for p in tmp_path.iterdir()] == ["out"]
-    assert [p.name for p in out.iterdir()] == ["notes.txt"]
+    assert files_of(out) == before
