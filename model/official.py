@@ -12,15 +12,17 @@ from __future__ import annotations
 
 import os
 import pickle
-from pathlib import Path
+import zipfile
 
 import torch
 
 from aogpt import UsageError
+from aogpt.files import check_input_file
 from aogpt.model.checkpoint import strip_prefixes
 from aogpt.model.config import ModelConfig
 from aogpt.model.gpt import AOGPT
 
+EXPECTED = "the ckpt_<iter>.pt file that the paper's training script saved"
 MODEL_ARGS = ("n_layer", "n_head", "n_embd", "block_size", "bias", "vocab_size", "dropout")
 
 
@@ -48,9 +50,10 @@ def official_parameter_names(n_layer: int, bias: bool = True) -> list[str]:
 
 def load_official(path: str | os.PathLike, trust_pickle: bool = False) -> dict:
     """torch.load of a checkpoint file of the paper's code, tensors only unless trusted."""
-    path = Path(path)
-    if not path.is_file():
-        raise UsageError(f"{path} does not exist: give the paper's ckpt_<iter>.pt file")
+    path = check_input_file(path, "--ckpt", EXPECTED)
+    if not zipfile.is_zipfile(path):  # torch.save's format since torch 1.6, which the paper used
+        raise UsageError(f"{path} is not a PyTorch checkpoint of the paper's code (not the zip "
+                         f"archive torch.save writes): give {EXPECTED}")
     try:
         # mmap: the optimizer state, often most of the file, is never read
         return torch.load(path, map_location="cpu", weights_only=not trust_pickle, mmap=True)

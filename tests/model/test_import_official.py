@@ -107,3 +107,38 @@ def test_the_cli_reports_a_bad_checkpoint_in_one_line(tmp_path):
     assert len(result.stderr.strip().splitlines()) == 1 and not (tmp_path / "out").exists()
     result = run_cli("tools/import_official.py", "--ckpt", str(tmp_path / "absent.pt"), "--out", "x")
     assert result.returncode == 2 and "does not exist" in result.stderr
+
+
+def test_a_text_file_or_a_folder_is_named_for_what_it_is(tmp_path):
+    (tmp_path / "notes.txt").write_text("not a checkpoint")
+    expected = "the ckpt_<iter>.pt file that the paper's training script saved"
+    for ckpt, line in (
+        (tmp_path / "notes.txt", f"error: {tmp_path / 'notes.txt'} is not a PyTorch checkpoint of "
+                                 f"the paper's code (not the zip archive torch.save writes): give "
+                                 f"{expected}"),
+        (tmp_path, f"error: --ckpt {tmp_path} is a folder, not a file: give {expected}"),
+    ):
+        result = run_cli("tools/import_official.py", "--ckpt", str(ckpt), "--out",
+                         str(tmp_path / "out"))
+        assert result.returncode == 2 and result.stderr.splitlines() == [line]
+    assert not (tmp_path / "out").exists()
+
+
+def test_the_checkpoint_files_of_out_are_replaced_only_with_force_and_a_run_never(tmp_path):
+    torch.save(official_checkpoint(*models()), tmp_path / "ckpt_250.pt")
+    out = tmp_path / "imported"
+    command = ["tools/import_official.py", "--ckpt", str(tmp_path / "ckpt_250.pt"), "--out", str(out)]
+    assert run_cli(*command).returncode == 0
+    weights = (out / "model.safetensors").read_bytes()
+    result = run_cli(*command)
+    assert result.returncode == 2 and result.stderr.splitlines() == [
+        f"error: --out {out / 'model.json'} exists: pass --force to replace it, or choose another name"]
+    assert run_cli(*command, "--force").returncode == 0
+    assert (out / "model.safetensors").read_bytes() == weights  # the same conversion again
+    (tmp_path / "run").mkdir()
+    (tmp_path / "run" / "metrics.jsonl").write_text("{}\n")
+    result = run_cli(*command[:-1], str(tmp_path / "run"))
+    assert result.returncode == 2 and result.stderr.splitlines() == [
+        f"error: --out {tmp_path / 'run'} is a training run (it holds metrics.jsonl): give a new "
+        "folder for the converted checkpoint"]
+    assert [p.name for p in (tmp_path / "run").iterdir()] == ["metrics.jsonl"]
