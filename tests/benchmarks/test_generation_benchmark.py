@@ -2,6 +2,7 @@
 
 import json
 
+import pytest
 import torch
 from conftest import run_cli
 
@@ -39,3 +40,11 @@ def test_generation_benchmark_defaults_to_bf16_only_where_the_cpu_runs_it_native
     assert result.returncode == 0, result.stderr
     expected = torch.bfloat16 if cpu_has_native_bf16() else torch.float32
     assert json.loads(out.read_text())["dtype"] == str(expected)
+
+
+@pytest.mark.parametrize("flag", ["--batch-size", "--seq-len", "--repeats"])
+def test_generation_benchmark_refuses_zero_rather_than_reading_it_as_the_default(flag):
+    result = run_cli("benchmarks/generation_speed.py", "--preset", "tiny", "--device", "cpu",
+                     "--steps", "4", flag, "0")
+    assert result.returncode == 2
+    assert result.stderr.splitlines() == [f"error: {flag} must be >= 1, got 0"]

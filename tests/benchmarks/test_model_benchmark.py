@@ -19,3 +19,10 @@ def test_throughput_benchmark_compares_chunked_and_full_logits(tmp_path):
 def test_throughput_benchmark_rejects_an_unknown_preset():
     result = run_cli("benchmarks/model_throughput.py", "--presets", "huge")
     assert result.returncode == 2 and "unknown ['huge']" in result.stderr
+
+
+def test_cpu_loss_benchmark_refuses_zero_tokens():
+    """No ratios over zero tokens."""
+    result = run_cli("benchmarks/cpu_loss.py", "--tokens", "0", "--no-compiled")
+    assert result.returncode == 2
+    assert result.stderr.splitlines() == ["error: --tokens must be >= 1, got 0"]
