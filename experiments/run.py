@@ -48,7 +48,7 @@ from aogpt.data_prep.corpora import shakespeare_plays
 from aogpt.data_prep.manifest import read_manifest
 from aogpt.files import git_sha, write_bytes_atomic, write_json_atomic
 from aogpt.model.run_folder import RunFolder
-from aogpt.trainer.config import config_to_dict
+from aogpt.trainer.config import config_to_dict, load_config
 from aogpt.trainer.metrics import read_metrics
 
 RUN_STATE = "suite_run.json"
@@ -80,7 +80,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         help="then copy what the report is built from (suite.json, speed.json, evaluations, each "
              "run's metrics, config and settings; no weights, data or logs) to DIR and write the "
              "report there: `--report-only --out DIR` rebuilds it byte for byte")
-    add("--steps", type=int, default=None, help="training steps per run (default: the base config's)")
+    add("--steps", type=int, default=None,
+        help="training steps per run (default: the base config's); on cpu also where the "
+             "learning rate ends its decay, so at least the warm-up's steps")
     add("--set", dest="settings", action="append", default=[], metavar="KEY=VALUE",
         help="a config override for every run, e.g. --set eval.every=50 (repeatable)")
     add("--eval-samples", type=int, default=None,
@@ -99,22 +101,41 @@ def validate(args: argparse.Namespace) -> None:
         raise UsageError("--scale gpu needs --data DIR: an OpenWebText folder made by "
                          "data_prep/owt_to_mds.py")
     settings = plan.SCALE_SETTINGS[args.scale]
+    for name in ("parallel", "steps", "eval_samples"):
+        value = getattr(args, name)
+        if value is not None and value < 1:  # 0 is not a way to ask for the default
+            raise UsageError(f"--{name.replace('_', '-')} must be >= 1, got {value}")
     args.parallel = args.parallel or settings.parallel
-    if args.parallel < 1 or (args.scale == "gpu" and args.parallel != 1):
-        raise UsageError(f"--parallel {args.parallel}: give a positive number (the GPU suite "
-                         "runs one arm at a time on all GPUs)")
-    for name in ("steps", "eval_samples"):
-        if getattr(args, name) is not None and getattr(args, name) < 1:
-            raise UsageError(f"--{name.replace('_', '-')} must be positive")
+    if args.scale == "gpu" and args.parallel != 1:
+        raise UsageError(f"--parallel {args.parallel}: the GPU suite runs one arm at a time on "
+                         "all GPUs, leave --parallel out")
     args.eval_samples = args.eval_samples or settings.eval_samples
     args.speed_steps = args.speed_steps or settings.speed_steps
-    if not all(part.isdigit() for part in args.speed_steps.split(",")):
-        raise UsageError(f"--speed-steps {args.speed_steps!r}: give step counts like 16,64,128")
+    if not all(part.isdigit() and int(part) >= 1 for part in args.speed_steps.split(",")):
+        raise UsageError(f"--speed-steps {args.speed_steps!r}: give step counts of 1 or more, "
+                         "like 16,64,128")
     if args.publish is not None and args.publish.resolve() == args.out.resolve():
         raise UsageError(f"--publish {args.publish} is --out itself: give another folder")
     for setting in args.settings:
         if "=" not in setting:
             raise UsageError(f"--set {setting!r} is not of the form key.sub=value")
+    check_steps_cover_warmup(args)
+
+
+def check_steps_cover_warmup(args: argparse.Namespace) -> None:
+    """Where --steps also sets the end of the learning-rate schedule (optim.decay_steps, on cpu),
+    the schedule cannot end inside its warm-up: say so in the flag's terms, not the config's."""
+    if args.steps is None or "optim.decay_steps" not in plan.SCALE_SETTINGS[args.scale].step_keys:
+        return
+    base = plan.base_config(args.scale)
+    optim = load_config(base, extra_overrides(args)).optim
+    if optim.decay_steps == args.steps < optim.warmup_steps:
+        raise UsageError(
+            f"--steps {args.steps} is shorter than the learning-rate warm-up ({optim.warmup_steps} "
+            f"steps, optim.warmup_steps of {base.relative_to(plan.REPO)}), and on --scale "
+            f"{args.scale} --steps is also the length of the schedule: give --steps "
+            f"{optim.warmup_steps} or more, or shorten the warm-up too with "
+            f"--set optim.warmup_steps=N (N <= {args.steps})")
 
 
 # ---- running commands ----------------------------------------------------------------------------

@@ -82,6 +82,7 @@ def test_gpu_dry_run_prints_one_deepspeed_launch_per_run_and_writes_nothing(tmp_
     evals = [line for line in result.stdout.splitlines() if "trainer/evaluate.py" in line]
     assert len(evals) == 10 + 2  # every run, and the ensemble of each mixture10 run
     assert all("torchrun --standalone --nproc_per_node gpu" in line for line in evals)
+    assert all(line.endswith(" --force") for line in evals)  # a stale evaluation is redone
     assert "benchmarks/generation_speed.py --preset small" in result.stdout
     assert not out.exists()
 
@@ -102,6 +103,15 @@ def test_cpu_dry_run_trains_single_processes(tmp_path, capsys):
     (["--only", "l2r,sideways"], "error: --only 'l2r,sideways': unknown arm(s) sideways"),
     (["--seeds", "1,1"], "error: --seeds '1,1': give distinct non-negative integers"),
     (["--scale", "gpu", "--data", "d", "--parallel", "2"], "error: --parallel 2:"),
+    # --dry-run: were a count accepted, the suite would only print its commands, not run them
+    (["--parallel", "0", "--dry-run"], "error: --parallel must be >= 1, got 0"),  # not the default
+    (["--eval-samples", "-1", "--dry-run"], "error: --eval-samples must be >= 1, got -1"),
+    (["--speed-steps", "0,16", "--dry-run"],
+     "error: --speed-steps '0,16': give step counts of 1 or more"),
+    (["--steps", "2", "--dry-run"], "error: --steps 2 is shorter than the learning-rate warm-up (20 steps, "
+                       "optim.warmup_steps of experiments/configs/base_cpu.yaml), and on --scale "
+                       "cpu --steps is also the length of the schedule: give --steps 20 or more, "
+                       "or shorten the warm-up too with --set optim.warmup_steps=N (N <= 2)\n"),
     (["--set", "train.max_steps"], "error: --set 'train.max_steps' is not of the form"),
     (["--data", "nowhere"], "error: data folder {cwd}/nowhere does not exist"),
     (["--report-only"], "error: {out}/suite.json does not exist: run the suite into"),
