@@ -1,11 +1,13 @@
-"""Checkpoint saves that are complete or absent, keep-last-K retention, resume checks.
+"""The run's checkpoints: when to save, saves that are complete or absent, loading a tag back into
+the run, consolidated weights (of each tag and of out_dir/final/), keep-last-K retention and the
+checks that a tag can be resumed (Checkpointer, Progress).
 
 Where a tag lives, when it is complete and which one `latest` means is the run folder's
 (aogpt.model.run_folder). Besides its consolidated weights, a tag holds the trainer's own files:
     trainer_state.json          step, tokens, world size, model and run config, git SHA
     trainer_rank00000.pt ...    per rank: its EMA shard and RNG states
     mp_rank_00_model_states.pt  DeepSpeed's own files: module, optimizer partitions and
-    *_optim_states.pt           client_state (loader position, step, configs)
+    *_optim_states.pt           client_state (loader position, bad-step rule, step, configs)
 
 A save writes the tag into step_X.partial/. Every rank fsyncs the files it wrote; after a
 barrier rank 0 records the files and their sizes in complete.json, renames the folder to step_X
@@ -29,15 +31,35 @@ import os
 import random
 import re
 import shutil
+import subprocess
+import sys
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
+import deepspeed.comm as dist
 import numpy as np
 import torch
 
-from aogpt import UsageError
+from aogpt import RunFailure, UsageError
 from aogpt.files import fsync_path, write_atomic, write_json_atomic, write_text_atomic
+from aogpt.model import save_consolidated
+from aogpt.model.checkpoint import copy_consolidated, read_consolidated
 from aogpt.model.config import ModelConfig
-from aogpt.model.run_folder import COMPLETE, PARTIAL, RunFolder, complete_record, step_of
+from aogpt.model.run_folder import (
+    COMPLETE,
+    PARTIAL,
+    WEIGHTS_FILE,
+    RunFolder,
+    complete_record,
+    step_of,
+    tag_for,
+)
+from aogpt.trainer.config import RunConfig
+from aogpt.trainer.dist_env import DistEnv
+from aogpt.trainer.ds_config import zero_stage
+from aogpt.trainer.ema import ShardedEMA, full_weights, load_full_ema
+from aogpt.trainer.metrics import truncate_metrics
 
 RUN_STATE = "trainer_state.json"
 
@@ -149,3 +171,179 @@ def load_rank_state(path: Path) -> dict:
 
 def save_torch_atomic(obj, path: Path) -> None:
     write_atomic(path, lambda partial: torch.save(obj, partial))
+
+
+# ---- the run's checkpoints ------------------------------------------------------------------------
+
+
+@dataclass
+class Progress:
+    """How far the run is: completed optimizer steps, and the tokens and samples they saw. Each
+    step adds its own batch, so a run resumed with another train.tokens_per_step counts right."""
+
+    step: int = 0
+    tokens_seen: int = 0
+    samples_seen: int = 0
+
+    def advance(self, tokens: int, samples: int) -> None:
+        self.step += 1
+        self.tokens_seen += tokens
+        self.samples_seen += samples
+
+    @classmethod
+    def of(cls, client_state: dict) -> Progress:
+        return cls(*(client_state[name] for name in ("step", "tokens_seen", "samples_seen")))
+
+
+class Checkpointer:
+    """When to save, saving (complete or absent), loading a tag back into every part of the run,
+    and the consolidated weights of a tag and of out_dir/final/.
+
+    What else carries over a resume comes as `client` parts with state_dict()/load_state_dict()
+    (the loader's position, the bad-step rule), saved in DeepSpeed's client state; each rank's own
+    file holds its EMA shard and RNG states."""
+
+    def __init__(self, cfg: RunConfig, env: DistEnv, engine, ema: ShardedEMA | None,
+                 ds_config: dict, client: dict[str, Any], git_sha: str | None):
+        self.cfg, self.env, self.engine, self.ema = cfg, env, engine, ema
+        self.ds_config, self.client, self.git_sha = ds_config, client, git_sha
+        self.run_folder = RunFolder(cfg.out_dir)
+
+    def should_save(self, step: int, last: bool, preempted: bool) -> bool:
+        return step % self.cfg.checkpoint.every == 0 or last or preempted
+
+    def last_checkpoint(self) -> str:
+        """The complete checkpoint a re-run resumes from, for messages."""
+        tag = self.run_folder.latest_tag()
+        return str(self.run_folder.tag_dir(tag)) if tag else "none yet"
+
+    def run_meta(self, progress: Progress) -> dict:
+        return {**dataclasses.asdict(progress), "git_sha": self.git_sha,
+                "run_config": dataclasses.asdict(self.cfg)}
+
+    # ---- saving -----------------------------------------------------------------------------------
+
+    def save(self, progress: Progress) -> bool:
+        """Collective: the tag of this step, complete or absent; False when it was there already.
+        A failed write (a full disk) removes what it wrote and ends the run, naming the checkpoint
+        still intact."""
+        tag = tag_for(progress.step)
+        if self.run_folder.problem(tag) is None:
+            return False  # resumed from this very step: nothing has changed since
+        work = self.run_folder.partial_dir(tag)
+        if self.env.is_main and work.exists():
+            shutil.rmtree(work)  # a save of this step that was interrupted earlier
+        dist.barrier()
+        try:
+            self.write_tag(work, progress)
+            for path in rank_files(work, self.env.rank):
+                fsync_path(path)
+        except OSError as err:
+            if self.env.is_main:
+                shutil.rmtree(work, ignore_errors=True)
+            intact = self.run_folder.latest_tag()
+            raise RunFailure(
+                f"saving checkpoint {tag} failed ({err.strerror or err}): "
+                + (f"{self.run_folder.tag_dir(intact)} is intact, free space and re-run to resume "
+                   "from it" if intact else "no earlier checkpoint exists, free space and re-run")
+            ) from None
+        dist.barrier()  # every rank's files are on disk
+        if self.env.is_main:
+            commit_tag(self.run_folder, tag)
+            prune_tags(self.run_folder, self.cfg.checkpoint.keep_last)
+        dist.barrier()
+        return True
+
+    def write_tag(self, folder: Path, progress: Progress) -> None:
+        """Collective: every file of a checkpoint into `folder` (see the module's docstring)."""
+        self.export(folder, progress)
+        folder.mkdir(parents=True, exist_ok=True)
+        rank_state = {"ema": self.ema.state_dict() if self.ema is not None else None,
+                      "rng": rng_states()}
+        save_torch_atomic(rank_state, rank_state_file(folder, self.env.rank))
+        model_config = dataclasses.asdict(self.cfg.model)
+        if self.env.is_main:
+            write_json_atomic({**self.run_meta(progress), "world_size": self.env.world_size,
+                               "zero_stage": zero_stage(self.ds_config),
+                               "model_config": model_config}, folder / RUN_STATE)
+        client_state = {**self.run_meta(progress), "model_config": model_config,
+                        **{name: part.state_dict() for name, part in self.client.items()}}
+        self.engine.save_checkpoint(str(folder.parent), tag=folder.name,
+                                    client_state=client_state, save_latest=False)
+
+    def export(self, folder: Path, progress: Progress) -> None:
+        """Consolidated raw + EMA weights into `folder`, written by rank 0 (collective)."""
+        raw = full_weights(self.engine, self.ema, use_ema=False, keep=self.env.is_main)
+        ema = (full_weights(self.engine, self.ema, use_ema=True, keep=self.env.is_main)
+               if self.ema is not None else None)
+        if self.env.is_main:
+            save_consolidated(folder, self.cfg.model, raw, ema, **self.run_meta(progress),
+                              source="aogpt trainer")
+
+    def publish_final(self, progress: Progress) -> None:
+        """out_dir/final/: a copy of the last checkpoint's consolidated weights (collective only
+        when that checkpoint is not of the current step and the weights must be gathered)."""
+        saved = self.run_folder.tag_dir(tag_for(progress.step))
+        if not (saved / WEIGHTS_FILE).is_file():
+            self.export(self.run_folder.final, progress)
+        elif self.env.is_main:
+            copy_consolidated(saved, self.run_folder.final)
+
+    # ---- loading ----------------------------------------------------------------------------------
+
+    def load(self, tag: str, elastic: bool) -> Progress:
+        """Collective: a complete tag back into the engine, the EMA, the client parts and the RNGs;
+        elastic: written by another number of processes or ZeRO stage. The metrics after its step
+        are dropped (logged by a run killed after its last checkpoint)."""
+        folder = self.run_folder.tag_dir(tag)
+        load_dir = self.universal_checkpoint(tag) if elastic else self.run_folder.checkpoints
+        load_path, client = self.engine.load_checkpoint(str(load_dir), tag=tag)
+        if load_path is None:
+            raise RuntimeError(f"DeepSpeed could not load checkpoint {load_dir / tag}")
+        if elastic:
+            dist.barrier()  # every rank has read the universal form
+            if self.env.is_main:
+                shutil.rmtree(load_dir, ignore_errors=True)
+        for name, part in self.client.items():
+            part.load_state_dict(client.get(name))
+        # another partitioning has other rank files: rank 0's carries what all ranks share
+        rank_state = load_rank_state(rank_state_file(folder, 0 if elastic else self.env.rank))
+        self.load_ema(folder, rank_state["ema"], elastic)
+        if not elastic:  # (elastically, each rank's RNG, used by dropout only, starts from the seed)
+            restore_rng_states(rank_state["rng"])
+        if self.env.is_main:
+            truncate_metrics(self.run_folder.metrics_file, client["step"])
+            print(f"resumed from {folder} at step {client['step']}", flush=True)
+        return Progress.of(client)
+
+    def load_ema(self, folder: Path, shard: dict | None, elastic: bool) -> None:
+        if self.ema is None:
+            return
+        if shard is None:  # the run so far had ema.enabled=false
+            self.ema.restart()
+            if self.env.is_main:
+                print("the checkpoint has no EMA: it starts now, from the resumed weights",
+                      flush=True)
+        elif elastic:  # the shard layout changed: reshard from the consolidated EMA
+            ema = read_consolidated(folder, weights=("ema",))["weights"]["ema"]
+            load_full_ema(self.ema, ema, shard["num_updates"])
+        else:
+            self.ema.load_state_dict(shard)
+
+    def universal_checkpoint(self, tag: str) -> Path:
+        """Rank 0 converts the tag with DeepSpeed's ds_to_universal; the folder to load from."""
+        out = self.run_folder.universal
+        if self.env.is_main:
+            shutil.rmtree(out, ignore_errors=True)
+            done = subprocess.run(
+                [sys.executable, "-m", "deepspeed.checkpoint.ds_to_universal",
+                 "--input_folder", str(self.run_folder.tag_dir(tag)), "--output_folder",
+                 str(out / tag), "--inject_missing_state",  # tags saved before this field existed
+                 "--num_extract_workers", "2", "--num_merge_workers", "1"],
+                capture_output=True, text=True)
+            if done.returncode:
+                lines = (done.stderr or done.stdout).strip().splitlines() or ["no output"]
+                raise RunFailure(f"converting {self.run_folder.tag_dir(tag)} to a universal "
+                                 f"checkpoint failed: {lines[-1]}")
+        dist.barrier()
+        return out

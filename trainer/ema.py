@@ -51,6 +51,13 @@ class ShardedEMA:
         self.master = master_partitions(engine.optimizer)
         self.shadow = [t.detach().clone() for t in self.master]
 
+    @torch.no_grad()
+    def restart(self) -> None:
+        """Starts the average afresh from the current weights (a resume from a checkpoint saved
+        without an EMA)."""
+        torch._foreach_copy_(self.shadow, self.master)
+        self.num_updates = 0
+
     def current_decay(self) -> float:
         return min(self.decay, (1 + self.num_updates) / (10 + self.num_updates))
 
@@ -125,3 +132,13 @@ def gather_full_weights(engine, keep: bool = True) -> dict[str, torch.Tensor]:
         if name in persistent:
             state[name] = buffer.detach().cpu().clone()
     return state
+
+
+def full_weights(engine, ema: ShardedEMA | None, use_ema: bool,
+                 keep: bool = True) -> dict[str, torch.Tensor]:
+    """The full fp32 weights, the EMA's when `use_ema` and there is one (collective: see
+    gather_full_weights; {} where not `keep`)."""
+    if use_ema and ema is not None:
+        with ema.swapped_in():
+            return gather_full_weights(engine, keep)
+    return gather_full_weights(engine, keep)

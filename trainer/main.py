@@ -21,11 +21,11 @@ import time
 
 from aogpt import RunFailure, UsageError, cli_entry
 from aogpt.data_prep.tokenizer import load_gpt2
-from aogpt.model.run_folder import RunFolder
+from aogpt.model.run_folder import RunFolder, step_of
 from aogpt.model.warm_start import check_source
 from aogpt.trainer import training_samples, zero_shot
 from aogpt.trainer.checkpoint import check_resumable, read_run_state
-from aogpt.trainer.config import load_config, resolve_device_choices
+from aogpt.trainer.config import load_config, record_config, resolve_device_choices
 from aogpt.trainer.data import check_data
 from aogpt.trainer.dist_env import DistEnv, setup_distributed_env
 from aogpt.trainer.ds_config import load_ds_config, resolve_ds_config, sync_warnings, zero_stage
@@ -95,13 +95,37 @@ def preflight(args: argparse.Namespace, dist_env: DistEnv) -> Plan:
 
 def lock_run_folder(plan: Plan, dist_env: DistEnv) -> RunLock | None:
     """Rank 0 takes out_dir's lock once every check has passed (nothing is written before); a
-    live holder is a UsageError. The other ranks follow rank 0: if it stops, the launcher ends
-    them."""
+    live holder is a UsageError. Then it records the launch in the folder (start_run_folder).
+    The other ranks follow rank 0: if it stops, the launcher ends them."""
     if not dist_env.is_main:
         return None
     lock = RunLock(RunFolder(plan.cfg.out_dir).lock_file)
     lock.acquire()
+    start_run_folder(plan)
     return lock
+
+
+def start_run_folder(plan: Plan) -> None:
+    """A run starting from step 0 replaces what an earlier attempt left without a checkpoint
+    (else its metrics would hold the same steps twice); the config is recorded, with what a
+    relaunch changed (config_changes.jsonl)."""
+    run = RunFolder(plan.cfg.out_dir)
+    if plan.resume_tag is None:
+        earlier = [path for path in (run.metrics_file, run.config_file, run.config_changes_file,
+                                     run.rollbacks_file, run.skipped_samples_file)
+                   if path.is_file()]
+        if earlier:
+            print(f"starting from step 0: {run.root} holds no checkpoint, so the files of an "
+                  f"earlier attempt are replaced ({', '.join(p.name for p in earlier)})",
+                  flush=True)
+        for path in earlier:
+            path.unlink()
+    changed = record_config(plan.cfg, run.config_file, run.config_changes_file,
+                            step_of(plan.resume_tag) if plan.resume_tag else 0, plan.git_sha)
+    if changed:
+        print("config changed since the run began: " + ", ".join(
+            f"{key} {before!r} -> {now!r}" for key, (before, now) in changed.items())
+            + f" (recorded in {run.config_changes_file})", flush=True)
 
 
 @cli_entry
@@ -136,9 +160,10 @@ def train(plan: Plan, dist_env: DistEnv) -> int:
             time.sleep(RANK0_REPORTS_FIRST_S)  # rank 0 says it (see above)
             return EXIT_FAILED
         if is_collective_failure(err):  # another rank died or hung: it says why, if it can
-            raise RunFailure(f"rank {dist_env.rank} lost the other ranks at step {trainer.step + 1}"
+            raise RunFailure(f"rank {dist_env.rank} lost the other ranks at step "
+                             f"{trainer.progress.step + 1}"
                              f" ({first_line(err)}); the last complete checkpoint is "
-                             f"{trainer.last_checkpoint()}") from None
+                             f"{trainer.checkpointer.last_checkpoint()}") from None
         raise
     finally:
         trainer.close()

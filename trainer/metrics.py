@@ -177,20 +177,42 @@ def validation_line(record: dict, step: int, weights: str) -> str:
     return f"step {step} | validation ({weights} weights): {', '.join(readings)}"
 
 
-def summary_lines(run: RunFolder, step: int, tokens_seen: int, wall_s: float, launch_tokens: int,
-                  last: dict, validation: dict, weights: str) -> list[str]:
-    """The closing lines of a run: what it did, its last losses, where its results are."""
+def summary_lines(run: RunFolder, progress, launch: Window, last: dict, validation: dict,
+                  weights: str) -> list[str]:
+    """The closing lines of a run: what it did (progress: trainer/checkpoint.py's Progress), its
+    last losses, where its results are."""
     losses = [f"loss {_loss(last.get('loss'))}"] if last else []
     readings = [f"{name} {_loss(last[key])}" for name, key in
                 (("l2r", "loss_l2r"), ("any order", "loss_ao")) if last.get(key) is not None]
     if readings:
         losses[0] += f" ({', '.join(readings)})"
     if validation:
-        losses.append(validation_line(validation, step, weights).split(" | ", 1)[1])
-    return [f"done: {step} steps, {tokens_seen:,} tokens; this launch {duration(wall_s)}, "
-            f"{launch_tokens / max(wall_s, 1e-9):,.0f} tokens/s",
+        losses.append(validation_line(validation, progress.step, weights).split(" | ", 1)[1])
+    return [f"done: {progress.step} steps, {progress.tokens_seen:,} tokens; this launch "
+            f"{duration(launch.seconds)}, {launch.tokens / max(launch.seconds, 1e-9):,.0f} tokens/s",
             *([f"last step: {'; '.join(losses)}"] if losses else []),
             f"weights: {run.final_weights} (raw and EMA); metrics: {run.metrics_file}"]
+
+
+class Window:
+    """Steps, tokens and time since it began: the throughput of a log interval, or of a launch."""
+
+    def __init__(self):
+        self.start = time.perf_counter()
+        self.steps, self.tokens, self.data_wait = 0, 0, 0.0
+
+    def add(self, tokens: int, data_wait: float) -> None:
+        self.steps += 1
+        self.tokens += tokens
+        self.data_wait += data_wait
+
+    @property
+    def seconds(self) -> float:
+        return time.perf_counter() - self.start
+
+    @property
+    def seconds_per_step(self) -> float:
+        return self.seconds / max(self.steps, 1)
 
 
 def _json_safe(value: Any) -> Any:

@@ -34,6 +34,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import shutil
 import statistics
 from collections import deque
 from dataclasses import dataclass
@@ -42,9 +43,13 @@ import torch
 import torch.distributed as dist
 
 from aogpt import UsageError
-from aogpt.files import write_json_atomic
-from aogpt.model.run_folder import RunFolder
-from aogpt.trainer.config import RecoveryConfig
+from aogpt.files import write_json_atomic, write_text_atomic
+from aogpt.model.run_folder import RunFolder, step_of
+from aogpt.trainer.checkpoint import Checkpointer, Progress
+from aogpt.trainer.config import RecoveryConfig, RunConfig
+from aogpt.trainer.data import TrainBatches
+from aogpt.trainer.dist_env import DistEnv
+from aogpt.trainer.failsafe import EveryRankFailure
 
 
 @dataclass(frozen=True)
@@ -244,6 +249,118 @@ class Rollbacks:
         plural = "s" if len(self.records) > 1 else ""
         return (f"; {len(self.records)} rollback{plural}, {samples:,} samples skipped "
                 f"({self.file}, {self.skipped_file})")
+
+
+class Recovery:
+    """The way through bad steps (see the module's docstring): watches every step, skips the data
+    and lowers the learning rate that rollbacks ask for, and at a boundary answers a bad step by
+    stopping the run or rolling it back."""
+
+    def __init__(self, cfg: RunConfig, env: DistEnv, host_group, checkpointer: Checkpointer,
+                 batches: TrainBatches, accum: int):
+        self.cfg, self.env, self.host_group = cfg, env, host_group
+        self.checkpointer, self.batches, self.accum = checkpointer, batches, accum
+        self.run_folder = checkpointer.run_folder
+        self.bad_steps = BadSteps(cfg.recovery, env.device)
+        self.rollbacks = Rollbacks(self.run_folder, cfg.recovery)
+        self.poison = PoisonedSamples.from_environment(env.device)
+
+    def note(self, step: int, loss_sums: torch.Tensor, grad_norm) -> None:
+        self.bad_steps.note(step, loss_sums, grad_norm)
+
+    def lr_factor(self, step: int) -> float:
+        return self.rollbacks.lr_factor(step)
+
+    def skip_bad_data(self, step: int) -> int:
+        """Before `step`: moves the data stream past the samples of the bad steps that began
+        there and records them (collective over the host group); how many were skipped."""
+        steps = self.rollbacks.steps_to_skip(step)
+        if not steps:
+            return 0
+        ids = self.batches.skip(steps * self.accum)
+        every_rank = [ids]
+        if self.env.world_size > 1:
+            every_rank = [None] * self.env.world_size
+            dist.all_gather_object(every_rank, ids, group=self.host_group)
+        skipped = sorted(index for rank_ids in every_rank for index in rank_ids)
+        if self.env.is_main:
+            self.rollbacks.record_skip(step, skipped)
+            print(f"step {step}: skipped {len(skipped)} samples, the data of {steps} bad "
+                  f"step{'s' if steps > 1 else ''} (their indices in "
+                  f"{self.rollbacks.skipped_file})", flush=True)
+        return len(skipped)
+
+    def answer(self, step: int) -> Progress | None:
+        """Collective, at a boundary: None when no step so far was bad. Checked before every
+        save, so no checkpoint ever holds weights updated by a bad step that could be seen. With
+        train.on_nonfinite=stop a bad step ends the run; with rollback the run goes back to the
+        last complete checkpoint before it (its Progress), or ends after max_rollbacks."""
+        bad = self.bad_steps.check()
+        if bad is None:
+            return None
+        why = bad.why + ("" if bad.step == step else f" (found at step {step})")
+        stopped = "stopped without saving this step; the last complete checkpoint is"
+        last = self.checkpointer.last_checkpoint()
+        if self.cfg.train.on_nonfinite == "stop":
+            raise EveryRankFailure(
+                f"{why}: {stopped} {last} (lower optim.lr or raise optim.warmup_steps if it "
+                "happens again, or set train.on_nonfinite=rollback)")
+        done = len(self.rollbacks)
+        if done >= self.cfg.recovery.max_rollbacks:
+            raise EveryRankFailure(
+                f"{why}, after {done} rollback{'s' if done > 1 else ''} "
+                f"(recovery.max_rollbacks={self.cfg.recovery.max_rollbacks}, listed in "
+                f"{self.rollbacks.file}): {stopped} {last}")
+        target = self.checkpoint_before(bad.step)
+        if target is None:
+            raise EveryRankFailure(
+                f"{why}, and train.on_nonfinite=rollback has no complete checkpoint before it to "
+                f"roll back to: {stopped} {last} (a smaller checkpoint.every saves one sooner; a "
+                "larger checkpoint.keep_last keeps one from before a spike)")
+        return self.roll_back(bad, why, target, step)
+
+    def checkpoint_before(self, step: int) -> str | None:
+        """Collective: the newest complete tag saved before `step`, as rank 0 finds it."""
+        found = [None]
+        if self.env.is_main:
+            complete = [tag for tag in self.run_folder.tags()
+                        if step_of(tag) < step and self.run_folder.problem(tag) is None]
+            found = [complete[-1] if complete else None]
+        if self.env.world_size > 1:
+            dist.broadcast_object_list(found, src=0, group=self.host_group)
+        return found[0]
+
+    def roll_back(self, bad: BadStep, why: str, tag: str, found_at: int) -> Progress:
+        """Collective: back to checkpoint `tag`, with the rollback recorded for the steps to come.
+
+        `latest` moves first and the record is written last: a kill in between resumes from
+        `tag` without the record, finds the bad step again and rolls back as a run never killed
+        did; a record never exists beside a later tag holding weights of the bad steps."""
+        record = [None]
+        if self.env.is_main:
+            write_text_atomic(self.run_folder.latest_file, tag, durable=True)
+            for later in self.run_folder.tags():
+                if step_of(later) > step_of(tag):  # saved after the bad step (a spike's)
+                    shutil.rmtree(self.run_folder.tag_dir(later))
+            record = [self.rollbacks.add(bad, found_at, tag, step_of(tag))]
+            lowered = (f"; optim.lr x{record[0]['lr_factor']:g} until step "
+                       f"{record[0]['lr_until_step']}" if record[0]["lr_factor"] != 1 else "")
+            bad_steps = (f"step {bad.step}" if bad.steps == 1
+                         else f"steps {bad.step}-{bad.step + bad.steps - 1}")
+            print(f"{why}: rolling back to {self.run_folder.tag_dir(tag)} (rollback "
+                  f"{len(self.rollbacks)} of at most {self.cfg.recovery.max_rollbacks}); the data "
+                  f"of {bad_steps} will be skipped{lowered}", flush=True)
+        if self.env.world_size > 1:
+            dist.broadcast_object_list(record, src=0, group=self.host_group)
+        if not self.env.is_main:
+            self.rollbacks.adopt(record[0])
+        progress = self.checkpointer.load(tag, elastic=False)
+        self.bad_steps.restart()
+        dist.barrier()  # every rank's data stream is back before any draws from it
+        return progress
+
+    def summary(self) -> str:
+        return self.rollbacks.summary()
 
 
 POISON_VARIABLE = "AOGPT_TEST_POISON"

@@ -90,7 +90,7 @@ def test_the_ema_and_raw_weights_give_their_own_curves(run):
 def test_each_round_is_one_log_line_with_its_cost(run):
     _, _, stdout, _ = run
     lines = [line for line in stdout.splitlines() if "zero-shot (ema weights)" in line]
-    assert [line.split(":")[0] for line in lines] == ["step 2", "step 4"]
+    assert [line.split(" | ")[0] for line in lines] == ["step 2", "step 4"]
     assert "wikitext2 ppl " in lines[0] and "lambada ppl " in lines[0]
     assert "(any order <= " in lines[0] and "% of the time since the last evaluation" in lines[0]
 

@@ -1,0 +1,142 @@
+"""Evaluation while training: when it happens, and what it scores with which weights.
+
+Every eval.every steps (and at the last), each of the run's evaluation weights (the EMA's, the
+paper's choice, and the raw ones when eval.raw_weights asks) is copied into a plain network and
+scored by trainer/evaluation.py's Evaluator, the routine trainer/evaluate.py runs:
+    val_loss_l2r, val_loss_ao     the training data's val split, eval.batches per rank, the first
+                                  weights only (left to right, and over eval.num_orders orders)
+    eval/<set>/<weights>/...      each zero-shot set of eval.sets (trainer/zero_shot.py)
+Every eval.sample_every steps, rank 0 draws a round of samples of the first weights
+(trainer/training_samples.py). A round of samples after an evaluation of the same step reuses
+its copy of the weights.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import torch
+
+from aogpt.model import AOGPT
+from aogpt.trainer import zero_shot
+from aogpt.trainer.config import RunConfig
+from aogpt.trainer.data import validation_loader
+from aogpt.trainer.dist_env import DistEnv, all_reduce_sum
+from aogpt.trainer.ema import ShardedEMA, full_weights
+from aogpt.trainer.evaluation import EvalData, Evaluator
+from aogpt.trainer.training_samples import TrainingSamples
+
+
+def token_weighted(nll_sum: float, tokens: float) -> float | None:
+    return nll_sum / tokens if tokens else None
+
+
+class Validator:
+    def __init__(self, cfg: RunConfig, env: DistEnv, engine, ema: ShardedEMA | None,
+                 manifests: dict[str, dict], zero_shot_sets: dict[str, EvalData], out_dir: Path):
+        self.cfg, self.env, self.engine, self.ema = cfg, env, engine, ema
+        self.device = env.device
+        self.val_loader = (validation_loader(cfg, manifests, env, self.device)
+                           if cfg.eval.every else None)
+        self.zero_shot_sets = zero_shot_sets
+        self.weights = ["ema"] if ema is not None else ["raw"]
+        if cfg.eval.raw_weights and ema is not None and zero_shot_sets:
+            self.weights.append("raw")
+        self.samples = (TrainingSamples(cfg.eval, cfg.model.any_order, cfg.model.block_size,
+                                        out_dir, self.device)
+                        if cfg.eval.sample_every and env.is_main else None)
+        self._model: AOGPT | None = None
+        self._model_holds: tuple[int, str] | None = None  # (step, weights) it was loaded with
+        self._last_round = time.perf_counter()
+
+    def should_evaluate(self, step: int, last: bool) -> bool:
+        every = self.cfg.eval.every
+        return bool(every) and (step % every == 0 or last)
+
+    def should_sample(self, step: int, last: bool) -> bool:
+        every = self.cfg.eval.sample_every
+        return bool(every) and (step % every == 0 or last)
+
+    def start_clock(self) -> None:
+        """The time a round's cost is measured against starts now (the loop's start)."""
+        self._last_round = time.perf_counter()
+
+    def forget(self) -> None:
+        """The weights copied at a step no longer stand for it (a rollback: the same steps again)."""
+        self._model_holds = None
+
+    def model(self, step: int, weights: str, everywhere: bool = True) -> AOGPT | None:
+        """Collective: a plain copy of the network holding this step's `weights` ("ema" or
+        "raw"); the engine's own weights stay untouched. Only rank 0 gets one unless
+        `everywhere` (the others get None). What every rank was given once in a step is reused
+        in that step: every rank decides alike."""
+        if self._model_holds == (step, weights):
+            return self._model
+        full = full_weights(self.engine, self.ema, use_ema=weights == "ema",
+                            keep=everywhere or self.env.is_main)
+        self._model_holds = (step, weights) if everywhere else None
+        if not (everywhere or self.env.is_main):
+            return None
+        if self._model is None:
+            with torch.device(self.device):
+                self._model = AOGPT(self.cfg.model).eval()
+        self._model.load_state_dict(full)
+        return self._model
+
+    @torch.no_grad()
+    def evaluate(self, step: int) -> dict[str, float | None]:
+        """Collective: the validation losses, each zero-shot set under each of the weights, and
+        what the round cost (eval_s, and eval_fraction of the time since the last round)."""
+        cfg, env = self.cfg, self.env
+        start = time.perf_counter()
+        record = {}
+        for weights in self.weights:
+            model = self.model(step, weights)
+            settings = zero_shot.settings(model, self.precision, cfg.train.micro_batch_size,
+                                          cfg.eval.num_orders)
+            evaluator = Evaluator(model, settings, self.device, env.rank, env.world_size)
+            if weights == self.weights[0]:
+                record.update(self.validate(evaluator))
+            for name, data in self.zero_shot_sets.items():
+                record.update(zero_shot.score(evaluator, data, weights, name))
+        end = time.perf_counter()
+        record["eval_s"] = end - start
+        record["eval_fraction"] = (end - start) / max(end - self._last_round, 1e-9)
+        self._last_round = end
+        return record
+
+    def sample(self, step: int) -> dict[str, float]:
+        """Collective (the weights are gathered): rank 0 draws, writes and scores a round of
+        samples of the first weights; its metrics."""
+        model = self.model(step, self.weights[0], everywhere=False)
+        if self.samples is None:
+            return {}
+        return self.samples.round(model, step, self.weights[0])
+
+    @property
+    def precision(self) -> str:
+        return "fp32" if self.cfg.train.precision == "fp32" else "bf16"
+
+    def validate(self, evaluator: Evaluator) -> dict[str, float | None]:
+        """val_loss_l2r and val_loss_ao (token-weighted over eval.num_orders seeded orders, keyed
+        on each sample's index in the dataset, as the loader gives it) on the val split."""
+        cfg = self.cfg
+        tallies, sampler = evaluator.new_tallies(), evaluator.order_sampler(cfg.model.block_size)
+        with evaluator.autocast():
+            for batch_index, (idx, sample_ids) in enumerate(self.val_loader):
+                if batch_index == cfg.eval.batches:
+                    break
+                idx, sample_ids = idx.to(self.device), sample_ids.to(self.device)  # (b, t), (b,)
+                lengths = torch.full_like(sample_ids, idx.shape[1])  # no padding in training data
+                evaluator.score_batch(sampler, tallies, sample_ids, idx, lengths)
+        l2r = tallies["l2r"].sums  # (nll, tokens)
+        any_order = (tallies["random"].sums.sum(dim=0) if "random" in tallies
+                     else torch.zeros_like(l2r))
+        total = all_reduce_sum(torch.cat([l2r, any_order]), self.device).tolist()
+        return {"val_loss_l2r": token_weighted(total[0], total[1]),
+                "val_loss_ao": token_weighted(total[2], total[3])}
+
+    def close(self) -> None:
+        if self.val_loader is not None:
+            self.val_loader.close()
