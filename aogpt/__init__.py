@@ -9,6 +9,7 @@ all of them share: the version, the error types that commands print as one line,
 import functools
 import sys
 from collections.abc import Callable
+from typing import Any
 
 __version__ = "0.1.0"
 
@@ -27,6 +28,15 @@ class RunFailure(Exception):
 
     Command-line entry points print it as one line and exit 1.
     """
+
+
+def check_counts(args: Any, *names: str) -> None:
+    """Refuses a count below 1 in the flags `names` (argparse dest names, read from `args`): 0 is
+    never a way to ask for the default, which is None (a flag left out)."""
+    for name in names:
+        value = getattr(args, name)
+        if value is not None and value < 1:
+            raise UsageError(f"--{name.replace('_', '-')} must be at least 1, got {value}")
 
 
 def cli_entry(main: Callable[..., int | None]) -> Callable[..., int]:

@@ -24,7 +24,7 @@ from pathlib import Path
 
 import torch
 
-from aogpt import UsageError, cli_entry
+from aogpt import check_counts, cli_entry
 from aogpt.model import loss
 from aogpt.model.config import PADDED_VOCAB
 from aogpt.model.precision import cpu_has_native_bf16
@@ -89,10 +89,7 @@ def main(argv: list[str] | None = None) -> int:
                         help="tokens per chunk of the compiled rows (tiny.yaml's loss_chunk_size)")
     parser.add_argument("--no-compiled", action="store_true", help="skip the compiled rows")
     args = parser.parse_args(argv)
-    for flag, value in (("--tokens", args.tokens), ("--width", args.width),
-                        ("--repeats", args.repeats), ("--compiled-chunk", args.compiled_chunk)):
-        if value < 1:
-            raise UsageError(f"{flag} must be >= 1, got {value}")
+    check_counts(args, "tokens", "width", "repeats", "compiled_chunk")
     gen = torch.Generator().manual_seed(0)
     tensors = (torch.randn(args.tokens, args.width, generator=gen),
                torch.randn(PADDED_VOCAB, args.width, generator=gen) * 0.02,

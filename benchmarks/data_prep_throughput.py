@@ -30,8 +30,7 @@ from concurrent.futures import ProcessPoolExecutor
 from multiprocessing import get_context
 from pathlib import Path
 
-from aogpt import UsageError, cli_entry
-from aogpt.data_prep.cli import check_counts
+from aogpt import UsageError, check_counts, cli_entry
 from aogpt.data_prep.packing import available_cores
 from aogpt.data_prep.tokenizer import load_gpt2
 

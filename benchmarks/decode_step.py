@@ -31,7 +31,7 @@ import torch
 import torch._inductor.config
 from torch.profiler import ProfilerActivity, profile
 
-from aogpt import UsageError, cli_entry
+from aogpt import UsageError, check_counts, cli_entry
 from aogpt.files import write_json_atomic
 from aogpt.model import AOGPT
 from aogpt.model.config import medium, small, tiny
@@ -61,10 +61,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     args.batch_size = args.batch_size if args.batch_size is not None else (32 if on_gpu else 4)
     args.seq_len = args.seq_len if args.seq_len is not None else (1024 if on_gpu else 128)
     args.known = args.known if args.known is not None else args.seq_len // 2
-    for flag, value in (("--batch-size", args.batch_size), ("--seq-len", args.seq_len),
-                        ("--targets", args.targets), ("--repeats", args.repeats)):
-        if value < 1:
-            raise UsageError(f"{flag} must be >= 1, got {value}")
+    check_counts(args, "batch_size", "seq_len", "targets", "repeats")
     if not 1 <= args.known <= args.seq_len - args.targets:
         raise UsageError(f"--known must be in 1..{args.seq_len - args.targets} "
                          f"(--seq-len minus --targets), got {args.known}")

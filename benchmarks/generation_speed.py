@@ -33,7 +33,7 @@ from pathlib import Path
 
 import torch
 
-from aogpt import UsageError, cli_entry
+from aogpt import UsageError, check_counts, cli_entry
 from aogpt.files import write_json_atomic
 from aogpt.model import AOGPT
 from aogpt.model.attention import BIDIRECTIONAL
@@ -192,10 +192,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     device = torch.device("cuda" if args.device == "auto" and torch.cuda.is_available()
                           else "cpu" if args.device == "auto" else args.device)
-    for flag, value in (("--batch-size", args.batch_size), ("--seq-len", args.seq_len),
-                        ("--repeats", args.repeats)):
-        if value is not None and value < 1:  # 0 is not a way to ask for the default
-            raise UsageError(f"{flag} must be >= 1, got {value}")
+    check_counts(args, "batch_size", "seq_len", "repeats")
     defaults = GPU_DEFAULTS if device.type == "cuda" else CPU_DEFAULTS
     args.batch_size = args.batch_size or defaults["batch_size"]
     args.seq_len = args.seq_len or defaults["seq_len"]

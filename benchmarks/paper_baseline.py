@@ -51,7 +51,7 @@ from pathlib import Path
 
 import torch
 
-from aogpt import RunFailure, UsageError, cli_entry
+from aogpt import RunFailure, UsageError, check_counts, cli_entry
 from aogpt.files import write_json_atomic
 from aogpt.model import (
     AOGPT,
@@ -114,11 +114,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         args.samples = 1 if args.smoke else 32 if on_gpu else 4
     if args.micro_batch is None:
         args.micro_batch = 2 if args.smoke else 16
-    for flag, value in (("--samples", args.samples), ("--micro-batch", args.micro_batch),
-                        ("--accumulation", args.accumulation), ("--train-steps", args.train_steps),
-                        ("--repeats", args.repeats)):
-        if value < 1:
-            raise UsageError(f"{flag} must be >= 1, got {value}")
+    check_counts(args, "samples", "micro_batch", "accumulation", "train_steps", "repeats")
     if args.json is not None and args.json.is_dir():
         raise UsageError(f"--json {args.json} is a folder: give a file name")
     return args

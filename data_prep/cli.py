@@ -4,20 +4,10 @@ as well in a log file as on a terminal."""
 
 from __future__ import annotations
 
-import argparse
 from pathlib import Path
 
 from aogpt import UsageError
 from aogpt.files import check_writable_folder
-
-
-def check_counts(args: argparse.Namespace, *names: str) -> None:
-    """Refuses 0 and negative values of the flags `names` (dest names): for these, 0 is never
-    "the default"."""
-    for name in names:
-        value = getattr(args, name)
-        if value < 1:
-            raise UsageError(f"--{name.replace('_', '-')} must be at least 1, got {value}")
 
 
 def check_out(folder: Path) -> None:

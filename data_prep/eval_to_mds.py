@@ -21,10 +21,10 @@ import time
 from pathlib import Path
 
 import aogpt
-from aogpt import UsageError, cli_entry
+from aogpt import UsageError, check_counts, cli_entry
 from aogpt.data_prep import packing
 from aogpt.data_prep.build_dir import OutputDir
-from aogpt.data_prep.cli import check_counts, check_out, replaced_bytes_note, split_lines
+from aogpt.data_prep.cli import check_out, replaced_bytes_note, split_lines
 from aogpt.data_prep.eval_sets import (
     EVAL_SETS,
     REFERENCE_GROUP,

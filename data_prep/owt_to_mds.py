@@ -28,10 +28,10 @@ import time
 from pathlib import Path
 
 import aogpt
-from aogpt import UsageError, cli_entry
+from aogpt import UsageError, check_counts, cli_entry
 from aogpt.data_prep import packing, sources
 from aogpt.data_prep.build_dir import OutputDir
-from aogpt.data_prep.cli import check_counts, check_out, replaced_bytes_note, split_lines
+from aogpt.data_prep.cli import check_out, replaced_bytes_note, split_lines
 from aogpt.data_prep.manifest import new_manifest, read_manifest
 from aogpt.data_prep.tokenizer import describe
 from aogpt.progress import duration

@@ -43,7 +43,7 @@ import plan
 from report import write_report
 from tqdm import tqdm
 
-from aogpt import UsageError, cli_entry
+from aogpt import UsageError, check_counts, cli_entry
 from aogpt.data_prep.corpora import shakespeare_plays
 from aogpt.data_prep.manifest import read_manifest
 from aogpt.files import git_sha, write_bytes_atomic, write_json_atomic
@@ -101,10 +101,7 @@ def validate(args: argparse.Namespace) -> None:
         raise UsageError("--scale gpu needs --data DIR: an OpenWebText folder made by "
                          "data_prep/owt_to_mds.py")
     settings = plan.SCALE_SETTINGS[args.scale]
-    for name in ("parallel", "steps", "eval_samples"):
-        value = getattr(args, name)
-        if value is not None and value < 1:  # 0 is not a way to ask for the default
-            raise UsageError(f"--{name.replace('_', '-')} must be >= 1, got {value}")
+    check_counts(args, "parallel", "steps", "eval_samples")
     args.parallel = args.parallel or settings.parallel
     if args.scale == "gpu" and args.parallel != 1:
         raise UsageError(f"--parallel {args.parallel}: the GPU suite runs one arm at a time on "

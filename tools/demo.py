@@ -26,7 +26,7 @@ import sys
 import time
 from pathlib import Path
 
-from aogpt import UsageError, cli_entry
+from aogpt import UsageError, check_counts, cli_entry
 from aogpt.data_prep.corpora import shakespeare_plays
 from aogpt.data_prep.tokenizer import load_gpt2
 from aogpt.model.run_folder import RunFolder
@@ -114,9 +114,7 @@ def main(argv: list[str] | None = None) -> int:
                         help=f"extra config overrides for training (on top of {CONFIG})")
     args = parser.parse_args(argv)
     cfg = load_config(REPO / CONFIG, args.overrides)
-    for flag, value in (("--steps", args.steps), ("--eval-samples", args.eval_samples)):
-        if value is not None and value < 1:
-            raise UsageError(f"{flag} must be at least 1, got {value}")
+    check_counts(args, "steps", "eval_samples")
     seq_len = cfg.model.block_size
     steps = cfg.train.max_steps if args.steps is None else args.steps
     eval_samples = 32768 // seq_len if args.eval_samples is None else args.eval_samples
@@ -157,11 +155,12 @@ def main(argv: list[str] | None = None) -> int:
     eval_json = out / "eval.json"
     run([python, "trainer/evaluate.py", "--ckpt", str(train_dir), "--data", str(data),
          "--orders", "l2r,random", "--num-orders", "4", "--max-samples", str(eval_samples),
-         "--unigram-from", str(data), "--json", str(eval_json)])
+         "--unigram-from", str(data), "--json", str(eval_json), "--force"])  # the demo's own
 
     stage("5/6 sample with the KV-cache sampler: left to right, any order, and infilling")
     sample = [python, "trainer/sample.py", "--ckpt", str(train_dir), "--num-samples", "1",
-              "--top-p", "0.9", "--top-p-rule", "standard", "--seed", "0", "--show", "0"]
+              "--top-p", "0.9", "--top-p-rule", "standard", "--seed", "0", "--show", "0",
+              "--force"]  # a re-run of the demo replaces the samples it drew
     samples = {"l2r": out / "sample_l2r.jsonl", "random": out / "sample_any_order.jsonl",
                "infill": out / "sample_infill.jsonl"}
     for order in ("l2r", "random"):
@@ -173,7 +172,7 @@ def main(argv: list[str] | None = None) -> int:
     stage("6/6 plot the training curves")
     curves = out / "curves.png"
     run([python, "tools/plot_metrics.py", "--run", str(train_dir), "--out", str(curves),
-         "--smooth", "0.6"])
+         "--smooth", "0.6", "--force"])
 
     stage(f"done in {time.time() - started:.0f} s")
     for result in json.loads(eval_json.read_text())["results"]:

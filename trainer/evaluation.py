@@ -45,7 +45,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from aogpt import UsageError
+from aogpt import UsageError, check_counts
 from aogpt.data_prep.manifest import check_compatible, read_manifest, split_path
 from aogpt.data_prep.streaming_compat import streaming
 from aogpt.model import AOGPT, OrderConfig, OrderSampler
@@ -80,10 +80,7 @@ class EvalSettings:
         if unknown or not (self.orders or self.ensemble):
             raise UsageError(f"--orders {','.join(self.orders)!r}: give a comma list of "
                              f"{', '.join(ORDER_KINDS)} (or an --ensemble)")
-        for name in ("num_orders", "batch_size", "ensemble_targets", "max_samples"):
-            value = getattr(self, name)
-            if value is not None and value < 1:
-                raise UsageError(f"--{name.replace('_', '-')} must be at least 1, got {value}")
+        check_counts(self, "num_orders", "batch_size", "ensemble_targets", "max_samples")
         if self.ensemble_targets == 1:  # the standard error of a mean needs two
             raise UsageError("--ensemble-targets must be at least 2 (a standard error needs two "
                              "targets per sequence), got 1; leave it out to score every target")

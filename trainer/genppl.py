@@ -31,7 +31,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from aogpt import UsageError, cli_entry
+from aogpt import UsageError, check_counts, cli_entry
 from aogpt.files import check_input_file, check_output_file, write_json_atomic
 from aogpt.model import load_checkpoint
 from aogpt.model.checkpoint import locate_checkpoint, provenance, resolve_checkpoint_file
@@ -177,8 +177,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 @cli_entry
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    if args.batch_size < 1:
-        raise UsageError(f"--batch-size must be >= 1, got {args.batch_size}")
+    check_counts(args, "batch_size")
     if args.json:
         check_output_file(args.json, "--json", args.force)
     samples, sampled_from = read_samples(args.samples)

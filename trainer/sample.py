@@ -35,7 +35,7 @@ from pathlib import Path
 
 import torch
 
-from aogpt import UsageError, cli_entry
+from aogpt import UsageError, check_counts, cli_entry
 from aogpt.data_prep.tokenizer import EOS, load_gpt2
 from aogpt.files import check_input_file, check_output_file, write_text_atomic
 from aogpt.model import load_checkpoint
@@ -125,11 +125,7 @@ def readable(text: str) -> str:
 
 def check_args(args: argparse.Namespace) -> None:
     """The checks that need no checkpoint, before any work: counts, the output file, the judge."""
-    for flag, value in (("--num-samples", args.num_samples), ("--batch-size", args.batch_size),
-                        ("--seq-len", args.seq_len), ("--steps", args.steps),
-                        ("--judge-batch-size", args.judge_batch_size)):
-        if value is not None and value < 1:  # 0 is not a way to ask for the default
-            raise UsageError(f"{flag} must be >= 1, got {value}")
+    check_counts(args, "num_samples", "batch_size", "seq_len", "steps", "judge_batch_size")
     if args.show < 0:
         raise UsageError(f"--show must be >= 0 (0 prints none), got {args.show}")
     if args.out is not None:

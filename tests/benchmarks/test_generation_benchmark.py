@@ -47,4 +47,4 @@ def test_generation_benchmark_refuses_zero_rather_than_reading_it_as_the_default
     result = run_cli("benchmarks/generation_speed.py", "--preset", "tiny", "--device", "cpu",
                      "--steps", "4", flag, "0")
     assert result.returncode == 2
-    assert result.stderr.splitlines() == [f"error: {flag} must be >= 1, got 0"]
+    assert result.stderr.splitlines() == [f"error: {flag} must be at least 1, got 0"]

@@ -25,4 +25,4 @@ def test_cpu_loss_benchmark_refuses_zero_tokens():
     """No ratios over zero tokens."""
     result = run_cli("benchmarks/cpu_loss.py", "--tokens", "0", "--no-compiled")
     assert result.returncode == 2
-    assert result.stderr.splitlines() == ["error: --tokens must be >= 1, got 0"]
+    assert result.stderr.splitlines() == ["error: --tokens must be at least 1, got 0"]

@@ -46,7 +46,7 @@ def test_a_folder_without_the_papers_files_is_one_line(tmp_path):
 @pytest.mark.parametrize("args, message", [
     (["--part", "speed"], "--part: unknown part(s) speed"),
     (["--steps", "2048"], "--steps must each be in 1..1024"),
-    (["--samples", "0"], "--samples must be >= 1"),
+    (["--samples", "0"], "--samples must be at least 1"),
 ])
 def test_bad_options_are_one_line_errors(args, message):
     result = run_cli("benchmarks/paper_baseline.py", "--paper", str(STANDIN), *args)

@@ -104,8 +104,8 @@ def test_cpu_dry_run_trains_single_processes(tmp_path, capsys):
     (["--seeds", "1,1"], "error: --seeds '1,1': give distinct non-negative integers"),
     (["--scale", "gpu", "--data", "d", "--parallel", "2"], "error: --parallel 2:"),
     # --dry-run: were a count accepted, the suite would only print its commands, not run them
-    (["--parallel", "0", "--dry-run"], "error: --parallel must be >= 1, got 0"),  # not the default
-    (["--eval-samples", "-1", "--dry-run"], "error: --eval-samples must be >= 1, got -1"),
+    (["--parallel", "0", "--dry-run"], "error: --parallel must be at least 1, got 0"),  # not the default
+    (["--eval-samples", "-1", "--dry-run"], "error: --eval-samples must be at least 1, got -1"),
     (["--speed-steps", "0,16", "--dry-run"],
      "error: --speed-steps '0,16': give step counts of 1 or more"),
     (["--steps", "2", "--dry-run"], "error: --steps 2 is shorter than the learning-rate warm-up (20 steps, "

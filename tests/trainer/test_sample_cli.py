@@ -93,10 +93,10 @@ def test_left_to_right_greedy_continuation(checkpoint, tmp_path):
     (["--steps", "17"], "--steps must be in 1..16"),
     (["--seq-len", "25"], "block size"),
     (["--top-p", "0"], "top_p"),
-    (["--steps", "0"], "--steps must be >= 1, got 0"),  # 0 never means "the default"
-    (["--seq-len", "0"], "--seq-len must be >= 1, got 0"),
-    (["--batch-size", "0"], "--batch-size must be >= 1, got 0"),
-    (["--judge-batch-size", "0"], "--judge-batch-size must be >= 1, got 0"),
+    (["--steps", "0"], "--steps must be at least 1, got 0"),  # 0 never means "the default"
+    (["--seq-len", "0"], "--seq-len must be at least 1, got 0"),
+    (["--batch-size", "0"], "--batch-size must be at least 1, got 0"),
+    (["--judge-batch-size", "0"], "--judge-batch-size must be at least 1, got 0"),
     (["--show", "-1"], "--show must be >= 0 (0 prints none), got -1"),
     (["--infill", "{0: 1}"], "--infill is not valid JSON"),
 ])
