@@ -28,7 +28,7 @@ from pathlib import Path
 import tiktoken
 
 from aogpt import UsageError, cli_entry
-from aogpt.files import write_bytes_atomic
+from aogpt.files import check_input_file, write_bytes_atomic
 
 NAME = "gpt2"
 RANKS_SHA256 = "306cd27f03c1a714eca7108e03d66b7dc042abe8c258b44c199a7ed9838dd930"
@@ -59,8 +59,7 @@ def sha256_of(path: Path) -> str:
 
 
 def _read_ranks(path: Path) -> dict[bytes, int]:
-    if not path.is_file():
-        raise UsageError(f"tokenizer file {path} does not exist: {HOW_TO_FIX}")
+    check_input_file(path, "tokenizer file", f"GPT-2's ranks file: {HOW_TO_FIX}")
     digest = sha256_of(path)
     if digest != RANKS_SHA256:
         raise UsageError(

@@ -22,6 +22,7 @@ import numpy as np
 import torch
 
 from aogpt import UsageError
+from aogpt.files import check_input_file
 
 
 @dataclass
@@ -133,8 +134,7 @@ def _random_permutations(keys: torch.Tensor) -> torch.Tensor:
 def load_order_file(path: str | Path, seq_len: int) -> torch.Tensor:
     """Reads a fixed order from .txt (whitespace-separated), .json (a list) or .npy; checks it."""
     path = Path(path)
-    if not path.is_file():
-        raise UsageError(f"order.fixed_file {path} does not exist: give a .txt, .json or .npy order")
+    check_input_file(path, "order.fixed_file", "a .txt, .json or .npy order")
     try:
         if path.suffix == ".npy":
             values = np.load(path, allow_pickle=False).tolist()

@@ -23,7 +23,7 @@ from typing import Any, Literal
 import yaml
 
 from aogpt import UsageError
-from aogpt.files import write_text_atomic
+from aogpt.files import check_input_file, write_text_atomic
 from aogpt.model.config import ModelConfig
 from aogpt.model.orders import OrderConfig
 
@@ -323,8 +323,7 @@ def record_config(cfg: RunConfig, config_file: Path, changes_file: Path, step: i
 
 
 def _read_preset(path: Path, seen: tuple[Path, ...]) -> dict:
-    if not path.is_file():
-        raise UsageError(f"config file {path} does not exist (presets are in configs/)")
+    check_input_file(path, "config file", "a YAML preset (presets are in configs/)")
     if path.resolve() in seen:
         raise UsageError(f"config {path} includes itself through `base:`")
     try:

@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from aogpt import UsageError
+from aogpt.files import check_input_file
 from aogpt.trainer.config import RunConfig
 
 AUTO = "auto"
@@ -29,8 +30,7 @@ AUTO = "auto"
 
 def load_ds_config(path: str | os.PathLike) -> dict:
     path = Path(path)
-    if not path.is_file():
-        raise UsageError(f"DeepSpeed config {path} does not exist (presets are in ds_configs/)")
+    check_input_file(path, "DeepSpeed config", "a JSON file (presets are in ds_configs/)")
     try:
         config = json.loads(path.read_text())
     except json.JSONDecodeError as err:

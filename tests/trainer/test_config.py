@@ -102,6 +102,9 @@ def test_base_presets_merge_and_missing_files_are_errors(tmp_path, repo):
     assert cfg.train.max_steps == 3 and cfg.model.n_embd == 64  # the rest comes from the base
     with pytest.raises(UsageError, match="does not exist"):
         load_config(tmp_path / "nope.yaml")
+    with pytest.raises(UsageError, match=rf"config file {repo / 'configs'} is a folder, not a "
+                                         r"file: give a YAML preset \(presets are in configs/\)"):
+        load_config(repo / "configs")
     (tmp_path / "loop.yaml").write_text("base: loop.yaml\n")
     with pytest.raises(UsageError, match="includes itself"):
         load_config(tmp_path / "loop.yaml")
