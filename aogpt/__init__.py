@@ -7,8 +7,10 @@ all of them share: the version, the error types that commands print as one line,
 """
 
 import functools
+import os
 import sys
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 __version__ = "0.1.0"
@@ -37,6 +39,18 @@ def check_counts(args: Any, *names: str) -> None:
         value = getattr(args, name)
         if value is not None and value < 1:
             raise UsageError(f"--{name.replace('_', '-')} must be at least 1, got {value}")
+
+
+def check_input_file(path: str | os.PathLike, flag: str, expected: str) -> Path:
+    """Checks that a file a command reads exists and is a file: a folder or a missing path is
+    named as such, with what to give instead (`expected`, e.g. "the paper's ckpt_<iter>.pt
+    file"). `flag` names it in the message ("--samples"). Returns the path."""
+    path = Path(path)
+    if path.is_dir():
+        raise UsageError(f"{flag} {path} is a folder, not a file: give {expected}")
+    if not path.is_file():
+        raise UsageError(f"{flag} {path} does not exist: give {expected}")
+    return path
 
 
 def cli_entry(main: Callable[..., int | None]) -> Callable[..., int]:

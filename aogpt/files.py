@@ -71,18 +71,6 @@ def check_output_file(path: str | os.PathLike, flag: str, force: bool = False) -
     return path
 
 
-def check_input_file(path: str | os.PathLike, flag: str, expected: str) -> Path:
-    """Checks that a file a command reads exists and is a file: a folder or a missing path is
-    named as such, with what to give instead (`expected`, e.g. "the paper's ckpt_<iter>.pt
-    file"). `flag` names it in the message ("--samples"). Returns the path."""
-    path = Path(path)
-    if path.is_dir():
-        raise UsageError(f"{flag} {path} is a folder, not a file: give {expected}")
-    if not path.is_file():
-        raise UsageError(f"{flag} {path} does not exist: give {expected}")
-    return path
-
-
 def check_writable_folder(folder: str | os.PathLike, what: str) -> None:
     """UsageError naming `what` unless `folder` exists or can be made, and a file can be created in
     it (tried: permission bits say nothing to root, nor about a read-only filesystem)."""

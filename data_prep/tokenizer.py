@@ -27,8 +27,8 @@ from pathlib import Path
 
 import tiktoken
 
-from aogpt import UsageError, cli_entry
-from aogpt.files import check_input_file, write_bytes_atomic
+from aogpt import UsageError, check_input_file, cli_entry
+from aogpt.files import write_bytes_atomic
 
 NAME = "gpt2"
 RANKS_SHA256 = "306cd27f03c1a714eca7108e03d66b7dc042abe8c258b44c199a7ed9838dd930"

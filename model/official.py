@@ -16,8 +16,7 @@ import zipfile
 
 import torch
 
-from aogpt import UsageError
-from aogpt.files import check_input_file
+from aogpt import UsageError, check_input_file
 from aogpt.model.checkpoint import strip_prefixes
 from aogpt.model.config import ModelConfig
 from aogpt.model.gpt import AOGPT

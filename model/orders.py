@@ -21,8 +21,7 @@ from typing import Literal
 import numpy as np
 import torch
 
-from aogpt import UsageError
-from aogpt.files import check_input_file
+from aogpt import UsageError, check_input_file
 
 
 @dataclass

@@ -5,9 +5,8 @@ import os
 
 import pytest
 
-from aogpt import UsageError
+from aogpt import UsageError, check_input_file
 from aogpt.files import (
-    check_input_file,
     write_atomic,
     write_bytes_atomic,
     write_json_atomic,

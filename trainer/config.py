@@ -22,8 +22,8 @@ from typing import Any, Literal
 
 import yaml
 
-from aogpt import UsageError
-from aogpt.files import check_input_file, write_text_atomic
+from aogpt import UsageError, check_input_file
+from aogpt.files import write_text_atomic
 from aogpt.model.config import ModelConfig
 from aogpt.model.orders import OrderConfig
 

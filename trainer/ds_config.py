@@ -21,8 +21,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from aogpt import UsageError
-from aogpt.files import check_input_file
+from aogpt import UsageError, check_input_file
 from aogpt.trainer.config import RunConfig
 
 AUTO = "auto"

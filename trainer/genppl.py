@@ -31,8 +31,8 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from aogpt import UsageError, check_counts, cli_entry
-from aogpt.files import check_input_file, check_output_file, write_json_atomic
+from aogpt import UsageError, check_counts, check_input_file, cli_entry
+from aogpt.files import check_output_file, write_json_atomic
 from aogpt.model import load_checkpoint
 from aogpt.model.checkpoint import locate_checkpoint, provenance, resolve_checkpoint_file
 from aogpt.model.precision import resolve_device

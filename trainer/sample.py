@@ -35,9 +35,9 @@ from pathlib import Path
 
 import torch
 
-from aogpt import UsageError, check_counts, cli_entry
+from aogpt import UsageError, check_counts, check_input_file, cli_entry
 from aogpt.data_prep.tokenizer import EOS, load_gpt2
-from aogpt.files import check_input_file, check_output_file, write_text_atomic
+from aogpt.files import check_output_file, write_text_atomic
 from aogpt.model import load_checkpoint
 from aogpt.model.checkpoint import describe_provenance, locate_checkpoint, provenance
 from aogpt.model.precision import resolve_device
