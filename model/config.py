@@ -10,12 +10,14 @@ from dataclasses import dataclass, replace
 from typing import Literal, get_args, get_type_hints
 
 from aogpt import UsageError
+from aogpt.model.injection import VARIANTS
+from aogpt.model.injection import TargetInjection as Variant
 
 GPT2_VOCAB = 50257
 GPT2_EOS = GPT2_VOCAB - 1  # <|endoftext|>, the last of GPT-2's ids
 PADDED_VOCAB = 50304  # GPT-2's vocab rounded up to a multiple of 64, for faster matmuls
 
-TargetInjection = Literal["adaln", "sigma_sum", "none"]
+TargetInjection = Literal[tuple(VARIANTS)]  # the decoder variants (model/injection.py)
 
 
 def require_choices(config, names: tuple[str, ...], prefix: str = "") -> None:
@@ -35,9 +37,10 @@ class ModelConfig:
     n_embd: int = 768
     block_size: int = 1024  # tokens per sequence; the residual stream has one more slot, [None]
     vocab_size: int = PADDED_VOCAB
-    # How the next target's position reaches the network: "adaln" (AO-GPT: per-token AdaLN from a
-    # cond_dim-wide table), "sigma_sum" (sigma-GPT: a second position embedding added at the input),
-    # "none" (a plain left-to-right GPT; it can only be trained and scored left to right).
+    # How the next target's position reaches the network (model/injection.py): "adaln" (AO-GPT:
+    # per-token AdaLN from a cond_dim-wide table), "sigma_sum" (sigma-GPT: a second position
+    # embedding added at the input), "none" (a plain left-to-right GPT; it can only be trained
+    # and scored left to right).
     target_injection: TargetInjection = "adaln"
     cond_dim: int = 128
     norm: Literal["rms", "layer"] = "rms"
@@ -67,16 +70,20 @@ class ModelConfig:
         return self.n_embd // self.n_head
 
     @property
+    def injection(self) -> Variant:
+        """The decoder variant model.target_injection names (model/injection.py)."""
+        return VARIANTS[self.target_injection]
+
+    @property
     def any_order(self) -> bool:
         """Whether the network is told each target's position, so can read and score any order.
         A plain GPT (target_injection=none) cannot: it reads left to right only."""
-        return self.target_injection != "none"
+        return self.injection.any_order
 
     @property
     def family(self) -> str:
         """The model's name by its target injection, for reports and logs."""
-        return {"adaln": "AO-GPT", "sigma_sum": "sigma-GPT", "none": "left-to-right GPT"}[
-            self.target_injection]
+        return self.injection.family
 
     def require_any_order(self, fix: str) -> None:
         """Refuses any-order use of a left-to-right-only model; `fix` says what to ask for instead."""

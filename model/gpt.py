@@ -107,13 +107,6 @@ class MLP(nn.Module):
         return self.dropout(self.c_proj(self.gelu(self.c_fc(x))))
 
 
-def _adaln(config: ModelConfig, ways: int) -> nn.Sequential | None:
-    """The projection of the target-position code to `ways` per-token modulations (DiT style)."""
-    if config.target_injection != "adaln":
-        return None
-    return nn.Sequential(nn.SiLU(), nn.Linear(config.cond_dim, ways * config.n_embd))
-
-
 class Block(nn.Module):
     def __init__(self, config: ModelConfig, layer_idx: int):
         super().__init__()
@@ -121,7 +114,7 @@ class Block(nn.Module):
         self.attn = CausalSelfAttention(config, layer_idx)
         self.ln_2 = Norm(config.n_embd, config.norm, config.bias)
         self.mlp = MLP(config)
-        self.adaLN = _adaln(config, 6)
+        self.adaLN = config.injection.modulation(config, 6)  # None: a plain pre-norm block
 
     def forward(self, x: torch.Tensor, adaln_table: torch.Tensor | None = None,
                 rows: torch.Tensor | None = None, mask: torch.Tensor | None = None,
@@ -142,7 +135,7 @@ class FinalLayer(nn.Module):
     def __init__(self, config: ModelConfig):
         super().__init__()
         self.ln_f = Norm(config.n_embd, config.norm, config.bias)
-        self.adaLN_final = _adaln(config, 2)
+        self.adaLN_final = config.injection.modulation(config, 2)
 
     def forward(self, x: torch.Tensor, adaln_table: torch.Tensor | None = None,
                 rows: torch.Tensor | None = None) -> torch.Tensor:
@@ -219,10 +212,9 @@ class AOGPT(nn.Module):
             "wte": nn.Embedding(config.vocab_size, d),
             "wpe": nn.Embedding(config.block_size + 1, d),  # row 0: the [None] slot; p + 1: position p
         }
-        if config.target_injection == "adaln":
-            layers["wtpe"] = nn.Embedding(config.block_size, config.cond_dim)
-        elif config.target_injection == "sigma_sum":
-            layers["wtpe"] = nn.Embedding(config.block_size, d)  # added to the input
+        target_table = config.injection.target_table(config)  # of the target positions
+        if target_table is not None:
+            layers["wtpe"] = target_table
         layers["wnonee"] = nn.Embedding(1, d)
         layers["drop"] = nn.Dropout(config.dropout)
         layers["h"] = nn.ModuleList(Block(config, i) for i in range(config.n_layer))
@@ -329,8 +321,7 @@ class AOGPT(nn.Module):
         is_none = (positions < 0)[..., None]
         none = t.wnonee(positions.new_zeros(()))  # (d,); a module call, so ZeRO-3 gathers it
         x = torch.where(is_none, none, t.wte(tokens.clamp(min=0))) + t.wpe(positions + 1)
-        if self.config.target_injection == "sigma_sum":
-            x = x + t.wtpe(target_positions)
+        x = self.config.injection.embed(x, t["wtpe"] if "wtpe" in t else None, target_positions)
         return t.drop(x)
 
     def adaln_tables(self, target_positions: torch.Tensor | None = None
@@ -345,15 +336,7 @@ class AOGPT(nn.Module):
         through the rows its slots gathered. A call with fewer slots than positions (a short
         prompt) projects its own slots' codes: r = b * s, one row per slot.
         """
-        t = self.transformer
-        if self.config.target_injection != "adaln":
-            return [None] * (len(t.h) + 1), target_positions
-        codes, rows = t.wtpe.weight, target_positions  # (block_size, cond_dim)
-        if target_positions is not None and target_positions.numel() < len(codes):
-            codes = t.wtpe(target_positions).flatten(0, -2)  # (b * s, cond_dim)
-            rows = torch.arange(len(codes), device=codes.device).view_as(target_positions)
-        # module calls, so that ZeRO-3 gathers each projection's weights
-        return [block.adaLN(codes) for block in t.h] + [t.final_layer.adaLN_final(codes)], rows
+        return self.config.injection.tables(self.transformer, target_positions)
 
     def forward_stream(self, tokens: torch.Tensor, positions: torch.Tensor,
                        target_positions: torch.Tensor, mask: torch.Tensor | str | None = None,

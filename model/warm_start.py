@@ -155,20 +155,7 @@ def _our_left_to_right(path: Path, config: ModelConfig) -> tuple[dict, str]:
 def _read_left_to_right(model: AOGPT, copied_vocab: int) -> None:
     """The parts AO-GPT adds, set so that the network computes what the GPT computed."""
     t, config = model.transformer, model.config
-    for block in t.h:
-        if block.adaLN is not None:  # chunks: shift, scale, gate (attention), then the MLP's
-            linear = block.adaLN[1]
-            linear.weight.zero_()
-            gates = linear.bias.view(6, config.n_embd)
-            gates.zero_()
-            gates[2].fill_(1.0)
-            gates[5].fill_(1.0)
-    final = t.final_layer.adaLN_final
-    if final is not None:
-        final[1].weight.zero_()
-        final[1].bias.zero_()
-    if config.target_injection == "sigma_sum":
-        t.wtpe.weight.zero_()  # added to the input: nothing until training moves it
+    config.injection.start_as_identity(t)
     if copied_vocab < config.vocab_size and not config.tie_embeddings:
         model.lm_head.weight[copied_vocab:].zero_()
         if model.lm_head.bias is not None:
