@@ -1,4 +1,5 @@
-"""Files that are complete or absent, and the commit that wrote them: every writer goes through here.
+"""Files and folders that are complete or absent, and the commit that wrote them: every writer goes
+through here.
 
 A file is written under a temporary name in its own folder (".NAME.partial-PID": hidden, on the
 same filesystem, one per process) and renamed over NAME, so a reader (another rank, a resumed run,
@@ -12,11 +13,13 @@ This module imports no torch: data_prep uses it too.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import shutil
 import subprocess
 import tempfile
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from aogpt import UsageError, __version__
@@ -40,6 +43,39 @@ def write_atomic(path: str | os.PathLike, write: Callable[[Path], object],
     if durable:
         fsync_path(path.parent)
     return path
+
+
+def replace_folder(staged: str | os.PathLike, path: str | os.PathLike,
+                   durable: bool = False) -> Path:
+    """Puts the complete folder `staged` in `path`'s place: an existing `path` is moved aside
+    first and removed after, so `path` is the old folder or the new one, never a mix of them.
+    durable=True also flushes the renames to the disk."""
+    staged, path = Path(staged), Path(path)
+    old = path.with_name(f".{path.name}.old-{os.getpid()}")
+    if path.exists():
+        os.replace(path, old)
+    os.replace(staged, path)
+    if durable:
+        fsync_path(path.parent)
+    shutil.rmtree(old, ignore_errors=True)
+    return path
+
+
+@contextlib.contextmanager
+def staged_folder(path: str | os.PathLike, durable: bool = False) -> Iterator[Path]:
+    """An empty hidden folder next to `path` (".NAME.partial-PID", same filesystem) to write a
+    folder's files into; when the block ends, it replaces `path` (replace_folder). On an error
+    it is removed and `path` is untouched."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    staged = path.with_name(f".{path.name}.partial-{os.getpid()}")
+    shutil.rmtree(staged, ignore_errors=True)
+    staged.mkdir()
+    try:
+        yield staged
+        replace_folder(staged, path, durable)
+    finally:
+        shutil.rmtree(staged, ignore_errors=True)
 
 
 def write_bytes_atomic(path: str | os.PathLike, data: bytes, durable: bool = False) -> Path:

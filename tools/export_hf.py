@@ -26,7 +26,6 @@ import argparse
 import dataclasses
 import json
 import os
-import shutil
 import sys
 from pathlib import Path
 
@@ -37,7 +36,12 @@ from transformers.models.gpt2.tokenization_gpt2 import bytes_to_unicode
 
 from aogpt import UsageError, cli_entry
 from aogpt.data_prep.tokenizer import EOS, load_gpt2
-from aogpt.files import check_writable_folder, ordinary_permissions, write_json_atomic
+from aogpt.files import (
+    check_writable_folder,
+    ordinary_permissions,
+    staged_folder,
+    write_json_atomic,
+)
 from aogpt.model import AOGPT, load_checkpoint
 from aogpt.model.checkpoint import (
     CheckpointSource,
@@ -186,29 +190,14 @@ def export(ckpt: str | os.PathLike, out: Path, weights: str = "ema", force: bool
     check_out(out, source, force)
     model = load_checkpoint(source.file, weights=weights)
     encoding = load_gpt2(tokenizer_file)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    partial = out.with_name(f".{out.name}.{os.getpid()}.partial")
-    shutil.rmtree(partial, ignore_errors=True)
-    partial.mkdir()
-    try:
+    with staged_folder(out) as partial:
         write_model(model, partial)
         write_remote_code(partial)
         write_tokenizer(encoding, partial, model_max_length=model.config.block_size - 1)
         for path in partial.iterdir():  # safetensors makes its file readable by its owner only
             ordinary_permissions(path)
         write_marker(partial, source, weights, tokenizer_file)
-        _move_into_place(partial, out)
-    finally:
-        shutil.rmtree(partial, ignore_errors=True)
     return model
-
-
-def _move_into_place(partial: Path, out: Path) -> None:
-    old = out.with_name(f".{out.name}.{os.getpid()}.old")
-    if out.exists():
-        os.replace(out, old)
-    os.replace(partial, out)
-    shutil.rmtree(old, ignore_errors=True)
 
 
 @cli_entry

@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import os
 import random
 import re
 import shutil
@@ -42,7 +41,13 @@ import numpy as np
 import torch
 
 from aogpt import RunFailure, UsageError
-from aogpt.files import fsync_path, write_atomic, write_json_atomic, write_text_atomic
+from aogpt.files import (
+    fsync_path,
+    replace_folder,
+    write_atomic,
+    write_json_atomic,
+    write_text_atomic,
+)
 from aogpt.model import save_consolidated
 from aogpt.model.checkpoint import copy_consolidated, read_consolidated
 from aogpt.model.config import ModelConfig
@@ -96,10 +101,8 @@ def commit_tag(run: RunFolder, tag: str) -> None:
     renames the folder to `tag` and points `latest` at it, each step durable."""
     work, final = run.partial_dir(tag), run.tag_dir(tag)
     write_json_atomic(complete_record(work, tag), work / COMPLETE, durable=True)
-    if final.exists():  # an incomplete tag of this step from an earlier, interrupted run
-        shutil.rmtree(final)
-    os.replace(work, final)
-    fsync_path(run.checkpoints)
+    # over an incomplete tag of this step left by an earlier, interrupted run
+    replace_folder(work, final, durable=True)
     write_text_atomic(run.latest_file, tag, durable=True)
 
 
