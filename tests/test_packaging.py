@@ -1,17 +1,24 @@
 """The package installs as aogpt.* and the repo's scripts run from the repository root."""
 
-import importlib
 import json
 
 import pytest
-from conftest import run_cli
+from conftest import REPO, run_cli
 
 
-def test_installed_under_the_aogpt_namespace():
-    for name in ("aogpt.model", "aogpt.trainer", "aogpt.data_prep"):
-        assert importlib.import_module(name).__name__ == name
-    assert importlib.util.find_spec("model") is None or "aogpt" not in str(
-        importlib.util.find_spec("model").origin)
+def test_installed_under_the_aogpt_namespace_from_any_folder(tmp_path):
+    """From a folder outside the checkout: aogpt.model, .trainer and .data_prep are this
+    checkout's folders, and no top-level `model`, `trainer` or `data_prep` package is installed
+    to shadow a user's own modules of those names."""
+    probe = ("import importlib.util, json, aogpt.model, aogpt.trainer, aogpt.data_prep\n"
+             "print(json.dumps({'paths': [m.__path__[0] for m in (aogpt.model, aogpt.trainer, "
+             "aogpt.data_prep)], 'top_level': [n for n in ('model', 'trainer', 'data_prep') "
+             "if importlib.util.find_spec(n) is not None]}))")
+    result = run_cli("-c", probe, cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    found = json.loads(result.stdout)
+    assert found == {"paths": [str(REPO / "model"), str(REPO / "trainer"), str(REPO / "data_prep")],
+                     "top_level": []}
 
 
 def test_streaming_imports_without_torchvision():
