@@ -1,10 +1,14 @@
 """Training and validation batches from MDS shards through MosaicML Streaming.
 
-    check_data(cfg)                      manifests present and made for this model (pre-flight)
-    TrainBatches(cfg, rank_env, device)  endless (micro, seq_len) int64 batches with their samples'
-                                         dataset indices, epoch after epoch, with state_dict()/
-                                         load_state_dict() for exact resumption
-    validation_loader(cfg, ...)          the `val` split, unshuffled, never the training stream
+    check_data(cfg, dist_env)            the manifests, present and made for this model
+                                         (pre-flight), by data location
+    TrainBatches(cfg, manifests, dist_env, device)
+                                         endless (micro, seq_len) int64 batches with their samples'
+                                         dataset indices, epoch after epoch; state_dict()/
+                                         load_state_dict() for exact resumption (and to go back to
+                                         an earlier position, a rollback), skip() past batches
+    validation_loader(cfg, manifests, dist_env, device)
+                                         the `val` split, unshuffled, never the training stream
 
 A data location is a folder made by data_prep/owt_to_mds.py or a remote URL (s3://, gs://, ...)
 of one. Remote shards are copied to a cache on each node, data.local_cache (default
@@ -16,7 +20,7 @@ through data.streams with their proportions.
 A shard the loader cannot read ends the run with one line naming the file and the sample
 (loader_failure: aogpt.RunFailure, exit status 1); a local shard whose file is missing or of
 another size than its index records is refused before the run starts (check_shard_sizes).
-Loader workers outlive SIGTERM so that a step can finish and save; close() ends them.
+Loader workers outlive SIGTERM and Ctrl-C so that a step can finish and save; close() ends them.
 """
 
 from __future__ import annotations
