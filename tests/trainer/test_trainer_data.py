@@ -59,13 +59,19 @@ def same_batch(a, b) -> bool:
     return all(torch.equal(x, y) for x, y in zip(a, b, strict=True))
 
 
+def draw(stream, batches: int) -> tuple[list, list[dict]]:
+    """The stream's next batches, and its position after each."""
+    seen, states = [], []
+    for _ in range(batches):
+        seen.append(next(stream))
+        states.append(stream.state_dict())
+    return seen, states
+
+
 def test_resumed_stream_continues_with_the_next_batch_even_across_epochs(repo, small_data):
     cfg = config(repo, small_data)
     stream = batches_for(cfg)
-    seen, states = [], []
-    for _ in range(45):
-        seen.append(next(stream))
-        states.append(stream.state_dict())
+    seen, states = draw(stream, 45)
     del stream
     epochs = [s["epoch"] for s in states]
     assert epochs[-1] >= 1, "the test must cross an epoch boundary"
@@ -84,10 +90,7 @@ def test_the_same_stream_goes_back_to_an_earlier_position_and_skips_past_batches
     or of this one (streaming takes the first for stale unless told), then past two batches."""
     cfg = config(repo, small_data)
     stream = batches_for(cfg)
-    seen, states = [], []
-    for _ in range(30):
-        seen.append(next(stream))
-        states.append(stream.state_dict())
+    seen, states = draw(stream, 30)
     assert states[-1]["epoch"] >= 1 and states[3]["epoch"] == 0, "the test must cross an epoch"
     for k in (3, len(states) - 5):
         stream.load_state_dict(states[k])

@@ -39,6 +39,18 @@ def train(data, out, *overrides: str) -> str:
     return output
 
 
+def start(data, out, log, *overrides: str, records: int) -> subprocess.Popen:
+    """A training in the background, its output in `log`, once it has logged `records` steps."""
+    with log.open("w") as sink:
+        proc = subprocess.Popen(command(data, out, *overrides), cwd=REPO, stdout=sink,
+                                stderr=subprocess.STDOUT)
+    metrics = out / "metrics.jsonl"
+    while not (metrics.is_file() and len(read_metrics(metrics)) >= records):
+        assert proc.poll() is None, log.read_text()
+        time.sleep(0.1)
+    return proc
+
+
 @pytest.fixture(scope="module")
 def logged(text_data, tmp_path_factory):
     out = tmp_path_factory.mktemp("runs") / "logged"
@@ -99,17 +111,10 @@ def test_a_relaunch_with_other_settings_keeps_the_config_and_records_the_change(
 def test_a_rerun_after_an_attempt_without_checkpoint_starts_the_metrics_afresh(text_data,
                                                                                tmp_path):
     out = tmp_path / "run"
-    log = tmp_path / "killed.log"
-    with log.open("w") as sink:
-        proc = subprocess.Popen(command(text_data, out, "checkpoint.every=100",
-                                        "train.max_steps=100"), cwd=REPO, stdout=sink,
-                                stderr=subprocess.STDOUT)
-        metrics = out / "metrics.jsonl"
-        while not (metrics.is_file() and len(read_metrics(metrics)) >= 2):
-            assert proc.poll() is None, log.read_text()
-            time.sleep(0.1)
-        proc.send_signal(signal.SIGKILL)
-        proc.wait()
+    proc = start(text_data, out, tmp_path / "killed.log", "checkpoint.every=100",
+                 "train.max_steps=100", records=2)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
     output = train(text_data, out, "train.max_steps=4")
     assert (f"starting from step 0: {out} holds no checkpoint, so the files of an earlier attempt "
             "are replaced (metrics.jsonl, config.yaml)") in output
@@ -121,17 +126,10 @@ def test_a_rerun_after_an_attempt_without_checkpoint_starts_the_metrics_afresh(t
 def test_a_second_training_into_a_live_out_dir_is_refused_and_the_first_goes_on(text_data,
                                                                               tmp_path):
     out = tmp_path / "run"
-    first_log = tmp_path / "first.log"
-    with first_log.open("w") as sink:
-        first = subprocess.Popen(command(text_data, out, "train.max_steps=8"), cwd=REPO,
-                                 stdout=sink, stderr=subprocess.STDOUT)
-        metrics = out / "metrics.jsonl"
-        while not (metrics.is_file() and read_metrics(metrics)):
-            assert first.poll() is None, first_log.read_text()
-            time.sleep(0.1)
-        second = subprocess.run(command(text_data, out, "train.max_steps=8"), cwd=REPO,
-                                capture_output=True, text=True, timeout=120)
-        assert first.wait(timeout=300) == 0, first_log.read_text()[-3000:]
+    first = start(text_data, out, tmp_path / "first.log", "train.max_steps=8", records=1)
+    second = subprocess.run(command(text_data, out, "train.max_steps=8"), cwd=REPO,
+                            capture_output=True, text=True, timeout=120)
+    assert first.wait(timeout=300) == 0, (tmp_path / "first.log").read_text()[-3000:]
     assert second.returncode == 2
     errors = [line for line in second.stderr.splitlines() if line.startswith("error: ")]
     assert len(errors) == 1 and errors[0].startswith(
