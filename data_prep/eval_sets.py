@@ -53,6 +53,7 @@ class EvalSet:
     split: str  # the paper's split
     detokenizer: str
     example: str  # "line": a raw line ("\n" kept, blank -> ""); "sentence"/"passage": stripped
+    last_word: bool = False  # scored on each example's last word: --packing per_example applies
 
 
 EVAL_SETS = {
@@ -61,7 +62,8 @@ EVAL_SETS = {
     "wikitext103": EvalSet("Salesforce/wikitext", "wikitext-103-raw-v1", "text", "test", "wikitext",
                            "line"),
     "ptb": EvalSet("ptb-text-only/ptb_text_only", None, "sentence", "test", "ptb", "sentence"),
-    "lambada": EvalSet("EleutherAI/lambada_openai", None, "text", "test", "lambada", "passage"),
+    "lambada": EvalSet("EleutherAI/lambada_openai", None, "text", "test", "lambada", "passage",
+                       last_word=True),
     "lm1b": EvalSet("dvruette/lm1b", None, "text", "test", "lm1b", "sentence"),
 }
 

@@ -1,6 +1,6 @@
 """Build a zero-shot evaluation set (WikiText-2/103, PTB, LAMBADA, LM1B) as GPT-2 tokens in MDS.
 
-    python data_prep/eval_to_mds.py --dataset {wikitext2,wikitext103,ptb,lambada,lm1b} --out DIR
+    python data_prep/eval_to_mds.py --dataset NAME --out DIR      (NAME: data_prep/eval_sets.py)
         [--source PATH ...] [--split S] [--seq-len 1024] [--packing concat|per_example]
         [--reference-packing]
 
@@ -69,8 +69,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                         help="rebuild OUT even when it is complete")
     args = parser.parse_args(argv)
     check_counts(args, "seq_len", "workers")
-    if args.packing == "per_example" and args.dataset != "lambada":
-        raise UsageError("--packing per_example is for lambada (last-word scoring); use concat")
+    if args.packing == "per_example" and not EVAL_SETS[args.dataset].last_word:
+        last_word = ", ".join(name for name, eval_set in EVAL_SETS.items() if eval_set.last_word)
+        raise UsageError(f"--packing per_example is for the sets scored on their last word "
+                         f"({last_word}); use concat")
     if args.packing == "per_example" and args.reference_packing:
         raise UsageError("--reference-packing applies to --packing concat only")
     for spec in args.source or []:
