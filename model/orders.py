@@ -8,6 +8,8 @@ OrderSampler draws them for training. Every random number is a counter-based has
 (seed, step, sample index, position), so a sample's order depends on nothing else: not on the
 batch it sits in, the world size, the rank or what was drawn before. Resuming or changing the
 number of GPUs reproduces the same orders, and no per-sample Python loop or Generator is needed.
+
+Stream numbers every independent stream of random numbers of the project.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from __future__ import annotations
 import json
 import math
 from dataclasses import dataclass
+from enum import IntEnum
 from pathlib import Path
 from typing import Literal
 
@@ -87,8 +90,21 @@ _GOLDEN = _int64(0x9E3779B97F4A7C15)
 _MIX1 = _int64(0xBF58476D1CE4E5B9)
 _MIX2 = _int64(0x94D049BB133111EB)
 
-# Independent streams of random numbers, so that e.g. the coin never correlates with the order.
-_PERMUTATION, _COIN, _BLOCKS = 1, 2, 3
+
+class Stream(IntEnum):
+    """The ids that keep the project's streams of counter-based random numbers independent (so
+    that e.g. the mixture's coin never correlates with the order it picks): each use hashes its
+    own id among its counters. An id is never reused nor renumbered: its value is part of every
+    order, sample and ensemble member drawn with it, and a change would change them all."""
+
+    PERMUTATION = 1  # OrderSampler: a random order's keys (per block for blockwise within_blocks)
+    COIN = 2  # OrderSampler: the mixture's coin, left to right or not, per sample and step
+    BLOCKS = 3  # OrderSampler: blockwise across_blocks' order of the blocks
+    SAMPLE_ORDER = 11  # KVCacheSampler: the order of the positions not given
+    REVEAL = 12  # KVCacheSampler: the binomial counts, a uniform per position
+    TOKEN = 13  # KVCacheSampler: the uniform each position's token is drawn with
+    ENSEMBLE_TARGETS = 101  # evaluation: the targets the context-order ensemble scores
+    ENSEMBLE_MEMBERS = 102  # evaluation: the ensemble members' re-permuted contexts
 
 
 def _shift_right(z: torch.Tensor, bits: int) -> torch.Tensor:
@@ -229,7 +245,7 @@ class OrderSampler:
         orders = self._draw(kind, self.seed, step, sample_indices)
         if kind != "mixture":
             return orders, torch.zeros(b, dtype=torch.bool, device=device)
-        is_l2r = counter_uniform(self.seed, step, sample_indices, _COIN) < p_left_to_right
+        is_l2r = counter_uniform(self.seed, step, sample_indices, Stream.COIN) < p_left_to_right
         identity = torch.arange(self.seq_len, device=device).expand(b, -1)
         return torch.where(is_l2r[:, None], identity, orders), is_l2r
 
@@ -240,16 +256,18 @@ class OrderSampler:
         samples = sample_indices[:, None]  # (b, 1), broadcast against positions
         if kind != "blockwise":  # uniform, and the uniform part of mixture and fixed
             positions = torch.arange(t, device=device)
-            return _random_permutations(counter_hash(seed, step, samples, _PERMUTATION, positions))
+            keys = counter_hash(seed, step, samples, Stream.PERMUTATION, positions)
+            return _random_permutations(keys)
         size = self.config.block_size
         n_blocks = t // size
         if self.config.block_mode == "across_blocks":
             blocks = torch.arange(n_blocks, device=device)
-            block_order = _random_permutations(counter_hash(seed, step, samples, _BLOCKS, blocks))
+            keys = counter_hash(seed, step, samples, Stream.BLOCKS, blocks)
+            block_order = _random_permutations(keys)
             within = torch.arange(size, device=device)
             return (block_order[:, :, None] * size + within).flatten(1)  # (b, n_blocks*size)
         positions = torch.arange(t, device=device).view(n_blocks, size)
-        keys = counter_hash(seed, step, samples[:, :, None], _PERMUTATION, positions)
+        keys = counter_hash(seed, step, samples[:, :, None], Stream.PERMUTATION, positions)
         within = _random_permutations(keys)  # (b, n_blocks, size): a permutation per block
         offsets = torch.arange(n_blocks, device=device)[:, None] * size
         return (within + offsets).flatten(1)

@@ -49,10 +49,8 @@ import torch
 from aogpt import UsageError
 from aogpt.model.config import GPT2_VOCAB, require_choices
 from aogpt.model.gpt import AOGPT
-from aogpt.model.orders import counter_uniform, shuffle, unshuffle
+from aogpt.model.orders import Stream, counter_uniform, shuffle, unshuffle
 
-# Independent random streams (see orders.counter_hash); the training sampler uses 1-3.
-_ORDER, _REVEAL, _TOKEN = 11, 12, 13
 KEY_BLOCK = 128  # CUDA graphs attend over a multiple of this many cache slots
 # On a CPU, calls of up to this many rows attend to the whole cache (plan_steps). Small model,
 # bf16, batch 4, n = 1024 on a 2-core AVX512-BF16 EPYC: generation at S = 1024 (1 row a call)
@@ -164,8 +162,9 @@ def reveal_counts(config: SamplingConfig, given: torch.Tensor, seq_len: int,
         revealed = (base - steps).cummax(dim=1).values + steps  # N_i >= N_{i-1} + 1
     else:
         # a token is revealed by step i iff its uniform u <= fraction_i: count them per step
-        u = counter_uniform(config.seed, sample_ids[:, None], _REVEAL, torch.arange(seq_len))
-        u = torch.where(torch.arange(seq_len) < masked, u, 2.0).sort(dim=1).values
+        positions = torch.arange(seq_len)
+        u = counter_uniform(config.seed, sample_ids[:, None], Stream.REVEAL, positions)
+        u = torch.where(positions < masked, u, 2.0).sort(dim=1).values
         revealed = torch.searchsorted(u, fraction.expand(len(u), -1).contiguous(), right=True)
     return (given[:, None] + revealed.clamp(max=masked)).long()
 
@@ -176,7 +175,7 @@ def draw_orders(config: SamplingConfig, given_mask: torch.Tensor,
     b, n = given_mask.shape
     positions = torch.arange(n, device=given_mask.device)
     if config.order == "random":
-        keys = counter_uniform(config.seed, sample_ids[:, None], _ORDER, positions)  # [0, 1)
+        keys = counter_uniform(config.seed, sample_ids[:, None], Stream.SAMPLE_ORDER, positions)
     else:
         keys = positions.double().expand(b, n) / n
     keys = torch.where(given_mask, positions.double() - n, keys)
@@ -257,7 +256,7 @@ def token_uniforms(config: SamplingConfig, sample_ids: torch.Tensor, seq_len: in
     """(b, seq_len) float64 in [0, 1): the uniform that draws the token at each position, keyed
     by (seed, sample id, position), so a token is the same whatever batch or step draws it."""
     positions = torch.arange(seq_len, device=sample_ids.device)
-    return counter_uniform(config.seed, sample_ids[:, None], _TOKEN, positions)
+    return counter_uniform(config.seed, sample_ids[:, None], Stream.TOKEN, positions)
 
 
 CDF_BLOCK = 256  # tokens per block of the two-level inverse CDF (sample_from_logits)

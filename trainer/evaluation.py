@@ -49,7 +49,7 @@ from aogpt import UsageError, check_counts
 from aogpt.data_prep.manifest import check_compatible, read_manifest, split_path
 from aogpt.data_prep.streaming_compat import streaming
 from aogpt.model import AOGPT, OrderConfig, OrderSampler
-from aogpt.model.orders import counter_uniform
+from aogpt.model.orders import Stream, counter_uniform
 from aogpt.progress import progress as progress_bar
 
 ORDER_KINDS = ("l2r", "random")
@@ -57,9 +57,6 @@ PRECISIONS = {
     "fp32": "fp32 weights and activations, TF32 off, log-softmax in fp32",
     "bf16": "bf16 autocast over fp32 weights, log-softmax in fp32",
 }
-# Independent random streams (the counter after the seed) of evaluation's own choices; the K
-# orders come from OrderSampler with the order number as its step.
-_TARGETS, _MEMBERS = 101, 102
 
 
 @dataclass(frozen=True)
@@ -203,8 +200,8 @@ def member_orders(base_orders: torch.Tensor, sample_indices: torch.Tensor, targe
     (seed, sample, target, member), so a cut prefix is the prefix of the full order.
     """
     positions = torch.arange(length, device=base_orders.device)
-    keys = counter_uniform(seed, _MEMBERS, sample_indices[:, None], targets[:, None],
-                           members[:, None], positions)  # (R, length) in [0, 1)
+    keys = counter_uniform(seed, Stream.ENSEMBLE_MEMBERS, sample_indices[:, None],
+                           targets[:, None], members[:, None], positions)  # (R, length) in [0, 1)
     keys = torch.where(members[:, None] == 0, positions.double() / length, keys)
     keys = torch.where(positions >= targets[:, None], 2.0 + positions.double(), keys)
     return base_orders[:, :length].gather(1, torch.argsort(keys, dim=1, stable=True))
@@ -220,7 +217,8 @@ def choose_targets(seed: int, sample_indices: torch.Tensor, lengths: torch.Tenso
     """
     positions = torch.arange(seq_len, device=lengths.device)
     counts = lengths if per_sequence is None else lengths.clamp(max=per_sequence)
-    keys = counter_uniform(seed, _TARGETS, sample_indices[:, None], positions)  # (b, n)
+    keys = counter_uniform(seed, Stream.ENSEMBLE_TARGETS, sample_indices[:, None],
+                           positions)  # (b, n)
     ranked = torch.argsort(torch.where(positions < lengths[:, None], keys, 2.0), dim=1, stable=True)
     unit_sample, rank = torch.nonzero(positions < counts[:, None], as_tuple=True)
     return unit_sample, ranked[unit_sample, rank], counts
