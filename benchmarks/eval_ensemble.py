@@ -31,6 +31,7 @@ import torch
 from aogpt import UsageError, cli_entry
 from aogpt.model import AOGPT, OrderConfig, OrderSampler, load_checkpoint
 from aogpt.model.config import medium, small, tiny
+from aogpt.model.orders import ANY_ORDER
 from aogpt.trainer.evaluation import EvalData, ensemble_member_nll, straightforward_member_nll
 
 PRESETS = {"tiny": tiny, "small": small, "medium": medium}
@@ -81,7 +82,7 @@ class Case:
         self.model, self.device, self.members = model, device, args.members
         self.idx = idx.to(device)
         self.samples = torch.arange(len(idx), device=device)
-        self.base = OrderSampler(OrderConfig(kind="uniform"), n, SEED)(0, self.samples)[0]
+        self.base = OrderSampler(OrderConfig(kind=ANY_ORDER.word), n, SEED)(0, self.samples)[0]
         # the same targets in every sequence, so that one full forward serves the whole batch
         self.targets = torch.randperm(n, generator=torch.Generator().manual_seed(SEED))[:args.targets]
         self.targets = self.targets.sort().values.tolist()

@@ -9,14 +9,15 @@ OrderSampler draws them for training. Every random number is a counter-based has
 batch it sits in, the world size, the rank or what was drawn before. Resuming or changing the
 number of GPUs reproduces the same orders, and no per-sample Python loop or Generator is needed.
 
-Stream numbers every independent stream of random numbers of the project.
+READINGS names the two ways a sequence is read (left to right, any order) once for every
+command, and Stream numbers every independent stream of random numbers of the project.
 """
 
 from __future__ import annotations
 
 import json
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from enum import IntEnum
 from pathlib import Path
 from typing import Literal
@@ -26,15 +27,61 @@ import torch
 
 from aogpt import UsageError, check_input_file
 
+# ---- the readings: one vocabulary for every command ----------------------------------------------
+
+
+@dataclass(frozen=True)
+class Reading:
+    """A way of reading a sequence, named once for training, evaluation, sampling and metrics."""
+
+    # what commands take and write: order.kind, evaluate.py's --orders, --ensemble-base and its
+    # JSON keys, sample.py's --order, lm-eval's order=, SamplingConfig.order
+    word: str
+    # the suffix of its metrics (loss_<metric>, val_loss_<metric>, eval/<set>/<weights>/<metric>_
+    # <nll|ppl>): names in metrics.jsonl and wandb that must never change
+    metric: str
+    label: str  # its English, in messages and plots
+    aliases: tuple[str, ...]  # other words every command accepts for it
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        return (self.word, *self.aliases)
+
+    def spelled(self) -> str:
+        """'l2r (also ltr, ...)': the word and its aliases, as messages and help texts list them."""
+        return f"{self.word} (also {', '.join(self.aliases)})"
+
+
+LEFT_TO_RIGHT = Reading("l2r", "l2r", "left to right", ("ltr", "left_to_right"))
+# random orders drawn uniformly: the any-order (AO-AR) loss, the masked diffusion model's bound
+ANY_ORDER = Reading("random", "ao", "any order", ("uniform", "ao", "any", "any_order"))
+READINGS = (LEFT_TO_RIGHT, ANY_ORDER)
+READING_WORDS = tuple(reading.word for reading in READINGS)
+_BY_NAME = {name: reading for reading in READINGS for name in reading.names}
+ALIASES = {alias: reading.word for reading in READINGS for alias in reading.aliases}
+
+
+def reading_named(word: str, what: str) -> Reading:
+    """The reading a word names (its canonical word or an alias); UsageError naming `what` (the
+    flag or setting that gave it) and the accepted words otherwise."""
+    if word not in _BY_NAME:
+        raise UsageError(f"{what}: {word!r} names no order: use "
+                         f"{' or '.join(reading.spelled() for reading in READINGS)}")
+    return _BY_NAME[word]
+
+
+# order.kind: the readings and the training-only kinds
+KINDS = ("mixture", ANY_ORDER.word, LEFT_TO_RIGHT.word, "fixed", "blockwise")
+
 
 @dataclass
 class OrderConfig:
     """How the generation order of each training sequence is drawn."""
 
-    # mixture: left-to-right with probability p_left_to_right, else uniform (the paper, p = 0.1)
-    # uniform: any order; l2r: left to right; fixed: one random order for every sample;
-    # blockwise: contiguous blocks of block_size, see block_mode.
-    kind: Literal["mixture", "uniform", "l2r", "fixed", "blockwise"] = "mixture"
+    # mixture: left-to-right with probability p_left_to_right, else any order (the paper, p = 0.1)
+    # random (also uniform): any order; l2r: left to right; fixed: one random order for every
+    # sample; blockwise: contiguous blocks of block_size, see block_mode.
+    kind: Literal[KINDS] = field(default="mixture", metadata={"aliases": ALIASES})
     p_left_to_right: float = 0.1
     # p_left_to_right moves to p_left_to_right_end over schedule_steps (constant: never moves).
     schedule: Literal["constant", "linear", "step", "cosine"] = "constant"
@@ -49,6 +96,9 @@ class OrderConfig:
     # blockwise: True draws one block-structured order from fixed_seed for every sample (the
     # paper's "fixed block-wise random" of Fig. 2a); False draws a fresh one per sample and step.
     blockwise_fixed: bool = True
+
+    def __post_init__(self):
+        self.kind = ALIASES.get(self.kind, self.kind)  # an alias is kept as its reading's word
 
     def validate(self, seq_len: int) -> None:
         """Checks the fields against each other and against the sequence length orders permute."""
@@ -224,7 +274,7 @@ class OrderSampler:
         b, device = sample_indices.numel(), sample_indices.device
         identity = torch.arange(self.seq_len, device=device).expand(b, -1)
         kind = self.config.kind
-        if kind == "l2r":
+        if kind == LEFT_TO_RIGHT.word:
             return identity.clone(), torch.ones(b, dtype=torch.bool, device=device)
         if self._fixed is not None:
             if device not in self._fixed_on:
@@ -254,7 +304,7 @@ class OrderSampler:
         """Random orders of this kind, one per sample index: (b, seq_len)."""
         t, device = self.seq_len, sample_indices.device
         samples = sample_indices[:, None]  # (b, 1), broadcast against positions
-        if kind != "blockwise":  # uniform, and the uniform part of mixture and fixed
+        if kind != "blockwise":  # random, and the random part of mixture and fixed
             positions = torch.arange(t, device=device)
             keys = counter_hash(seed, step, samples, Stream.PERMUTATION, positions)
             return _random_permutations(keys)

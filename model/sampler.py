@@ -49,7 +49,16 @@ import torch
 from aogpt import UsageError
 from aogpt.model.config import GPT2_VOCAB, require_choices
 from aogpt.model.gpt import AOGPT
-from aogpt.model.orders import Stream, counter_uniform, shuffle, unshuffle
+from aogpt.model.orders import (
+    ANY_ORDER,
+    LEFT_TO_RIGHT,
+    READING_WORDS,
+    Stream,
+    counter_uniform,
+    reading_named,
+    shuffle,
+    unshuffle,
+)
 
 KEY_BLOCK = 128  # CUDA graphs attend over a multiple of this many cache slots
 # On a CPU, calls of up to this many rows attend to the whole cache (plan_steps). Small model,
@@ -67,7 +76,7 @@ class SamplingConfig:
     # "deterministic": the paper's counts (at least one token per step); "binomial": each masked
     # token is revealed with the schedule's probability, exactly as in Lemma 1
     counts: Literal["deterministic", "binomial"] = "deterministic"
-    order: Literal["random", "l2r"] = "random"  # of the positions that are not given
+    order: Literal[READING_WORDS] = ANY_ORDER.word  # of the positions that are not given
     temperature: float = 1.0  # 0 = greedy
     top_p: float = 1.0
     # which tokens the nucleus keeps: "standard" (as transformers and most samplers) the smallest
@@ -79,10 +88,13 @@ class SamplingConfig:
     top_k: int = 0  # 0 = off
     seed: int = 0
 
+    def __post_init__(self):
+        self.order = reading_named(self.order, "order").word  # an alias is kept as its word
+
     def validate(self) -> None:
         if self.steps < 1:
             raise UsageError(f"steps must be >= 1, got {self.steps}")
-        require_choices(self, ("schedule", "counts", "order", "top_p_rule"))
+        require_choices(self, ("schedule", "counts", "top_p_rule"))
         if self.temperature < 0:
             raise UsageError(f"temperature must be >= 0 (0 = greedy), got {self.temperature}")
         if not 0.0 < self.top_p <= 1.0:
@@ -174,7 +186,7 @@ def draw_orders(config: SamplingConfig, given_mask: torch.Tensor,
     """(b, n) int64: given positions first (ascending), then the others in random or l2r order."""
     b, n = given_mask.shape
     positions = torch.arange(n, device=given_mask.device)
-    if config.order == "random":
+    if config.order == ANY_ORDER.word:
         keys = counter_uniform(config.seed, sample_ids[:, None], Stream.SAMPLE_ORDER, positions)
     else:
         keys = positions.double().expand(b, n) / n
@@ -405,8 +417,8 @@ class KVCacheSampler:
                              f"got {seq_len}")
         if model.training:
             raise UsageError("the model is in training mode: call model.eval() before sampling")
-        if config.order != "l2r":
-            mc.require_any_order("use order=l2r")
+        if config.order != LEFT_TO_RIGHT.word:
+            mc.require_any_order(f"use order={LEFT_TO_RIGHT.word}")
         weight = model.lm_head.weight
         self.model, self.config, self.seq_len, self.batch_size = model, config, seq_len, batch_size
         self.device = weight.device

@@ -25,7 +25,7 @@ import yaml
 from aogpt import UsageError, check_input_file
 from aogpt.files import write_text_atomic
 from aogpt.model.config import ModelConfig
-from aogpt.model.orders import OrderConfig
+from aogpt.model.orders import LEFT_TO_RIGHT, OrderConfig
 
 
 @dataclass
@@ -225,8 +225,8 @@ class RunConfig:
         if not 0.0 <= self.optim.beta1 < 1.0 or not 0.0 <= self.optim.beta2 < 1.0:
             raise UsageError("optim.beta1 and optim.beta2 must be in [0, 1)")
         self.order.validate(self.model.block_size)
-        if self.order.kind != "l2r":
-            self.model.require_any_order("set order.kind=l2r")
+        if self.order.kind != LEFT_TO_RIGHT.word:
+            self.model.require_any_order(f"set order.kind={LEFT_TO_RIGHT.word}")
         if not 0.0 < self.ema.decay < 1.0:
             raise UsageError(f"ema.decay must be in (0, 1), got {self.ema.decay}")
         if not self.data.path and not self.data.streams:
@@ -312,6 +312,10 @@ def record_config(cfg: RunConfig, config_file: Path, changes_file: Path, step: i
     if changes_file.is_file():
         for line in changes_file.read_text().splitlines():
             before.update({key: value[1] for key, value in json.loads(line)["changed"].items()})
+    # a run begun with an alias (order.kind: uniform, before the word was random) changed nothing
+    aliases = _field_aliases(RunConfig)
+    before = {key: aliases[key].get(value, value) if key in aliases and isinstance(value, str)
+              else value for key, value in before.items()}
     changed = {key: [before.get(key), value] for key, value in now.items()
                if before.get(key) != value}
     if changed:
@@ -320,6 +324,17 @@ def record_config(cfg: RunConfig, config_file: Path, changes_file: Path, step: i
         with changes_file.open("a") as file:
             file.write(json.dumps(record) + "\n")
     return changed
+
+
+def _field_aliases(cls: type, prefix: str = "") -> dict[str, dict[str, str]]:
+    """{"order.kind": {"uniform": "random", ...}}: the fields that accept aliases, by dotted key."""
+    found, hints = {}, typing.get_type_hints(cls)
+    for f in dataclasses.fields(cls):
+        if dataclasses.is_dataclass(hints[f.name]):
+            found.update(_field_aliases(hints[f.name], f"{prefix}{f.name}."))
+        elif "aliases" in f.metadata:
+            found[prefix + f.name] = f.metadata["aliases"]
+    return found
 
 
 def _read_preset(path: Path, seen: tuple[Path, ...]) -> dict:
@@ -371,12 +386,15 @@ def _build(cls: type, values: Any, prefix: str) -> Any:
             close = difflib.get_close_matches(str(key), list(fields), n=1)
             hint = f" (did you mean {prefix}{close[0]}?)" if close else f" (known: {', '.join(fields)})"
             raise UsageError(f"unknown config key {prefix}{key}{hint}")
-        kwargs[key] = _coerce(hints[key], value, f"{prefix}{key}")
+        # a field's metadata may name aliases of its Literal values (order.kind=uniform is random)
+        aliases = fields[key].metadata.get("aliases", {})
+        kwargs[key] = _coerce(hints[key], value, f"{prefix}{key}", aliases)
     return cls(**kwargs)
 
 
-def _coerce(hint: Any, value: Any, name: str) -> Any:
-    """Checks (and where lossless, converts) a YAML value against a dataclass field's type."""
+def _coerce(hint: Any, value: Any, name: str, aliases: dict[str, str] | None = None) -> Any:
+    """Checks (and where lossless, converts) a YAML value against a dataclass field's type; a
+    Literal value's alias (in `aliases`) becomes the value it stands for."""
     origin = typing.get_origin(hint)
     if dataclasses.is_dataclass(hint):
         return _build(hint, value, f"{name}.")
@@ -395,8 +413,11 @@ def _coerce(hint: Any, value: Any, name: str) -> Any:
         raise UsageError(errors[0])
     if origin is Literal:
         allowed = typing.get_args(hint)
+        aliases = aliases or {}
+        value = aliases.get(value, value) if isinstance(value, str) else value
         if value not in allowed:
-            raise UsageError(f"{name} must be one of {', '.join(map(str, allowed))}; got {value!r}")
+            raise UsageError(f"{name} must be one of {', '.join(map(str, allowed))}"
+                             f"{_aliases_text(aliases)}; got {value!r}")
         return value
     if origin is list:
         if not isinstance(value, list):
@@ -425,3 +446,12 @@ def _coerce(hint: Any, value: Any, name: str) -> Any:
             raise UsageError(f"{name} must be a string, got {value!r}")
         return value
     raise TypeError(f"config field {name} has a type the loader does not handle: {hint}")
+
+
+def _aliases_text(aliases: dict[str, str]) -> str:
+    """" (also uniform, ao for random; ltr for l2r)": the aliases of each value, or nothing."""
+    by_value: dict[str, list[str]] = {}
+    for alias, value in aliases.items():
+        by_value.setdefault(value, []).append(alias)
+    groups = "; ".join(f"{', '.join(names)} for {value}" for value, names in by_value.items())
+    return f" (also {groups})" if groups else ""

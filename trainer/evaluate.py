@@ -45,10 +45,10 @@ from aogpt import UsageError, cli_entry
 from aogpt.files import check_output_file, write_json_atomic
 from aogpt.model import load_checkpoint
 from aogpt.model.checkpoint import describe_provenance, locate_checkpoint, provenance
+from aogpt.model.orders import ANY_ORDER, LEFT_TO_RIGHT, READING_WORDS, READINGS
 from aogpt.model.precision import resolve_device
 from aogpt.trainer.dist_env import DistEnv, setup_distributed_env
 from aogpt.trainer.evaluation import (
-    ORDER_KINDS,
     PRECISIONS,
     EvalData,
     EvalSettings,
@@ -65,8 +65,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     add("--ckpt", required=True, help="out_dir, checkpoint folder or model.safetensors")
     add("--data", required=True, action="append", metavar="DIR",
         help="data folder made by data_prep; repeat for several")
-    add("--orders", default=None, help="comma list of l2r, random (default: both; l2r for a "
-        "left-to-right GPT); 'none' to run only the ensemble")
+    add("--orders", default=None, help="comma list of "
+        f"{', '.join(reading.spelled() for reading in READINGS)}; default: both "
+        f"({LEFT_TO_RIGHT.word} for a left-to-right GPT); 'none' to run only the ensemble")
     add("--num-orders", type=int, default=4, help="K random orders per sequence (default 4)")
     add("--ensemble", default="", metavar="M[,M2,...]",
         help="context-order ensemble sizes, e.g. 1,2,4,8,16,32,64: the largest is run and "
@@ -74,8 +75,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     add("--ensemble-targets", type=int, default=None, metavar="N",
         help="score N targets per sequence, drawn uniformly without replacement (default: all); "
         "the mean NLL is then an unbiased estimate with a standard error (N >= 2)")
-    add("--ensemble-base", choices=ORDER_KINDS, default="random",
-        help="the order whose contexts are re-permuted (default random, as the paper)")
+    add("--ensemble-base", default=ANY_ORDER.word,
+        help=f"the order whose contexts are re-permuted: {' or '.join(READING_WORDS)} "
+        f"(default {ANY_ORDER.word}, as the paper; aliases as for --orders)")
     add("--weights", choices=("ema", "raw"), default="ema", help="default ema (as the paper)")
     add("--unigram-from", type=Path, default=None, metavar="DIR",
         help="also score a context-free reference: the token frequencies of this pretraining "
@@ -111,7 +113,7 @@ def parse_sizes(text: str) -> tuple[int, ...]:
 
 def settings_from_args(args: argparse.Namespace, any_order: bool) -> EvalSettings:
     if args.orders is None:
-        orders = ORDER_KINDS if any_order else ("l2r",)
+        orders = READING_WORDS if any_order else (LEFT_TO_RIGHT.word,)
     else:
         orders = tuple(kind for kind in args.orders.split(",") if kind not in ("", "none"))
     return EvalSettings(orders=orders, num_orders=args.num_orders,

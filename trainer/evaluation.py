@@ -49,10 +49,16 @@ from aogpt import UsageError, check_counts
 from aogpt.data_prep.manifest import check_compatible, read_manifest, split_path
 from aogpt.data_prep.streaming_compat import streaming
 from aogpt.model import AOGPT, OrderConfig, OrderSampler
-from aogpt.model.orders import Stream, counter_uniform
+from aogpt.model.orders import (
+    ANY_ORDER,
+    LEFT_TO_RIGHT,
+    READING_WORDS,
+    Stream,
+    counter_uniform,
+    reading_named,
+)
 from aogpt.progress import progress as progress_bar
 
-ORDER_KINDS = ("l2r", "random")
 PRECISIONS = {
     "fp32": "fp32 weights and activations, TF32 off, log-softmax in fp32",
     "bf16": "bf16 autocast over fp32 weights, log-softmax in fp32",
@@ -61,36 +67,39 @@ PRECISIONS = {
 
 @dataclass(frozen=True)
 class EvalSettings:
-    orders: tuple[str, ...] = ("l2r", "random")
+    orders: tuple[str, ...] = READING_WORDS  # the readings scored (orders.READINGS' words)
     num_orders: int = 4  # K random orders per sequence
     ensemble: tuple[int, ...] = ()  # ensemble sizes to report, ascending; the largest is run
     ensemble_targets: int | None = None  # targets scored per sequence; None: all of them
-    ensemble_base: str = "random"  # the base order σ: random (the paper) or l2r
+    ensemble_base: str = ANY_ORDER.word  # the base order σ: any order (the paper) or l2r
     batch_size: int = 8  # sequences per forward; ensemble forwards hold batch_size x n slots
     max_samples: int | None = None  # the first N samples of each data folder
     seed: int = 0
     precision: str = "fp32"
 
+    def __post_init__(self):
+        # an alias names its reading by its word, the key of the results
+        object.__setattr__(self, "orders", tuple(
+            reading_named(word, "--orders").word for word in self.orders))
+        object.__setattr__(self, "ensemble_base",
+                           reading_named(self.ensemble_base, "--ensemble-base").word)
+
     def validate(self, model: AOGPT) -> None:
         """UsageError for settings that cannot run, or cannot run on this model."""
-        unknown = [kind for kind in self.orders if kind not in ORDER_KINDS]
-        if unknown or not (self.orders or self.ensemble):
-            raise UsageError(f"--orders {','.join(self.orders)!r}: give a comma list of "
-                             f"{', '.join(ORDER_KINDS)} (or an --ensemble)")
+        if not (self.orders or self.ensemble):
+            raise UsageError(f"--orders: give a comma list of {', '.join(READING_WORDS)} (or "
+                             "an --ensemble)")
         check_counts(self, "num_orders", "batch_size", "ensemble_targets", "max_samples")
         if self.ensemble_targets == 1:  # the standard error of a mean needs two
             raise UsageError("--ensemble-targets must be at least 2 (a standard error needs two "
                              "targets per sequence), got 1; leave it out to score every target")
         if any(m < 1 for m in self.ensemble):
             raise UsageError(f"--ensemble sizes must be positive, got {list(self.ensemble)}")
-        if self.ensemble_base not in ORDER_KINDS:
-            raise UsageError(f"--ensemble-base must be one of {', '.join(ORDER_KINDS)}")
         if self.precision not in PRECISIONS:
             raise UsageError(f"--precision must be one of {', '.join(PRECISIONS)}")
-        any_order = "random" in self.orders or self.ensemble
-        if any_order:
-            model.config.require_any_order("it cannot score other orders; use --orders l2r and "
-                                           "no --ensemble")
+        if ANY_ORDER.word in self.orders or self.ensemble:
+            model.config.require_any_order("it cannot score other orders; use --orders "
+                                           f"{LEFT_TO_RIGHT.word} and no --ensemble")
 
     @property
     def members(self) -> int:
@@ -398,25 +407,25 @@ class Evaluator:
             for sample_indices, idx, lengths in bar:
                 self.score_batch(sampler, tallies, *(t.to(self.device) for t in
                                                      (sample_indices, idx, lengths)))
-        summarize = {"l2r": self.summarize_l2r, "random": self.summarize_random,
-                     "ensemble": self.summarize_ensemble}
+        summarize = {LEFT_TO_RIGHT.word: self.summarize_l2r,
+                     ANY_ORDER.word: self.summarize_random, "ensemble": self.summarize_ensemble}
         return {"data": str(data.path), "dataset": data.name, "split": data.split,
                 "samples": data.num_samples, "seq_len": data.seq_len,
                 **{kind: summarize[kind](tally.reduced()) for kind, tally in tallies.items()}}
 
     def new_tallies(self) -> dict[str, Tally]:
-        """Empty sums per kind of score: (nll, tokens), per random order for "random", and
-        (estimate, variance) per size for the ensemble."""
+        """Empty sums per kind of score: (nll, tokens), per random order for the any-order
+        reading, and (estimate, variance) per size for the ensemble."""
         s = self.settings
 
         def sums(*shape: int) -> torch.Tensor:
             return torch.zeros(*shape, dtype=torch.float64, device=self.device)
 
         tallies = {}
-        if "l2r" in s.orders:
-            tallies["l2r"] = Tally(sums(2))
-        if "random" in s.orders:
-            tallies["random"] = Tally(sums(s.num_orders, 2))
+        if LEFT_TO_RIGHT.word in s.orders:
+            tallies[LEFT_TO_RIGHT.word] = Tally(sums(2))
+        if ANY_ORDER.word in s.orders:
+            tallies[ANY_ORDER.word] = Tally(sums(s.num_orders, 2))
         if s.ensemble:
             tallies["ensemble"] = Tally(sums(len(s.ensemble), 2),
                                         extra={"tokens": 0, "scored_targets": 0})
@@ -424,8 +433,9 @@ class Evaluator:
 
     def order_sampler(self, seq_len: int) -> OrderSampler:
         """The seed convention of every evaluation: the k-th random order of the sample with
-        dataset index i is the uniform OrderSampler's draw at step k for i, under settings.seed."""
-        return OrderSampler(OrderConfig(kind="uniform"), seq_len, self.settings.seed)
+        dataset index i is the any-order OrderSampler's draw at step k for i, under
+        settings.seed."""
+        return OrderSampler(OrderConfig(kind=ANY_ORDER.word), seq_len, self.settings.seed)
 
     def score_batch(self, sampler: OrderSampler, tallies: dict[str, Tally],
                     sample_indices: torch.Tensor, idx: torch.Tensor, lengths: torch.Tensor) -> None:
@@ -440,22 +450,22 @@ class Evaluator:
             tally.forwards, tally.slot_forwards = tally.forwards + b, tally.slot_forwards + b * n
             return model(idx, orders).double()  # (b, n)
 
-        if "l2r" in tallies:
-            tally = tallies["l2r"]
+        if LEFT_TO_RIGHT.word in tallies:
+            tally = tallies[LEFT_TO_RIGHT.word]
             with self.timed(tally):
                 orders = torch.arange(n, device=idx.device).expand(b, n)
                 nll = order_nll(tally, None)
                 tally.sums += torch.stack([(nll * real).sum(), real.sum()])
-            scored["l2r"] = orders, nll
-        if "random" in tallies:
-            tally = tallies["random"]
+            scored[LEFT_TO_RIGHT.word] = orders, nll
+        if ANY_ORDER.word in tallies:
+            tally = tallies[ANY_ORDER.word]
             with self.timed(tally):
                 for k in range(s.num_orders):
                     orders = real_first(sampler(k, sample_indices)[0], lengths)
                     nll = order_nll(tally, orders)
                     tally.sums[k] += torch.stack([(nll * real).sum(), real.sum()])
                     if k == 0:
-                        scored["random"] = orders, nll
+                        scored[ANY_ORDER.word] = orders, nll
         if "ensemble" in tallies:
             self.score_ensemble(tallies["ensemble"], sampler, scored, sample_indices, idx, lengths)
 
@@ -470,7 +480,7 @@ class Evaluator:
                 base_orders, base_nll = scored[s.ensemble_base]
             else:
                 base_orders = torch.arange(n, device=idx.device).expand(b, n)
-                if s.ensemble_base == "random":
+                if s.ensemble_base == ANY_ORDER.word:
                     base_orders = real_first(sampler(0, sample_indices)[0], lengths)
                 base_nll = model(idx, base_orders).double()
             unit_sample, unit_target, counts = choose_targets(
@@ -529,7 +539,7 @@ def format_table(results: list[dict]) -> str:
     lines = [header, "-" * len(header)]
     for result in results:
         name = result["dataset"]
-        for kind in ("unigram", "l2r", "random", "ensemble"):
+        for kind in ("unigram", *READING_WORDS, "ensemble"):
             if kind not in result:
                 continue
             row = result[kind]
@@ -544,13 +554,13 @@ def format_table(results: list[dict]) -> str:
                                        score["nll_se"], row["tokens"], cost))
                     cost = ""  # the cost is that of all sizes together
                 continue
-            label = f"random x{row['num_orders']}" if kind == "random" else kind
+            label = f"{kind} x{row['num_orders']}" if kind == ANY_ORDER.word else kind
             spread = row.get("nll_std")
             lines.append(_line(name, label, row["nll"], row["ppl"], spread, row["tokens"], cost))
-    lines.append("nll: nats per token. random and ensemble average over orders: their ppl is an "
-                 "upper bound. ±: std over the orders (random), standard error of the target "
-                 "sampling (ensemble). unigram (ref): token frequencies of the training data, no "
-                 "context")
+    lines.append(f"nll: nats per token. {ANY_ORDER.word} and ensemble average over orders: their "
+                 f"ppl is an upper bound. ±: std over the orders ({ANY_ORDER.word}), standard "
+                 "error of the target sampling (ensemble). unigram (ref): token frequencies of the "
+                 "training data, no context")
     return "\n".join(lines)
 
 

@@ -60,6 +60,7 @@ from aogpt import UsageError, cli_entry
 from aogpt.data_prep.tokenizer import EOS, load_gpt2
 from aogpt.model import AOGPT, load_checkpoint
 from aogpt.model.config import GPT2_VOCAB
+from aogpt.model.orders import ANY_ORDER, LEFT_TO_RIGHT, reading_named
 from aogpt.model.precision import resolve_device
 from aogpt.model.sampler import KVCacheSampler, SamplingConfig
 from aogpt.trainer.evaluation import (
@@ -80,13 +81,21 @@ _ROLLING_START = -1  # the prefix lm-eval's rolling windows put first: the [None
 
 
 def parse_order(spec: str) -> int:
-    """"l2r" -> 1, "ensemble:M" -> M: the members each scored token is averaged over."""
-    if spec == "l2r":
-        return 1
+    """"l2r" (or an alias) -> 1, "ensemble:M" -> M: the members each scored token is averaged
+    over."""
     kind, _, members = str(spec).partition(":")
     if kind == "ensemble" and members.isdigit() and int(members) >= 1:
         return int(members)
-    raise UsageError(f"order={spec!r}: give l2r or ensemble:M (M >= 1 members, e.g. ensemble:8)")
+    choices = f"give {LEFT_TO_RIGHT.spelled()} or ensemble:M (M >= 1 members, e.g. ensemble:8)"
+    try:
+        reading = reading_named(spec, "order")
+    except UsageError:
+        raise UsageError(f"order={spec!r}: {choices}") from None
+    if reading is ANY_ORDER:  # a bound is no likelihood: lm-eval would compare bounds
+        raise UsageError(f"order={spec!r}: lm-eval's tasks need exact likelihoods, and "
+                         f"{ANY_ORDER.label} gives only a bound (trainer/evaluate.py scores it): "
+                         f"{choices}")
+    return 1
 
 
 def context_key(context: list[int]) -> int:
@@ -112,9 +121,9 @@ def rolling_rows(tokens: list[int], block_size: int) -> Iterator[tuple[list[int]
 class AOGPTLM(TemplateLM):
     """An aogpt checkpoint as an lm-eval LM (see the module's docstring for what it computes)."""
 
-    def __init__(self, ckpt: str | None = None, order: str = "l2r", weights: str = "ema",
-                 device: str | None = None, batch_size: int | str = 8, precision: str = "fp32",
-                 seed: int = 0, tokenizer_file: str | None = None,
+    def __init__(self, ckpt: str | None = None, order: str = LEFT_TO_RIGHT.word,
+                 weights: str = "ema", device: str | None = None, batch_size: int | str = 8,
+                 precision: str = "fp32", seed: int = 0, tokenizer_file: str | None = None,
                  max_batch_size: int | None = None, **unknown):
         super().__init__()
         if unknown:
@@ -134,7 +143,8 @@ class AOGPTLM(TemplateLM):
         self._device = resolve_device(str(device or "auto"))
         self.model = load_checkpoint(str(ckpt), weights=weights, map_location=self._device)
         if self.members > 1:
-            self.model.config.require_any_order(f"order={order} reads permuted contexts; use order=l2r")
+            self.model.config.require_any_order(f"order={order} reads permuted contexts; use "
+                                                f"order={LEFT_TO_RIGHT.word}")
         self.precision = precision
         self._bf16_model: AOGPT | None = None
         if precision == "fp32":
@@ -310,7 +320,8 @@ class AOGPTLM(TemplateLM):
     def generate_until(self, requests: list[Instance], disable_tqdm: bool = False) -> list[str]:
         if self.members > 1:
             raise UsageError("generate_until: order=ensemble:M scores likelihoods only, the "
-                             "sampler has no ensemble; run generation tasks with order=l2r")
+                             "sampler has no ensemble; run generation tasks with "
+                             f"order={LEFT_TO_RIGHT.word}")
         jobs = [self.generation_job(number, context, gen_kwargs)
                 for number, (context, gen_kwargs) in enumerate(r.args for r in requests)]
         # one sampler per batch of requests that share their sampling settings
@@ -367,8 +378,8 @@ class AOGPTLM(TemplateLM):
         for row, job in enumerate(jobs):
             tokens[row, :given[row]] = torch.tensor(job["context"], dtype=torch.long)
             mask[row, :given[row]] = True
-        config = SamplingConfig(steps=seq_len - min(given), order="l2r", temperature=temperature,
-                                top_p=top_p, top_k=top_k, seed=self.seed)
+        config = SamplingConfig(steps=seq_len - min(given), order=LEFT_TO_RIGHT.word,
+                                temperature=temperature, top_p=top_p, top_k=top_k, seed=self.seed)
         sampler = KVCacheSampler(self.sampling_model(), len(jobs), seq_len, config,
                                  cuda_graphs=False)
         out = sampler.generate(torch.tensor([job["number"] for job in jobs]), tokens, mask)

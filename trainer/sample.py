@@ -40,6 +40,7 @@ from aogpt.data_prep.tokenizer import EOS, load_gpt2
 from aogpt.files import check_output_file, write_text_atomic
 from aogpt.model import load_checkpoint
 from aogpt.model.checkpoint import describe_provenance, locate_checkpoint, provenance
+from aogpt.model.orders import ANY_ORDER, READINGS, reading_named
 from aogpt.model.precision import resolve_device
 from aogpt.model.sampler import Generation, KVCacheSampler, SamplingConfig, given_from_text
 from aogpt.progress import progress
@@ -62,8 +63,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     add("--schedule", choices=("linear", "cosine"), default="linear")
     add("--counts", choices=("deterministic", "binomial"), default="deterministic",
         help="tokens revealed per step: the paper's fixed counts or Lemma 1's Binomial ones")
-    add("--order", choices=("random", "l2r"), default="random",
-        help="order of the positions not given (default random)")
+    add("--order", default=ANY_ORDER.word, help="order of the positions not given: "
+        f"{' or '.join(reading.spelled() for reading in READINGS)} (default {ANY_ORDER.word})")
     add("--temperature", type=float, default=1.0, help="0 = greedy (default 1)")
     add("--top-p", type=float, default=1.0, help="nucleus sampling mass (default 1 = off)")
     add("--top-p-rule", choices=("paper", "standard"), default="paper",
@@ -124,8 +125,10 @@ def readable(text: str) -> str:
 
 
 def check_args(args: argparse.Namespace) -> None:
-    """The checks that need no checkpoint, before any work: counts, the output file, the judge."""
+    """The checks that need no checkpoint, before any work: counts, the order, the output file,
+    the judge."""
     check_counts(args, "num_samples", "batch_size", "seq_len", "steps", "judge_batch_size")
+    args.order = reading_named(args.order, "--order").word  # records and provenance say the word
     if args.show < 0:
         raise UsageError(f"--show must be >= 0 (0 prints none), got {args.show}")
     if args.out is not None:

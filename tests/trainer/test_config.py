@@ -4,12 +4,14 @@ import dataclasses
 import re
 
 import pytest
+import torch
 import yaml
 from conftest import run_cli
 
 from aogpt import UsageError
+from aogpt.model import OrderSampler
 from aogpt.model import config as model_presets
-from aogpt.trainer.config import RunConfig, load_config, save_config
+from aogpt.trainer.config import RunConfig, load_config, record_config, save_config
 
 PRESETS = ["ao_gpt_small", "ao_gpt_medium", "sigma_gpt_small", "sigma_gpt_medium",
            "gpt_small", "gpt_medium", "tiny"]
@@ -38,7 +40,7 @@ def test_baselines_switch_config_values_not_code(repo):
     sigma = load_config(repo / "configs" / "sigma_gpt_small.yaml")
     gpt = load_config(repo / "configs" / "gpt_small.yaml")
     assert sigma.model.target_injection == "sigma_sum" and sigma.model.tie_embeddings
-    assert sigma.order.kind == "uniform" and not sigma.ema.enabled
+    assert sigma.order.kind == "random" and not sigma.ema.enabled
     assert gpt.order.kind == "l2r" and gpt.model.target_injection == "adaln"
 
 
@@ -64,7 +66,9 @@ def test_streams_list_builds_nested_dataclasses(repo):
     ("train.max_steps=many", "train.max_steps must be an integer, got 'many'"),
     ("train.max_steps=2.5", "train.max_steps must be an integer"),
     ("model.qk_norm=1", "model.qk_norm must be true or false"),
-    ("order.kind=zigzag", "order.kind must be one of mixture, uniform, l2r, fixed, blockwise"),
+    ("order.kind=zigzag", "order.kind must be one of mixture, random, l2r, fixed, blockwise (also "
+                          "ltr, left_to_right for l2r; uniform, ao, any, any_order for random); "
+                          "got 'zigzag'"),
     ("train.on_nonfinite=retry", "train.on_nonfinite must be one of stop, rollback; got 'retry'"),
     ("train", "is not of the form key.sub=value"),
 ])
@@ -157,3 +161,39 @@ def test_a_left_to_right_gpt_validates_when_it_reads_left_to_right(repo):
     cfg.validate(world_size=1)
     assert not cfg.model.any_order and cfg.model.family == "left-to-right GPT"
     assert load_config(repo / "configs" / "tiny.yaml").model.any_order
+
+
+@pytest.mark.parametrize("alias, word", [("uniform", "random"), ("any_order", "random"),
+                                         ("ltr", "l2r"), ("left_to_right", "l2r")])
+def test_an_order_kind_alias_is_saved_as_its_word_and_trains_the_same_orders(repo, tmp_path,
+                                                                            alias, word):
+    aliased = load_config(repo / "configs" / "tiny.yaml", [f"order.kind={alias}"])
+    canonical = load_config(repo / "configs" / "tiny.yaml", [f"order.kind={word}"])
+    assert aliased == canonical and aliased.order.kind == word
+    save_config(aliased, tmp_path / "config.yaml")
+    assert yaml.safe_load((tmp_path / "config.yaml").read_text())["order"]["kind"] == word
+    samples = torch.arange(8)
+
+    def draws(cfg):
+        return OrderSampler(cfg.order, cfg.model.block_size, cfg.train.seed)(7, samples)
+
+    assert all(torch.equal(a, c) for a, c in zip(draws(aliased), draws(canonical), strict=True))
+
+
+def test_the_findings_configs_written_with_uniform_still_load(repo):
+    """The committed findings runs and the suite's arm say `kind: uniform` (the word before
+    random): they load as random, the orders they were trained with."""
+    run = load_config(repo / "docs" / "findings" / "runs" / "uniform-s1337" / "config.yaml")
+    arm_file = repo / "experiments" / "configs" / "arms" / "uniform.yaml"
+    kind = yaml.safe_load(arm_file.read_text())["order"]["kind"]
+    arm = load_config(repo / "experiments" / "configs" / "base_cpu.yaml", [f"order.kind={kind}"])
+    assert kind == "uniform" and run.order.kind == arm.order.kind == "random"
+
+
+def test_a_run_begun_with_an_alias_relaunches_without_a_config_change(repo, tmp_path):
+    cfg = load_config(repo / "configs" / "tiny.yaml", ["order.kind=uniform"])
+    config_file, changes = tmp_path / "config.yaml", tmp_path / "config_changes.jsonl"
+    save_config(cfg, config_file)
+    config_file.write_text(config_file.read_text().replace("kind: random", "kind: uniform"))
+    assert record_config(cfg, config_file, changes, 10, None) == {}
+    assert not changes.exists()

@@ -117,6 +117,30 @@ def test_sigma_gpt_is_scored_in_every_order_kind(folders, tmp_path, evaluate):
     assert {"l2r", "random", "ensemble"} <= set(results(tmp_path / "r.json"))
 
 
+def without_wall_times(value):
+    if isinstance(value, list):
+        return [without_wall_times(v) for v in value]
+    if isinstance(value, dict):
+        return {k: without_wall_times(v) for k, v in value.items() if k != "wall_s"}
+    return value
+
+
+@pytest.mark.parametrize("aliases", [("ltr", "uniform", "any"), ("left_to_right", "ao", "l2r")])
+def test_order_aliases_give_the_scores_and_keys_of_the_words(folders, tmp_path, evaluate,
+                                                             aliases):
+    def scored(name, orders, base):
+        out = tmp_path / f"{name}.json"
+        assert evaluate("--ckpt", folders["adaln"], "--data", folders["data"], "--orders", orders,
+                        "--ensemble", "2", "--ensemble-base", base, "--num-orders", "2",
+                        "--max-samples", "2", "--json", out)[0] == 0
+        report = json.loads(out.read_text())
+        return report["settings"], without_wall_times(report["results"])
+
+    words = scored("words", "l2r,random", "random" if aliases[2] == "any" else "l2r")
+    assert scored("aliases", f"{aliases[0]},{aliases[1]}", aliases[2]) == words
+    assert words[0]["orders"] == ["l2r", "random"]
+
+
 def test_left_to_right_gpt_is_scored_left_to_right_by_default(folders, tmp_path, evaluate):
     code, out, _ = evaluate("--ckpt", folders["none"], "--data", folders["data"],
                             "--max-samples", "2", "--json", tmp_path / "r.json")
@@ -202,7 +226,9 @@ BAD_INPUTS = {
         lambda f, t: ["--ckpt", f["none"], "--data", f["data"], "--ensemble", "2"],
         "cannot score other orders"),
     "unknown order kind": (lambda f, t: ["--ckpt", f["adaln"], "--data", f["data"],
-                                         "--orders", "l2r,reverse"], "comma list of l2r, random"),
+                                         "--orders", "l2r,reverse"],
+                           "--orders: 'reverse' names no order: use l2r (also ltr, left_to_right) "
+                           "or random (also uniform, ao, any, any_order)"),
     "no EMA in the checkpoint": (lambda f, t: ["--ckpt", f["raw_only"], "--data", f["data"]],
                                  'weights="raw"'),
     "zero orders": (lambda f, t: ["--ckpt", f["adaln"], "--data", f["data"], "--num-orders", "0"],

@@ -263,6 +263,15 @@ def test_is_greedy_holds_for_the_argmax_continuation_only(ckpt, model64, order, 
     assert [is_greedy for _, is_greedy in answers] == [True, False]
 
 
+@pytest.mark.parametrize("alias", ["ltr", "left_to_right"])
+def test_a_left_to_right_alias_scores_as_l2r(ckpt, alias):
+    context, continuation = [464, 3290, 373], [14720, 290]  # "The dog was" "hungry and"
+    scores = [AOGPTLM.create_from_arg_string(f"ckpt={ckpt},order={order}", {"device": "cpu"})
+              ._loglikelihood_tokens([(("", ""), context, continuation)])
+              for order in ("l2r", alias)]
+    assert scores[0] == scores[1]
+
+
 def test_bf16_generation_samples_with_bf16_weights(ckpt, encoding):
     """The sampler's KV cache holds the weights' dtype: bf16 runs a bf16 copy, not autocast."""
     from lm_eval.api.instance import Instance
@@ -277,9 +286,12 @@ def test_bf16_generation_samples_with_bf16_weights(ckpt, encoding):
 # ---- bad input: one line each ------------------------------------------------------------------
 
 @pytest.mark.parametrize("model_args, message", [
-    ("order=ensemble", "order='ensemble': give l2r or ensemble:M"),
-    ("order=ensemble:0", "order='ensemble:0': give l2r or ensemble:M"),
-    ("order=random", "order='random': give l2r or ensemble:M"),
+    ("order=ensemble", "order='ensemble': give l2r (also ltr, left_to_right) or ensemble:M"),
+    ("order=ensemble:0", "order='ensemble:0': give l2r (also ltr, left_to_right) or ensemble:M"),
+    ("order=reverse", "order='reverse': give l2r (also ltr, left_to_right) or ensemble:M"),
+    ("order=random", "order='random': lm-eval's tasks need exact likelihoods, and any order "
+                     "gives only a bound (trainer/evaluate.py scores it): give l2r"),
+    ("order=uniform", "order='uniform': lm-eval's tasks need exact likelihoods"),
     ("weights=best", "weights must be 'ema' or 'raw'"),
     ("batch_size=0", "batch_size=0: give a positive integer"),
     ("temperature=1", "--model_args temperature: unknown to aogpt"),

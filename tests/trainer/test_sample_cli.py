@@ -86,6 +86,20 @@ def test_left_to_right_greedy_continuation(checkpoint, tmp_path):
     assert records[0]["tokens"] == records[1]["tokens"]  # greedy: nothing random left
 
 
+@pytest.mark.parametrize("alias, word", [("uniform", "random"), ("any", "random"),
+                                         ("ltr", "l2r"), ("left_to_right", "l2r")])
+def test_an_order_alias_draws_the_tokens_of_its_word(checkpoint, tmp_path, alias, word):
+    def drawn(order):
+        code, records = sample(checkpoint, tmp_path, "--order", order, "--num-samples", "2",
+                               "--seed", "3")
+        assert code == 0
+        return [(r["tokens"], r["order"], r["settings"], r["provenance"]["settings"]["order"])
+                for r in records]
+
+    assert drawn(alias) == drawn(word)
+    assert drawn(word)[0][2]["order"] == word
+
+
 @pytest.mark.parametrize("flags, message", [
     (["--infill", '{"14": "a b c d e f"}'], "does not fit"),
     (["--prompt", "a b", "--infill", '{"1": "c"}'], "overlaps"),
@@ -99,6 +113,8 @@ def test_left_to_right_greedy_continuation(checkpoint, tmp_path):
     (["--judge-batch-size", "0"], "--judge-batch-size must be at least 1, got 0"),
     (["--show", "-1"], "--show must be >= 0 (0 prints none), got -1"),
     (["--infill", "{0: 1}"], "--infill is not valid JSON"),
+    (["--order", "reverse"], "error: --order: 'reverse' names no order: use l2r (also ltr, "
+                             "left_to_right) or random (also uniform, ao, any, any_order)"),
 ])
 def test_bad_input_is_one_line_and_exit_status_2(checkpoint, tmp_path, capsys, flags, message):
     assert main(["--ckpt", str(checkpoint), "--seq-len", str(N), "--steps", "4", *flags]) == 2
