@@ -17,6 +17,7 @@ from pathlib import Path
 import yaml
 
 from aogpt import UsageError
+from aogpt.model.orders import READING_WORDS
 from aogpt.trainer.config import RunConfig, load_config
 
 REPO = Path(__file__).resolve().parent.parent
@@ -208,7 +209,7 @@ def eval_command(scale: str, run: Run, data: Path, out_json: Path, samples: int)
     replaces it."""
     s = SCALE_SETTINGS[scale]
     return [*_evaluate(scale), "--ckpt", str(run.out_dir), "--data", str(data),
-            "--orders", "l2r,random", "--num-orders", str(s.num_orders),
+            "--orders", ",".join(READING_WORDS), "--num-orders", str(s.num_orders),
             "--max-samples", str(samples), "--batch-size", str(s.eval_batch_size),
             "--unigram-from", str(data), "--json", str(out_json), "--force"]
 

@@ -26,8 +26,9 @@ import matplotlib.pyplot as plt  # noqa: E402
 
 from aogpt import UsageError  # noqa: E402
 from aogpt.files import write_atomic, write_text_atomic
+from aogpt.model.orders import ANY_ORDER, LEFT_TO_RIGHT  # noqa: E402
 from aogpt.model.run_folder import RunFolder  # noqa: E402
-from aogpt.trainer.metrics import curve, run_records  # noqa: E402
+from aogpt.trainer.metrics import curve, loss_key, run_records  # noqa: E402
 
 TAIL = 0.1  # "final" loss: the mean over the last 10% of the steps
 SMOOTH = 0.8  # exponential smoothing of plotted training curves
@@ -287,8 +288,8 @@ def training_loss_comparisons(r: SuiteResults, pairs: list[tuple[str, str]]) -> 
 def held_out_comparisons(r: SuiteResults, lower: str, higher: str) -> list[Comparison]:
     """Arm `lower` against arm `higher` on the held-out left-to-right and any-order NLL."""
     comparisons = []
-    for kind, label in (("l2r", "held-out left-to-right nll"),
-                        ("random", "held-out any-order nll (bound)")):
+    for kind, label in ((LEFT_TO_RIGHT.word, "held-out left-to-right nll"),
+                        (ANY_ORDER.word, "held-out any-order nll (bound)")):
         values = r.per_arm(lambda name, kind=kind: r.eval_nll(name, kind))
         comparisons += compare_chain(label, values, [(lower, higher)])
     return comparisons
@@ -413,7 +414,8 @@ def arm_table(r: SuiteResults, arms: tuple[str, ...]) -> list[str]:
     for name, run in r.runs.items():
         if run["arm"] in arms:
             rows.append(f"| {name} | {_num(r.curve(name, 'final'))} | {_num(r.curve(name, 'auc'))} "
-                        f"| {_num(r.eval_nll(name, 'l2r'))} | {_num(r.eval_nll(name, 'random'))} |")
+                        f"| {_num(r.eval_nll(name, LEFT_TO_RIGHT.word))} "
+                        f"| {_num(r.eval_nll(name, ANY_ORDER.word))} |")
     if r.unigram_nll is not None:
         rows.append(f"| unigram reference (token frequencies, no context) | | | "
                     f"{_num(r.unigram_nll)} | {_num(r.unigram_nll)} |")
@@ -427,7 +429,7 @@ def unigram_gaps(r: SuiteResults, arms: tuple[str, ...]) -> list[tuple[str, floa
         return []
     gaps = []
     for name, run in r.runs.items():
-        l2r, random = r.eval_nll(name, "l2r"), r.eval_nll(name, "random")
+        l2r, random = r.eval_nll(name, LEFT_TO_RIGHT.word), r.eval_nll(name, ANY_ORDER.word)
         if run["arm"] in arms and l2r is not None and random is not None:
             gaps.append((name, l2r - r.unigram_nll, random - r.unigram_nll))
     return gaps
@@ -532,7 +534,8 @@ def plot_validation(r: SuiteResults, arms: tuple[str, ...], filename: str) -> li
         return []
     colours = plt.rcParams["axes.prop_cycle"].by_key()["color"]
     figure, axes = plt.subplots(1, 2, figsize=(12, 4.5))
-    for axis, key, label in zip(axes, ("val_loss_l2r", "val_loss_ao"),
+    for axis, key, label in zip(axes, (loss_key(LEFT_TO_RIGHT, validation=True),
+                                       loss_key(ANY_ORDER, validation=True)),
                                 ("left-to-right", "any-order"), strict=True):
         for name, run, colour in runs:
             xs, ys = curve(r.records[name], key, "step", 0.0)

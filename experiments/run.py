@@ -47,6 +47,7 @@ from aogpt import UsageError, check_counts, cli_entry
 from aogpt.data_prep.corpora import shakespeare_plays
 from aogpt.data_prep.manifest import read_manifest
 from aogpt.files import git_sha, write_bytes_atomic, write_json_atomic
+from aogpt.model.orders import READING_WORDS
 from aogpt.model.run_folder import RunFolder
 from aogpt.trainer.config import config_to_dict, load_config
 from aogpt.trainer.metrics import read_metrics
@@ -336,8 +337,8 @@ class Suite:
         s = plan.SCALE_SETTINGS[self.scale]
         samples = self.eval_samples(ensemble=False)
         commands = [("", plan.eval_command(self.scale, run, self.data, self.eval_path(run), samples),
-                     {"orders": ["l2r", "random"], "num_orders": s.num_orders,
-                      "max_samples": samples}, ("l2r", "random", "unigram"))]
+                     {"orders": list(READING_WORDS), "num_orders": s.num_orders,
+                      "max_samples": samples}, (*READING_WORDS, "unigram"))]
         if run.arm.name == plan.ENSEMBLE_ARM:
             samples = self.eval_samples(ensemble=True)
             command = plan.ensemble_command(self.scale, run, self.data,

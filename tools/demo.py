@@ -29,6 +29,7 @@ from pathlib import Path
 from aogpt import UsageError, check_counts, cli_entry
 from aogpt.data_prep.corpora import shakespeare_plays
 from aogpt.data_prep.tokenizer import load_gpt2
+from aogpt.model.orders import ANY_ORDER, LEFT_TO_RIGHT, READING_WORDS
 from aogpt.model.run_folder import RunFolder
 from aogpt.trainer.config import load_config
 from aogpt.trainer.dist_env import free_port
@@ -154,20 +155,21 @@ def main(argv: list[str] | None = None) -> int:
     stage("4/6 evaluate on held-out text: exact left-to-right and any-order perplexity")
     eval_json = out / "eval.json"
     run([python, "trainer/evaluate.py", "--ckpt", str(train_dir), "--data", str(data),
-         "--orders", "l2r,random", "--num-orders", "4", "--max-samples", str(eval_samples),
-         "--unigram-from", str(data), "--json", str(eval_json), "--force"])  # the demo's own
+         "--orders", ",".join(READING_WORDS), "--num-orders", "4",
+         "--max-samples", str(eval_samples), "--unigram-from", str(data),
+         "--json", str(eval_json), "--force"])  # the demo's own
 
     stage("5/6 sample with the KV-cache sampler: left to right, any order, and infilling")
     sample = [python, "trainer/sample.py", "--ckpt", str(train_dir), "--num-samples", "1",
               "--top-p", "0.9", "--top-p-rule", "standard", "--seed", "0", "--show", "0",
               "--force"]  # a re-run of the demo replaces the samples it drew
-    samples = {"l2r": out / "sample_l2r.jsonl", "random": out / "sample_any_order.jsonl",
-               "infill": out / "sample_infill.jsonl"}
-    for order in ("l2r", "random"):
-        run([*sample, "--order", order, "--seq-len", str(seq_len), "--out", str(samples[order])])
+    samples = {LEFT_TO_RIGHT: out / "sample_l2r.jsonl", ANY_ORDER: out / "sample_any_order.jsonl"}
+    for reading, path in samples.items():
+        run([*sample, "--order", reading.word, "--seq-len", str(seq_len), "--out", str(path)])
+    infill_file = out / "sample_infill.jsonl"
     encoding = load_gpt2()
     spec, infill_len = infill_spec(encoding)
-    run([*sample, "--infill", spec, "--seq-len", str(infill_len), "--out", str(samples["infill"])])
+    run([*sample, "--infill", spec, "--seq-len", str(infill_len), "--out", str(infill_file)])
 
     stage("6/6 plot the training curves")
     curves = out / "curves.png"
@@ -176,13 +178,14 @@ def main(argv: list[str] | None = None) -> int:
 
     stage(f"done in {time.time() - started:.0f} s")
     for result in json.loads(eval_json.read_text())["results"]:
-        for kind, name in (("l2r", "left to right"), ("random", "any order (bound)"),
+        for kind, name in ((LEFT_TO_RIGHT.word, LEFT_TO_RIGHT.label),
+                           (ANY_ORDER.word, f"{ANY_ORDER.label} (bound)"),
                            ("unigram", "unigram reference")):
             print(f"  held-out {name:18s} perplexity {result[kind]['ppl']:9.2f} "
                   f"({result[kind]['nll']:.4f} nats/token over {result[kind]['tokens']:,} tokens)")
-    print(f"  sample, left to right: {first_sample_text(samples['l2r'])}")
-    print(f"  sample, any order:     {first_sample_text(samples['random'])}")
-    infilled = json.loads(samples["infill"].read_text().splitlines()[0])
+    for reading, path in samples.items():
+        print(f"  sample, {reading.label + ':':15s}{first_sample_text(path)}")
+    infilled = json.loads(infill_file.read_text().splitlines()[0])
     print(f"  infilling, [the gap]:  {show_infill(infilled, encoding)}")
     trained = RunFolder(train_dir)
     for name, path in [("data (MDS + manifest)", data), ("training run", train_dir),

@@ -26,16 +26,19 @@ import matplotlib.pyplot as plt  # noqa: E402
 
 from aogpt import UsageError, cli_entry  # noqa: E402
 from aogpt.files import check_output_file, write_atomic  # noqa: E402
-from aogpt.trainer.metrics import curve, run_records  # noqa: E402
+from aogpt.model.orders import ANY_ORDER, LEFT_TO_RIGHT, READINGS  # noqa: E402
+from aogpt.trainer.metrics import curve, loss_key, run_records  # noqa: E402
 from aogpt.trainer.zero_shot import metric_name  # noqa: E402
 
+STYLES = {LEFT_TO_RIGHT: "-", ANY_ORDER: "--"}  # solid: left to right, dashed: any order
 PANELS = (  # (title, curves: (key, label, line style), y label, log scale)
-    ("training loss", (("loss_l2r", "left to right", "-"), ("loss_ao", "any order", "--")),
-     "loss (nats/token)", False),
-    ("validation loss", (("val_loss_l2r", "left to right", "-"), ("val_loss_ao", "any order", "--")),
-     "loss (nats/token)", False),
+    ("training loss", tuple((loss_key(reading), reading.label, STYLES[reading])
+                            for reading in READINGS), "loss (nats/token)", False),
+    ("validation loss", tuple((loss_key(reading, validation=True), reading.label, STYLES[reading])
+                              for reading in READINGS), "loss (nats/token)", False),
 )
-ZERO_SHOT = re.compile(metric_name("(.+)", "(?:ema|raw)", "(?:l2r|ao)", "ppl"))  # its name
+ZERO_SHOT = re.compile(metric_name(  # the name of a zero-shot set's perplexity
+    "(.+)", "(?:ema|raw)", f"(?:{'|'.join(reading.metric for reading in READINGS)})", "ppl"))
 
 
 def zero_shot_sets(runs: dict[str, list[dict]]) -> list[str]:
@@ -46,11 +49,12 @@ def zero_shot_sets(runs: dict[str, list[dict]]) -> list[str]:
 
 def zero_shot_panels(names: list[str]) -> tuple:
     """A panel per zero-shot set: its perplexities, EMA and raw."""
+    l2r, ao = LEFT_TO_RIGHT, ANY_ORDER
     return tuple((f"{name} (zero-shot)", (
-        (metric_name(name, "ema", "l2r", "ppl"), "left to right", "-"),
-        (metric_name(name, "ema", "ao", "ppl"), "any order (bound)", "--"),
-        (metric_name(name, "raw", "l2r", "ppl"), "left to right, raw weights", ":"),
-        (metric_name(name, "raw", "ao", "ppl"), "any order, raw weights", "-."),
+        (metric_name(name, "ema", l2r.metric, "ppl"), l2r.label, "-"),
+        (metric_name(name, "ema", ao.metric, "ppl"), f"{ao.label} (bound)", "--"),
+        (metric_name(name, "raw", l2r.metric, "ppl"), f"{l2r.label}, raw weights", ":"),
+        (metric_name(name, "raw", ao.metric, "ppl"), f"{ao.label}, raw weights", "-."),
     ), "perplexity", True) for name in names)
 
 

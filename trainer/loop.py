@@ -32,6 +32,7 @@ import torch
 
 from aogpt.files import git_sha
 from aogpt.model import AOGPT, OrderSampler
+from aogpt.model.orders import ANY_ORDER, LEFT_TO_RIGHT
 from aogpt.model.run_folder import tag_for
 from aogpt.model.warm_start import warm_start
 from aogpt.trainer import zero_shot
@@ -47,6 +48,7 @@ from aogpt.trainer.lr_schedule import learning_rate
 from aogpt.trainer.metrics import (
     MetricsLogger,
     Window,
+    loss_key,
     peak_flops,
     step_line,
     summary_lines,
@@ -265,8 +267,8 @@ class Trainer:
         grad_norm = self.engine.get_global_grad_norm()
         return {
             "loss": token_weighted(total[0] + total[2], total[1] + total[3]),
-            "loss_l2r": token_weighted(total[0], total[1]),
-            "loss_ao": token_weighted(total[2], total[3]),
+            loss_key(LEFT_TO_RIGHT): token_weighted(total[0], total[1]),
+            loss_key(ANY_ORDER): token_weighted(total[2], total[3]),
             "lr": self.lr,
             "grad_norm": None if grad_norm is None else float(grad_norm),
             "tokens_per_s": tokens_per_s,

@@ -19,9 +19,16 @@ from tqdm import tqdm
 
 from aogpt import UsageError
 from aogpt.files import write_text_atomic
+from aogpt.model.orders import READINGS, Reading
 from aogpt.model.run_folder import RunFolder
 from aogpt.progress import PlainProgress, duration, progress
 from aogpt.trainer.config import LoggingConfig
+
+
+def loss_key(reading: Reading, validation: bool = False) -> str:
+    """A reading's loss in the metrics: loss_l2r, loss_ao (training), val_loss_l2r, val_loss_ao
+    (validation): names that plots and earlier runs' files rely on."""
+    return f"{'val_' if validation else ''}loss_{reading.metric}"
 
 
 def wandb_mode(setting: str) -> str:
@@ -149,11 +156,11 @@ def _loss(value: float | None) -> str:
 def step_line(record: dict, step: int, max_steps: int, seconds_left: float | None) -> str:
     """The log line of a log step, from its metrics record:
 
-    step 120/400 | 491,520 tokens | loss 6.5124 (l2r 5.4021, any order 6.6343) | lr 4.80e-03 |
-    grad norm 0.412 | 2,812 tokens/s | MFU 38.1% | 13 min 02 s left
+    step 120/400 | 491,520 tokens | loss 6.5124 (left to right 5.4021, any order 6.6343) |
+    lr 4.80e-03 | grad norm 0.412 | 2,812 tokens/s | MFU 38.1% | 13 min 02 s left
     """
-    readings = [f"{name} {_loss(record[key])}" for name, key in
-                (("l2r", "loss_l2r"), ("any order", "loss_ao")) if record.get(key) is not None]
+    readings = [f"{reading.label} {_loss(record[loss_key(reading)])}" for reading in READINGS
+                if record.get(loss_key(reading)) is not None]
     parts = [f"step {step}/{max_steps}", f"{record['tokens_seen']:,} tokens",
              f"loss {_loss(record['loss'])}" + (f" ({', '.join(readings)})" if readings else ""),
              f"lr {record['lr']:.2e}"]
@@ -170,10 +177,11 @@ def step_line(record: dict, step: int, max_steps: int, seconds_left: float | Non
 
 
 def validation_line(record: dict, step: int, weights: str) -> str:
-    """step 200 | validation (ema weights): l2r 5.4021 (ppl 221.89), any order 6.6343 (ppl 761.2)"""
-    readings = [f"{name} {record[key]:.4f} (ppl {math.exp(record[key]):,.2f})"
-                for name, key in (("l2r", "val_loss_l2r"), ("any order", "val_loss_ao"))
-                if record.get(key) is not None]
+    """step 200 | validation (ema weights): left to right 5.4021 (ppl 221.89), any order 6.6343
+    (ppl 761.2)"""
+    keys = {reading.label: loss_key(reading, validation=True) for reading in READINGS}
+    readings = [f"{label} {record[key]:.4f} (ppl {math.exp(record[key]):,.2f})"
+                for label, key in keys.items() if record.get(key) is not None]
     return f"step {step} | validation ({weights} weights): {', '.join(readings)}"
 
 
@@ -182,8 +190,8 @@ def summary_lines(run: RunFolder, progress, launch: Window, last: dict, validati
     """The closing lines of a run: what it did (progress: trainer/checkpoint.py's Progress), its
     last losses, where its results are."""
     losses = [f"loss {_loss(last.get('loss'))}"] if last else []
-    readings = [f"{name} {_loss(last[key])}" for name, key in
-                (("l2r", "loss_l2r"), ("any order", "loss_ao")) if last.get(key) is not None]
+    readings = [f"{reading.label} {_loss(last[loss_key(reading)])}" for reading in READINGS
+                if last.get(loss_key(reading)) is not None]
     if readings:
         losses[0] += f" ({', '.join(readings)})"
     if validation:

@@ -27,6 +27,7 @@ from aogpt import UsageError
 from aogpt.data_prep.tokenizer import load_gpt2
 from aogpt.files import write_text_atomic
 from aogpt.model import AOGPT
+from aogpt.model.orders import ANY_ORDER, LEFT_TO_RIGHT
 from aogpt.model.run_folder import tag_for
 from aogpt.model.sampler import KVCacheSampler, SamplingConfig
 from aogpt.trainer.config import EvalConfig
@@ -39,7 +40,7 @@ SAMPLES_DIR = "samples"
 def sampling_config(cfg: EvalConfig, any_order: bool) -> SamplingConfig:
     config = SamplingConfig(steps=cfg.sample_steps, temperature=cfg.sample_temperature,
                             top_p=cfg.sample_top_p, top_p_rule="paper",
-                            order="random" if any_order else "l2r")
+                            order=(ANY_ORDER if any_order else LEFT_TO_RIGHT).word)
     try:
         config.validate()
     except UsageError as err:

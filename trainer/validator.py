@@ -19,12 +19,14 @@ from pathlib import Path
 import torch
 
 from aogpt.model import AOGPT
+from aogpt.model.orders import ANY_ORDER, LEFT_TO_RIGHT
 from aogpt.trainer import zero_shot
 from aogpt.trainer.config import RunConfig
 from aogpt.trainer.data import validation_loader
 from aogpt.trainer.dist_env import DistEnv, all_reduce_sum
 from aogpt.trainer.ema import ShardedEMA, full_weights
 from aogpt.trainer.evaluation import EvalData, Evaluator
+from aogpt.trainer.metrics import loss_key
 from aogpt.trainer.training_samples import TrainingSamples
 
 
@@ -130,12 +132,12 @@ class Validator:
                 idx, sample_ids = idx.to(self.device), sample_ids.to(self.device)  # (b, t), (b,)
                 lengths = torch.full_like(sample_ids, idx.shape[1])  # no padding in training data
                 evaluator.score_batch(sampler, tallies, sample_ids, idx, lengths)
-        l2r = tallies["l2r"].sums  # (nll, tokens)
-        any_order = (tallies["random"].sums.sum(dim=0) if "random" in tallies
+        l2r = tallies[LEFT_TO_RIGHT.word].sums  # (nll, tokens)
+        any_order = (tallies[ANY_ORDER.word].sums.sum(dim=0) if ANY_ORDER.word in tallies
                      else torch.zeros_like(l2r))
         total = all_reduce_sum(torch.cat([l2r, any_order]), self.device).tolist()
-        return {"val_loss_l2r": token_weighted(total[0], total[1]),
-                "val_loss_ao": token_weighted(total[2], total[3])}
+        return {loss_key(LEFT_TO_RIGHT, validation=True): token_weighted(total[0], total[1]),
+                loss_key(ANY_ORDER, validation=True): token_weighted(total[2], total[3])}
 
     def close(self) -> None:
         if self.val_loader is not None:

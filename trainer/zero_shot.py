@@ -26,14 +26,15 @@ from pathlib import Path
 
 from aogpt import UsageError
 from aogpt.model import AOGPT
+from aogpt.model.orders import ANY_ORDER, LEFT_TO_RIGHT, READING_WORDS, READINGS
 from aogpt.trainer.evaluation import EvalData, EvalSettings, Evaluator
 
 EVAL_ORDER_SEED = 20250624  # evaluation orders never change, so evaluations compare across a run
-READINGS = {"l2r": "l2r", "random": "ao"}  # evaluate.py's order kinds -> the metrics' words
 EVAL_TO_MDS = "python data_prep/eval_to_mds.py --dataset NAME"
 
 
 def metric_name(set_name: str, weights: str, reading: str, stat: str) -> str:
+    """reading: a Reading's metric word (l2r, ao)."""
     return f"eval/{set_name}/{weights}/{reading}_{stat}"
 
 
@@ -67,7 +68,7 @@ def open_sets(folders: list[str], block_size: int, max_tokens: int | None) -> di
 
 def settings(model: AOGPT, precision: str, batch_size: int, num_orders: int) -> EvalSettings:
     """What in-training evaluation scores: both readings where the model has both."""
-    orders = ("l2r", "random") if model.config.any_order else ("l2r",)
+    orders = READING_WORDS if model.config.any_order else (LEFT_TO_RIGHT.word,)
     return EvalSettings(orders=orders, num_orders=num_orders, batch_size=batch_size,
                         seed=EVAL_ORDER_SEED, precision=precision)
 
@@ -75,23 +76,19 @@ def settings(model: AOGPT, precision: str, batch_size: int, num_orders: int) -> 
 def score(evaluator: Evaluator, data: EvalData, weights: str, set_name: str) -> dict[str, float]:
     """One set's metrics under one set of weights (collective: every rank runs it)."""
     result = evaluator.run(data)
-    metrics = {}
-    for kind, reading in READINGS.items():
-        if kind in result:
-            for stat in ("nll", "ppl"):
-                metrics[metric_name(set_name, weights, reading, stat)] = result[kind][stat]
-    return metrics
+    return {metric_name(set_name, weights, reading.metric, stat): result[reading.word][stat]
+            for reading in READINGS if reading.word in result for stat in ("nll", "ppl")}
 
 
 def describe(record: dict, set_names: list[str], weights: str) -> str:
     """The log line of a round: each set's perplexities under `weights`, then what it cost."""
     parts = []
     for name in set_names:
-        l2r = record.get(metric_name(name, weights, "l2r", "ppl"))
-        ao = record.get(metric_name(name, weights, "ao", "ppl"))
+        l2r = record.get(metric_name(name, weights, LEFT_TO_RIGHT.metric, "ppl"))
+        ao = record.get(metric_name(name, weights, ANY_ORDER.metric, "ppl"))
         reading = f"{name} ppl {'n/a' if l2r is None else f'{l2r:.2f}'}"
         if ao is not None:
-            reading += f" (any order <= {ao:.2f})"
+            reading += f" ({ANY_ORDER.label} <= {ao:.2f})"
         parts.append(reading)
     return (f"zero-shot ({weights} weights): {', '.join(parts)} | {record['eval_s']:.1f} s, "
             f"{100 * record['eval_fraction']:.1f}% of the time since the last evaluation")

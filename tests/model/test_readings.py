@@ -1,6 +1,9 @@
 """One vocabulary of orders (model/orders.py's READINGS): every word of a reading names it, the
-same in training, sampling and evaluation; the random streams' ids are one table of distinct
-values."""
+same in training, sampling and evaluation, and is written once in the source; the random streams'
+ids are one table of distinct values."""
+
+import ast
+from pathlib import Path
 
 import pytest
 import torch
@@ -10,6 +13,7 @@ from aogpt.model import AOGPT, ModelConfig, OrderConfig, OrderSampler
 from aogpt.model.orders import ANY_ORDER, KINDS, LEFT_TO_RIGHT, READINGS, Stream, reading_named
 from aogpt.model.sampler import KVCacheSampler, SamplingConfig
 
+REPO = Path(__file__).resolve().parents[2]
 ALL_NAMES = [(reading, name) for reading in READINGS for name in reading.names]
 
 
@@ -78,3 +82,31 @@ def test_a_sampling_order_that_names_no_reading_is_refused():
     with pytest.raises(UsageError, match="order: 'reverse' names no order: use l2r"):
         SamplingConfig(order="reverse")
 
+
+# Literals that spell an order word outside model/orders.py, each with why it may.
+ALLOWED = {
+    # the findings suite's arm names: folders of its committed runs (docs/findings/runs/l2r-s1337,
+    # uniform-s1337), named once in plan.ARMS and compared by name in the report; they name
+    # training recipes, not readings, and stay as they are
+    ("experiments/plan.py", "l2r"): 1,
+    ("experiments/plan.py", "uniform"): 1,
+    ("experiments/report.py", "l2r"): 3,
+    ("experiments/report.py", "uniform"): 2,
+}
+
+
+def test_order_words_are_string_literals_only_in_model_orders():
+    """grep for the vocabulary: a word, alias, metric word or label of a reading appears as a
+    string literal (docstrings and comments are not) only where READINGS defines it."""
+    words = {word for reading in READINGS
+             for word in (*reading.names, reading.metric, reading.label)}
+    found: dict[tuple[str, str], int] = {}
+    for folder in ("model", "trainer", "tools", "data_prep", "benchmarks", "experiments"):
+        for path in sorted((REPO / folder).rglob("*.py")):
+            name = path.relative_to(REPO).as_posix()
+            if name == "model/orders.py":
+                continue
+            for node in ast.walk(ast.parse(path.read_text(), name)):
+                if isinstance(node, ast.Constant) and node.value in words:
+                    found[name, node.value] = found.get((name, node.value), 0) + 1
+    assert found == ALLOWED

@@ -1,9 +1,20 @@
-"""metrics.jsonl on rank 0, wandb only when configured, progress bars on rank 0."""
+"""metrics.jsonl on rank 0, wandb only when configured, progress bars on rank 0, the metrics'
+names."""
 
 import json
 
+from aogpt.model.orders import ANY_ORDER, READINGS
 from aogpt.trainer.config import LoggingConfig
-from aogpt.trainer.metrics import MetricsLogger, read_metrics, training_bar, wandb_mode
+from aogpt.trainer.metrics import (
+    MetricsLogger,
+    loss_key,
+    read_metrics,
+    step_line,
+    training_bar,
+    validation_line,
+    wandb_mode,
+)
+from aogpt.trainer.zero_shot import metric_name
 
 
 def test_rank0_writes_one_json_object_per_step(tmp_path):
@@ -60,3 +71,17 @@ def test_the_step_bar_shows_on_rank0_only_and_never_writes_its_own_lines_in_a_lo
     bar.close()
     captured = capsys.readouterr()
     assert (captured.out, captured.err) == ("step 3/3 | ...\n", "")
+
+
+def test_metric_names_and_log_labels_come_from_the_readings():
+    """The keys are a public interface (plots, earlier runs' files): the table builds them as
+    they have always been; the log lines say each reading in words."""
+    assert [loss_key(r) for r in READINGS] == ["loss_l2r", "loss_ao"]
+    assert [loss_key(r, validation=True) for r in READINGS] == ["val_loss_l2r", "val_loss_ao"]
+    assert metric_name("lambada", "ema", ANY_ORDER.metric, "ppl") == "eval/lambada/ema/ao_ppl"
+    record = {"loss": 6.5, "loss_l2r": 5.4, "loss_ao": 6.6, "tokens_seen": 512, "lr": 1e-3,
+              "tokens_per_s": 100.0, "val_loss_l2r": 5.0, "val_loss_ao": None}
+    assert step_line(record, 1, 2, None).startswith(
+        "step 1/2 | 512 tokens | loss 6.5000 (left to right 5.4000, any order 6.6000) |")
+    assert validation_line(record, 1, "ema") == (
+        "step 1 | validation (ema weights): left to right 5.0000 (ppl 148.41)")

@@ -60,16 +60,18 @@ def logged(text_data, tmp_path_factory):
 def test_a_log_file_holds_plain_lines_and_no_progress_bar(logged):
     out, output = logged
     assert "\r" not in output
-    step = (r"step {step}/6 \| {tokens} tokens \| loss \d+\.\d{{4}}( \((l2r \d+\.\d{{4}}, )?any order "
-            r"\d+\.\d{{4}}\))? \| lr \d\.\d\de[-+]\d\d \| grad norm [\d.e+-]+ \| [\d,]+ tokens/s")
+    step = (r"step {step}/6 \| {tokens} tokens \| loss \d+\.\d{{4}}( \((left to right "
+            r"\d+\.\d{{4}}, )?any order \d+\.\d{{4}}\))? \| lr \d\.\d\de[-+]\d\d \| "
+            r"grad norm [\d.e+-]+ \| [\d,]+ tokens/s")
     lines = output.splitlines()
     for number in (1, 2, 4):
         assert any(re.fullmatch(step.format(step=number, tokens=f"{512 * number:,}")
                                 + r" \| \d+ (s|min \d\d s) left", line) for line in lines), number
     assert any(re.fullmatch(step.format(step=6, tokens="3,072"), line) for line in lines)
     for number in (3, 6):
-        assert any(re.fullmatch(rf"step {number} \| validation \(ema weights\): l2r \d+\.\d{{4}} "
-                                r"\(ppl [\d,]+\.\d\d\), any order \d+\.\d{4} \(ppl [\d,]+\.\d\d\)",
+        assert any(re.fullmatch(rf"step {number} \| validation \(ema weights\): left to right "
+                                r"\d+\.\d{4} \(ppl [\d,]+\.\d\d\), any order \d+\.\d{4} "
+                                r"\(ppl [\d,]+\.\d\d\)",
                                 line) for line in lines), number
 
 
@@ -77,8 +79,9 @@ def test_the_run_ends_with_a_summary(logged):
     out, output = logged
     last = [line for line in output.splitlines() if not line.startswith("[20")][-3:]
     assert re.fullmatch(r"done: 6 steps, 3,072 tokens; this launch \d+ s, [\d,]+ tokens/s", last[0])
-    assert re.fullmatch(r"last step: loss \d+\.\d{4}( \(.*\))?; validation \(ema weights\): l2r "
-                        r"\d+\.\d{4} \(ppl .*\), any order \d+\.\d{4} \(ppl .*\)", last[1])
+    assert re.fullmatch(r"last step: loss \d+\.\d{4}( \(.*\))?; validation \(ema weights\): "
+                        r"left to right \d+\.\d{4} \(ppl .*\), any order \d+\.\d{4} \(ppl .*\)",
+                        last[1])
     assert last[2] == (f"weights: {out / 'final' / 'model.safetensors'} (raw and EMA); metrics: "
                        f"{out / 'metrics.jsonl'}")
 
