@@ -102,8 +102,9 @@ class Case:
         b = len(self.idx)
         unit_sample = self.samples.repeat_interleave(len(self.targets))  # (b * targets,)
         unit_target = torch.tensor(self.targets, device=self.device).repeat(b)
-        nll, _, slots = ensemble_member_nll(self.model, self.idx, self.base, self.samples,
-                                            unit_sample, unit_target, self.members, SEED,
+        nll, _, slots = ensemble_member_nll(self.model, self.idx, self.base,
+                                            self.samples[unit_sample], unit_sample,
+                                            unit_target, self.members, SEED,
                                             slots_per_forward=b * self.idx.shape[1])
         return nll.view(b, len(self.targets), self.members - 1), slots
 

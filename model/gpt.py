@@ -401,9 +401,22 @@ class AOGPT(nn.Module):
         backpropagates without a device sync (model/loss.py). The logits are made
         config.loss_chunk_size tokens at a time.
         """
-        tokens, positions, target_positions, targets = self.training_stream(idx, orders)
-        hidden = self.forward_stream(tokens, positions, target_positions)
+        hidden, targets = self.hidden_states(idx, orders)
         return self.lm_head(hidden, targets, self.config.loss_chunk_size, return_mean)
+
+    def nll_and_hidden(self, idx: torch.Tensor, orders: torch.Tensor | None = None
+                       ) -> tuple[torch.Tensor, torch.Tensor]:
+        """What forward returns, (b, t), and the final hidden states it came from, (b, t, d):
+        hidden[:, k] is the state that predicts the k-th token of the order (self.lm_head(hidden)
+        gives its logits), for a caller that wants more of a slot than its NLL."""
+        hidden, targets = self.hidden_states(idx, orders)
+        return self.lm_head(hidden, targets, self.config.loss_chunk_size), hidden
+
+    def hidden_states(self, idx: torch.Tensor, orders: torch.Tensor | None = None
+                      ) -> tuple[torch.Tensor, torch.Tensor]:
+        """The final hidden states of idx read in orders, (b, t, d), and their targets (b, t)."""
+        tokens, positions, target_positions, targets = self.training_stream(idx, orders)
+        return self.forward_stream(tokens, positions, target_positions), targets
 
     def compile_for_training(self, scope: str = "block") -> None:
         """torch.compile the network and the loss's per-chunk softmax (model/loss.py).
@@ -429,6 +442,5 @@ class AOGPT(nn.Module):
     def logits(self, idx: torch.Tensor, orders: torch.Tensor | None = None) -> torch.Tensor:
         """Full logits (b, t, vocab), fp32 or fp64, in order positions: logits[:, k] predicts
         idx[:, orders[:, k]]."""
-        tokens, positions, target_positions, _ = self.training_stream(idx, orders)
-        logits = self.lm_head(self.forward_stream(tokens, positions, target_positions))
+        logits = self.lm_head(self.hidden_states(idx, orders)[0])
         return logits.to(torch.promote_types(logits.dtype, torch.float32))

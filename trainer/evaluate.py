@@ -177,8 +177,6 @@ def main(argv: list[str] | None = None) -> int:
         if dist_env.rank != 0:
             return 2  # every rank sees the same problem: rank 0 alone says it
         raise
-    if settings.precision == "fp32":
-        torch.set_float32_matmul_precision("highest")  # no TF32
     if dist_env.world_size > 1:
         if device.type == "cuda":
             torch.cuda.set_device(device)

@@ -37,7 +37,7 @@ import contextlib
 import json
 import math
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -63,6 +63,23 @@ PRECISIONS = {
     "fp32": "fp32 weights and activations, TF32 off, log-softmax in fp32",
     "bf16": "bf16 autocast over fp32 weights, log-softmax in fp32",
 }
+
+
+@contextlib.contextmanager
+def precision_policy(precision: str, device: torch.device) -> Iterator[None]:
+    """The numerics PRECISIONS names, around scoring only: every evaluation (evaluate.py, the
+    trainer's, lm-eval's) scores inside it. fp32 turns TF32 off for its duration and back after,
+    so a training process, which runs its own matmuls with TF32, scores in true fp32."""
+    if precision == "bf16":
+        with torch.autocast(device.type, dtype=torch.bfloat16):
+            yield
+        return
+    before = torch.get_float32_matmul_precision()
+    torch.set_float32_matmul_precision("highest")
+    try:
+        yield
+    finally:
+        torch.set_float32_matmul_precision(before)
 
 
 @dataclass(frozen=True)
@@ -250,11 +267,12 @@ def last_slot_hidden(model: AOGPT, idx: torch.Tensor, orders: torch.Tensor,
 
 
 def last_slot_nll(model: AOGPT, idx: torch.Tensor, orders: torch.Tensor,
-                  targets: torch.Tensor) -> torch.Tensor:
-    """-log p of the targets[r]-th token of orders[r] given the ones before it: (R,) fp32
-    (see last_slot_hidden). Only the target's slot reaches the output head."""
+                  targets: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """-log p of the targets[r]-th token of orders[r] given the ones before it, (R,) fp32, and
+    the hidden state it came from, (R, d) (see last_slot_hidden). Only the target's slot reaches
+    the output head."""
     hidden, tokens = last_slot_hidden(model, idx, orders, targets)
-    return model.lm_head(hidden, tokens, model.config.loss_chunk_size)
+    return model.lm_head(hidden, tokens, model.config.loss_chunk_size), hidden
 
 
 def longest_first_chunks(lengths: torch.Tensor, slots_per_forward: int
@@ -272,12 +290,22 @@ def longest_first_chunks(lengths: torch.Tensor, slots_per_forward: int
 
 
 def ensemble_member_nll(model: AOGPT, idx: torch.Tensor, base_orders: torch.Tensor,
-                        sample_indices: torch.Tensor, unit_sample: torch.Tensor,
+                        unit_keys: torch.Tensor, unit_sample: torch.Tensor,
                         unit_target: torch.Tensor, members: int, seed: int,
-                        slots_per_forward: int) -> tuple[torch.Tensor, int, int]:
+                        slots_per_forward: int,
+                        each_hidden: Callable[[torch.Tensor, torch.Tensor], None] | None = None
+                        ) -> tuple[torch.Tensor, int, int]:
     """-log p of each unit's target under members 1..members-1: (U, members-1), and the cost
-    (forwards, slot-forwards). Rows of all units are packed longest first into forwards of at
-    most slots_per_forward slots (at least one row each)."""
+    (forwards, slot-forwards). The one member loop of every ensemble (evaluate.py's, lm-eval's).
+
+    A unit is one target of one sequence: unit_sample (U,) its row of idx (b, n), unit_target
+    (U,) the target's index in that row's base order (base_orders (b, n)), unit_keys (U,) what
+    its members' permutations are drawn from (member_orders: the sample's index in its dataset,
+    or a key of its context). The rows of all (unit, member) pairs are packed longest first into
+    forwards of at most slots_per_forward slots (at least one row each); only each row's target
+    slot reaches the output head. each_hidden(units, hidden), when given, sees every forward's
+    final hidden states of those slots (R, d) with their units (R,), a unit appearing once per
+    member (lm-eval's greedy check over the mixture)."""
     nll = torch.empty(len(unit_target), members - 1, dtype=torch.float64, device=idx.device)
     row_unit = torch.arange(len(unit_target), device=idx.device).repeat_interleave(members - 1)
     row_member = torch.arange(1, members, device=idx.device).repeat(len(unit_target))
@@ -285,9 +313,12 @@ def ensemble_member_nll(model: AOGPT, idx: torch.Tensor, base_orders: torch.Tens
     for chunk, length in longest_first_chunks(unit_target[row_unit] + 1, slots_per_forward):
         unit, member = row_unit[chunk], row_member[chunk]
         sample = unit_sample[unit]
-        orders = member_orders(base_orders[sample], sample_indices[sample], unit_target[unit],
-                               member, seed, length)
-        nll[unit, member - 1] = last_slot_nll(model, idx[sample], orders, unit_target[unit]).double()
+        orders = member_orders(base_orders[sample], unit_keys[unit], unit_target[unit], member,
+                               seed, length)
+        row_nll, hidden = last_slot_nll(model, idx[sample], orders, unit_target[unit])
+        nll[unit, member - 1] = row_nll.double()
+        if each_hidden is not None:
+            each_hidden(unit, hidden)
         forwards, slot_forwards = forwards + len(chunk), slot_forwards + len(chunk) * length
     return nll, forwards, slot_forwards
 
@@ -379,10 +410,9 @@ class Evaluator:
         self.model, self.settings, self.device = model, settings, device
         self.rank, self.world_size = rank, world_size
 
-    def autocast(self):
-        if self.settings.precision == "bf16":
-            return torch.autocast(self.device.type, dtype=torch.bfloat16)
-        return contextlib.nullcontext()
+    def precision(self):
+        """The context every score of this evaluator is made in (precision_policy)."""
+        return precision_policy(self.settings.precision, self.device)
 
     @contextlib.contextmanager
     def timed(self, tally: Tally):
@@ -402,7 +432,7 @@ class Evaluator:
         tallies, sampler = self.new_tallies(), self.order_sampler(data.seq_len)
         batches = data.batches(self.rank, self.world_size, s.batch_size)
         total = data.num_batches(self.rank, self.world_size, s.batch_size)
-        with self.autocast(), progress_bar(batches, total=total, desc=data.name, unit="batch",
+        with self.precision(), progress_bar(batches, total=total, desc=data.name, unit="batch",
                                            disable=not progress) as bar:
             for sample_indices, idx, lengths in bar:
                 self.score_batch(sampler, tallies, *(t.to(self.device) for t in
@@ -488,8 +518,8 @@ class Evaluator:
             unit_nll = base_nll[unit_sample, unit_target][:, None]  # (U, 1): member 0
             if s.members > 1:
                 members, forwards, slot_forwards = ensemble_member_nll(
-                    model, idx, base_orders, sample_indices, unit_sample, unit_target,
-                    s.members, s.seed, s.batch_size * n)
+                    model, idx, base_orders, sample_indices[unit_sample], unit_sample,
+                    unit_target, s.members, s.seed, s.batch_size * n)
                 unit_nll = torch.cat([unit_nll, members], dim=1)  # (U, M)
                 tally.forwards += forwards
                 tally.slot_forwards += slot_forwards

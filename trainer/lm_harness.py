@@ -41,7 +41,6 @@ lm-eval is imported by this module only: the rest of aogpt runs without it insta
 
 from __future__ import annotations
 
-import contextlib
 import copy
 import hashlib
 import sys
@@ -65,10 +64,9 @@ from aogpt.model.precision import resolve_device
 from aogpt.model.sampler import KVCacheSampler, SamplingConfig
 from aogpt.trainer.evaluation import (
     PRECISIONS,
-    last_slot_hidden,
-    longest_first_chunks,
-    member_orders,
+    ensemble_member_nll,
     mixture_nll,
+    precision_policy,
 )
 
 NAME = "aogpt"
@@ -147,8 +145,6 @@ class AOGPTLM(TemplateLM):
                                                 f"order={LEFT_TO_RIGHT.word}")
         self.precision = precision
         self._bf16_model: AOGPT | None = None
-        if precision == "fp32":
-            torch.set_float32_matmul_precision("highest")  # no TF32, as trainer/evaluate.py
         self.encoding = load_gpt2(tokenizer_file)
 
     @classmethod
@@ -230,11 +226,6 @@ class AOGPTLM(TemplateLM):
             self.cache_hook.add_partial("loglikelihood_rolling", request.args, total)
         return totals
 
-    def autocast(self):
-        if self.precision == "bf16":
-            return torch.autocast(self._device.type, dtype=torch.bfloat16)
-        return contextlib.nullcontext()
-
     @torch.inference_mode()
     def score_rows(self, rows: list[tuple[list[int], int]], greedy: bool,
                    disable_tqdm: bool = False) -> list[tuple[float, bool]]:
@@ -244,7 +235,7 @@ class AOGPTLM(TemplateLM):
         results: list[tuple[float, bool]] = [(0.0, True)] * len(rows)
         by_length = sorted(range(len(rows)), key=lambda r: -len(rows[r][0]))
         batches = [by_length[i:i + self.batch_size] for i in range(0, len(rows), self.batch_size)]
-        with self.autocast():
+        with precision_policy(self.precision, self._device):
             for batch in tqdm(batches, desc="aogpt scoring", disable=disable_tqdm):
                 scored = [rows[r] for r in batch if rows[r][1] > 0]
                 if scored:
@@ -261,59 +252,41 @@ class AOGPTLM(TemplateLM):
         for r, (tokens, _) in enumerate(rows):
             idx[r, :len(tokens)] = torch.tensor(tokens)
         idx = idx.to(device)
-        # the left-to-right pass of AOGPT.forward, kept apart so that is_greedy reuses its states
-        tokens, positions, target_positions, targets = model.training_stream(idx)
-        hidden = model.forward_stream(tokens, positions, target_positions)  # (b, t, d)
-        nll = model.lm_head(hidden, targets, model.config.loss_chunk_size)  # (b, t)
+        nll, hidden = model.nll_and_hidden(idx)  # (b, t), (b, t, d): is_greedy reads the states
         # the scored units: (row, position) of the last `scored` tokens of every row
         units = [(r, i) for r, (row, scored) in enumerate(rows)
                  for i in range(len(row) - scored, len(row))]
         unit_row, unit_target = torch.tensor(units, device=device).T
         unit_nll = nll[unit_row, unit_target].double()[:, None]  # (U, 1): member 0
-        log_p = self.real_log_probs(hidden[unit_row, unit_target]) if greedy else None
+        # the probabilities of each unit's members summed (their mean up to M): its argmax is
+        # the greedy token of the mixture
+        probs = self.real_probs(hidden[unit_row, unit_target]) if greedy else None
         if self.members > 1:
             keys = torch.tensor([context_key(rows[r][0][:i]) for r, i in units], device=device)
-            unit_nll, log_p = self.ensemble(idx, keys, unit_row, unit_target, unit_nll, log_p)
-        unit_nll = mixture_nll(unit_nll) if self.members > 1 else unit_nll[:, 0]
+            base = torch.arange(idx.shape[1], device=device).expand(len(idx), -1)  # left to right
+
+            def add_member_probs(units: torch.Tensor, member_hidden: torch.Tensor) -> None:
+                probs.index_add_(0, units, self.real_probs(member_hidden))
+
+            members, _, _ = ensemble_member_nll(
+                model, idx, base, keys, unit_row, unit_target, self.members, self.seed,
+                self.batch_size * self.max_length, add_member_probs if greedy else None)
+            unit_nll = mixture_nll(torch.cat([unit_nll, members], dim=1))
+        else:
+            unit_nll = unit_nll[:, 0]
         sums = torch.zeros(len(rows), dtype=torch.float64, device=device)
         sums.index_add_(0, unit_row, unit_nll)
         hits = torch.ones(len(rows), dtype=torch.bool, device=device)
         if greedy:
-            missed = log_p.argmax(dim=-1) != idx[unit_row, unit_target]
+            missed = probs.argmax(dim=-1) != idx[unit_row, unit_target]
             hits[unit_row[missed]] = False
         return list(zip((-sums).tolist(), hits.tolist(), strict=True))
 
-    def real_log_probs(self, hidden: torch.Tensor) -> torch.Tensor:
-        """(U, d) final hidden states -> (U, 50257): the log-probabilities of GPT-2's real ids
+    def real_probs(self, hidden: torch.Tensor) -> torch.Tensor:
+        """(U, d) final hidden states -> (U, 50257) fp32: the probabilities of GPT-2's real ids
         (normalized over the whole padded vocabulary, as the NLL is; the padded ids are never
         generated, so they cannot be the greedy choice)."""
-        return self.model.lm_head(hidden).float().log_softmax(dim=-1)[:, :GPT2_VOCAB]
-
-    def ensemble(self, idx: torch.Tensor, unit_keys: torch.Tensor, unit_row: torch.Tensor,
-                 unit_target: torch.Tensor, unit_nll: torch.Tensor, log_p: torch.Tensor | None
-                 ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """Members 1..M-1 of every unit: their NLLs appended to unit_nll (U, M), and log_p
-        (U, V) turned into log sum_m p_m (the mixture up to log M, enough for its argmax).
-
-        Units run longest first in chunks of at most batch_size x block_size slots, one forward
-        per member and chunk, each over the chunk's longest prefix (longest_first_chunks, as
-        trainer/evaluation.py's ensemble_member_nll packs)."""
-        model, device = self.model, idx.device
-        member_nll = torch.empty(len(unit_row), self.members - 1, dtype=torch.float64,
-                                 device=device)
-        base = torch.arange(idx.shape[1], device=device).expand(len(unit_row), -1)
-        budget = self.batch_size * self.max_length
-        for units, length in longest_first_chunks(unit_target + 1, budget):
-            rows, targets = unit_row[units], unit_target[units]
-            for member in range(1, self.members):
-                orders = member_orders(base[units], unit_keys[units], targets,
-                                       torch.full_like(targets, member), self.seed, length)
-                hidden, tokens = last_slot_hidden(model, idx[rows], orders, targets)
-                member_nll[units, member - 1] = model.lm_head(
-                    hidden, tokens, model.config.loss_chunk_size).double()
-                if log_p is not None:
-                    log_p[units] = torch.logaddexp(log_p[units], self.real_log_probs(hidden))
-        return torch.cat([unit_nll, member_nll], dim=1), log_p
+        return self.model.lm_head(hidden).float().softmax(dim=-1)[:, :GPT2_VOCAB]
 
     # ---- generation -----------------------------------------------------------------------------
 

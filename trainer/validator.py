@@ -125,7 +125,7 @@ class Validator:
         on each sample's index in the dataset, as the loader gives it) on the val split."""
         cfg = self.cfg
         tallies, sampler = evaluator.new_tallies(), evaluator.order_sampler(cfg.model.block_size)
-        with evaluator.autocast():
+        with evaluator.precision():
             for batch_index, (idx, sample_ids) in enumerate(self.val_loader):
                 if batch_index == cfg.eval.batches:
                     break

@@ -135,6 +135,9 @@ def test_per_token_nll_is_cross_entropy_of_the_logits_and_its_mean_the_loss():
     torch.testing.assert_close(nll.mean(), F.cross_entropy(model.logits(idx, orders).flatten(0, 1),
                                                            targets.flatten()))
     torch.testing.assert_close(model.token_nll(idx, orders), nll)
+    same_nll, hidden = model.nll_and_hidden(idx, orders)  # what a scorer reads more of
+    assert torch.equal(same_nll, nll)
+    torch.testing.assert_close(model.lm_head(hidden), model.logits(idx, orders), rtol=0, atol=0)
 
 
 def test_unshuffled_nll_puts_each_value_at_its_tokens_original_position():

@@ -149,9 +149,9 @@ def test_batched_ensemble_equals_full_forwards_with_permuted_contexts(wikitext, 
     lengths = torch.full((b,), n)
     unit_sample, unit_target, _ = choose_targets(3, samples, lengths, None, n)
     with torch.no_grad():
-        batched, forwards, slots = ensemble_member_nll(model, idx, base, samples, unit_sample,
-                                                       unit_target, members=4, seed=3,
-                                                       slots_per_forward=2 * n)
+        batched, forwards, slots = ensemble_member_nll(model, idx, base, samples[unit_sample],
+                                                       unit_sample, unit_target, members=4,
+                                                       seed=3, slots_per_forward=2 * n)
         expected = torch.full_like(batched, math.nan)  # a unit left unchecked fails below
         for i in range(n):  # one full forward per (target, member) serves every row
             for member in (1, 2, 3):
@@ -221,3 +221,25 @@ def test_bf16_precision_is_close_to_fp32(wikitext, model):
     # log-softmax summed in bf16 would stall at 256 of the 50304 terms: O(1) off.
     assert bf16["l2r"]["nll"] == pytest.approx(fp32["l2r"]["nll"], rel=2**-8)
     assert bf16["l2r"]["nll"] != fp32["l2r"]["nll"]
+
+
+def test_fp32_scores_without_tf32_even_in_a_process_that_trains_with_it(wikitext, model):
+    """The trainer turns TF32 on for its own matmuls; an fp32 evaluation in that process must
+    not inherit it (it would be labelled fp32 and run TF32 on a GPU), and must give it back."""
+    seen = []
+    scored = copy.deepcopy(model)
+    forward_stream = scored.forward_stream
+
+    def recording(*args, **kwargs):
+        seen.append(torch.get_float32_matmul_precision())
+        return forward_stream(*args, **kwargs)
+
+    scored.forward_stream = recording
+    before = torch.get_float32_matmul_precision()
+    torch.set_float32_matmul_precision("high")  # what the trainer's allow_tf32 = True sets
+    try:
+        evaluate(scored, wikitext, max_samples=2)
+        assert seen and set(seen) == {"highest"}
+        assert torch.get_float32_matmul_precision() == "high"
+    finally:
+        torch.set_float32_matmul_precision(before)

@@ -86,10 +86,10 @@ def test_the_ensembles_orders_and_scores_stay_on_the_device():
         real = real_first(base_orders, lengths)
         orders = member_orders(real[units], sample_indices[units], targets, members, seed=0,
                                length=10)
-        nll = last_slot_nll(model, idx[units], orders, targets)
+        nll, hidden = last_slot_nll(model, idx[units], orders, targets)
         sums = ensemble_sums(torch.stack([nll, nll], dim=1).double(), units,
                              lengths.clamp(max=2), lengths, sizes=(1, 2))
     assert (real.device, orders.device, orders.shape) == (META, META, (4, 10))
-    assert (nll.device, nll.shape) == (META, (4,))
+    assert (nll.device, nll.shape, hidden.shape) == (META, (4,), (4, model.config.n_embd))
     assert (sums.device, sums.dtype, sums.shape) == (META, torch.float64, (2, 2))
     assert crossings.ops == []
