@@ -1,4 +1,8 @@
-"""AO-GPT network, orders, sampler and checkpoint loading (no DeepSpeed here)."""
+"""AO-GPT network, orders, sampler and checkpoint loading (no DeepSpeed here).
+
+What the trainer, evaluation and sampler call on the network, and where a new order kind or
+decoder variant goes: docs/extending.md.
+"""
 
 from aogpt.model.checkpoint import load_checkpoint, save_consolidated
 from aogpt.model.config import ModelConfig

@@ -37,10 +37,8 @@ class ModelConfig:
     n_embd: int = 768
     block_size: int = 1024  # tokens per sequence; the residual stream has one more slot, [None]
     vocab_size: int = PADDED_VOCAB
-    # How the next target's position reaches the network (model/injection.py): "adaln" (AO-GPT:
-    # per-token AdaLN from a cond_dim-wide table), "sigma_sum" (sigma-GPT: a second position
-    # embedding added at the input), "none" (a plain left-to-right GPT; it can only be trained
-    # and scored left to right).
+    # How the next target's position reaches the network: a decoder variant of
+    # model/injection.py, which says what each does ("adaln" is AO-GPT's AdaLN)
     target_injection: TargetInjection = "adaln"
     cond_dim: int = 128
     norm: Literal["rms", "layer"] = "rms"
