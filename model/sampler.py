@@ -40,7 +40,7 @@ position depend only on (seed, sample id), never on the batch a sample runs in.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Literal
 
@@ -106,44 +106,61 @@ class SamplingConfig:
 # ---- given tokens: a prompt and infill ------------------------------------------------------------
 
 
-def given_from_text(encoding, seq_len: int, prompt: str | None = None,
-                    infill: Mapping[int | str, str | list[int]] | None = None,
-                    ) -> tuple[torch.Tensor, torch.Tensor]:
+def given_tokens(seq_len: int, prompt: str | Sequence[int] | torch.Tensor | None = None,
+                 infill: Mapping[int | str, str | Sequence[int] | torch.Tensor] | None = None,
+                 encoding=None) -> tuple[torch.Tensor, torch.Tensor]:
     """(seq_len,) tokens and mask of the given positions, as generate() takes them (expanded to
-    (b, seq_len)): the prompt's tokens from position 0, then each infill value, text or a list
-    of token ids, from its start position, e.g. {40: " the river", "60": [13, 383]} (a key may
-    be a string, as in a JSON object: trainer/sample.py's --infill, whose flags the errors name).
+    (b, seq_len)): the prompt from position 0, then each infill value from its start position,
+    e.g. {40: " the river", "60": [13, 383]}; each is text or token ids (a list or a tensor). A
+    key may be a string, as in a JSON object.
 
-    encoding turns text into GPT-2 ids: tiktoken's (aogpt.data_prep.tokenizer.load_gpt2), whose
-    encode_ordinary reads "<|endoftext|>" as plain text, or any tokenizer with encode(text).
+    encoding turns text into GPT-2 ids, so text needs one: tiktoken's
+    (aogpt.data_prep.tokenizer.load_gpt2), whose encode_ordinary reads "<|endoftext|>" as plain
+    text, or any tokenizer with encode(text). Bad input is a UsageError that names positions, not
+    flags: a command says which of its flags gave them.
     """
-    # tiktoken's encode refuses special tokens in text: prefer its encode_ordinary when present
-    encode = getattr(encoding, "encode_ordinary", None) or encoding.encode
     pieces = [] if prompt is None else [(0, prompt)]
     pieces += list((infill or {}).items())
     tokens = torch.zeros(seq_len, dtype=torch.long)
     mask = torch.zeros(seq_len, dtype=torch.bool)
-    for start, piece in pieces:
+    for key, piece in pieces:
         try:
-            start = int(start)
+            start = int(key)
         except ValueError as err:
-            raise UsageError(f"--infill key {start!r} is not a token position") from err
-        if isinstance(piece, str):
-            ids = encode(piece)
-        elif isinstance(piece, list) and all(isinstance(t, int) for t in piece):
-            ids = piece
-        else:
-            raise UsageError(f"--infill at {start}: give a string or a list of token ids")
-        if any(not 0 <= t < GPT2_VOCAB for t in ids):
-            raise UsageError(f"--infill at {start}: token ids must be in 0..{GPT2_VOCAB - 1}")
+            raise UsageError(f"infill key {key!r} is not a token position") from err
+        ids = _token_ids(start, piece, encoding)
         end = start + len(ids)
         if start < 0 or end > seq_len:
-            raise UsageError(f"given text at {start}..{end - 1} does not fit in --seq-len {seq_len}")
+            raise UsageError(f"given text at {start}..{end - 1} does not fit in a sequence of "
+                             f"{seq_len} tokens")
         if mask[start:end].any():
             raise UsageError(f"given text at {start}..{end - 1} overlaps other given text")
-        tokens[start:end] = torch.tensor(ids, dtype=torch.long)
+        tokens[start:end] = ids
         mask[start:end] = True
     return tokens, mask
+
+
+def _token_ids(start: int, piece, encoding) -> torch.Tensor:
+    """The GPT-2 ids (n,) int64 of one given piece: text through `encoding`, or ids as they are."""
+    if isinstance(piece, str):
+        if encoding is None:
+            raise UsageError(f"given text at {start} needs a tokenizer: pass encoding, or give "
+                             "token ids")
+        # tiktoken's encode refuses special tokens in text: prefer its encode_ordinary when present
+        encode = getattr(encoding, "encode_ordinary", None) or encoding.encode
+        return torch.tensor(encode(piece), dtype=torch.long)
+    try:
+        ids = torch.as_tensor(piece)
+    except (TypeError, ValueError, RuntimeError):  # torch's words for "not numbers in a grid"
+        ids = None
+    # a list of ids, or a tensor of them (flattened: a tokenizer's (1, n) too); an empty list
+    # reads as float32
+    if ids is None or ids.dim() == 0 or (ids.numel() and (ids.is_floating_point() or ids.is_complex())):
+        raise UsageError(f"given tokens at {start}: give a string or a list of token ids")
+    ids = ids.flatten().long().cpu()
+    if len(ids) and not 0 <= int(ids.min()) <= int(ids.max()) < GPT2_VOCAB:
+        raise UsageError(f"given tokens at {start}: token ids must be in 0..{GPT2_VOCAB - 1}")
+    return ids
 
 
 # ---- what to reveal, and when: decided before any network call -----------------------------------
@@ -398,9 +415,10 @@ class KVCacheSampler:
         out = sampler.generate(torch.arange(32))     # sample ids 0..31
         out.tokens                                   # (32, 1024)
 
-    A prompt and infill in text (given_from_text) are the same for every sample of the batch:
+    A prompt and infill (given_tokens) are the same for every sample of the batch:
 
-        tokens, mask = given_from_text(encoding, 1024, prompt="The city of", infill={40: " river"})
+        tokens, mask = given_tokens(1024, prompt="The city of", infill={40: " river"},
+                                    encoding=encoding)
         out = sampler.generate(torch.arange(32), tokens.expand(32, -1), mask.expand(32, -1))
 
     The model runs in its own dtype (cast it to bf16 on a GPU) and must be in eval mode.

@@ -42,7 +42,7 @@ from aogpt.model import load_checkpoint
 from aogpt.model.checkpoint import describe_provenance, locate_checkpoint, provenance
 from aogpt.model.orders import ANY_ORDER, READINGS, reading_named
 from aogpt.model.precision import resolve_device
-from aogpt.model.sampler import Generation, KVCacheSampler, SamplingConfig, given_from_text
+from aogpt.model.sampler import Generation, KVCacheSampler, SamplingConfig, given_tokens
 from aogpt.progress import progress
 from aogpt.trainer.genppl import Judge, check_judge, format_report, generative_perplexity
 
@@ -108,6 +108,18 @@ def read_infill(spec: str) -> dict:
     return value
 
 
+def given_by_flags(encoding, seq_len: int, prompt: str | None,
+                   infill: dict | None) -> tuple[torch.Tensor, torch.Tensor]:
+    """The tokens and mask that --prompt and --infill give in a sequence of --seq-len tokens
+    (given_tokens); what is wrong with them is said naming those flags."""
+    try:
+        return given_tokens(seq_len, prompt, infill, encoding)
+    except UsageError as err:
+        flags = " and ".join(flag for flag, value in (("--prompt", prompt), ("--infill", infill))
+                             if value is not None)
+        raise UsageError(f"{flags} (--seq-len {seq_len}): {err}") from None
+
+
 def sample_records(sample_ids: list[int], out: Generation, encoding, config: SamplingConfig,
                    **fields) -> list[dict]:
     """One JSON-ready record per sample of a generate() call, as --out writes them (and the
@@ -155,7 +167,7 @@ def main(argv: list[str] | None = None) -> int:
         raise UsageError(f"--seq-len must be in 1..{model.config.block_size} (the model's block "
                          f"size), got {seq_len}")
     infill = read_infill(args.infill) if args.infill else None
-    tokens, mask = given_from_text(encoding, seq_len, prompt=args.prompt, infill=infill)
+    tokens, mask = given_by_flags(encoding, seq_len, args.prompt, infill)
     to_generate = seq_len - int(mask.sum())
     if to_generate == 0:
         raise UsageError("the prompt and infill already fill every position: nothing to generate")

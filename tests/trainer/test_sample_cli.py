@@ -101,8 +101,17 @@ def test_an_order_alias_draws_the_tokens_of_its_word(checkpoint, tmp_path, alias
 
 
 @pytest.mark.parametrize("flags, message", [
-    (["--infill", '{"14": "a b c d e f"}'], "does not fit"),
-    (["--prompt", "a b", "--infill", '{"1": "c"}'], "overlaps"),
+    # model/sampler.py's given_tokens says what is wrong, in positions; sample.py names the flags
+    (["--infill", '{"14": "a b c d e f"}'], "error: --infill (--seq-len 16): given text at 14..19 "
+                                            "does not fit in a sequence of 16 tokens"),
+    (["--prompt", "a b", "--infill", '{"1": "c"}'], "error: --prompt and --infill (--seq-len 16): "
+                                                    "given text at 1..1 overlaps other given text"),
+    (["--prompt", "a b c d e f g h i j k l m n o p q"],
+     "error: --prompt (--seq-len 16): given text at 0..16 does not fit in a sequence of 16 tokens"),
+    (["--infill", '{"x": "a"}'], "error: --infill (--seq-len 16): infill key 'x' is not a token "
+                                 "position"),
+    (["--infill", '{"3": [50257]}'], "error: --infill (--seq-len 16): given tokens at 3: token ids "
+                                     "must be in 0..50256"),
     (["--infill", "[1, 2]"], "JSON object"),
     (["--steps", "17"], "--steps must be in 1..16"),
     (["--seq-len", "25"], "block size"),
