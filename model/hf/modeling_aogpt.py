@@ -17,10 +17,10 @@ import torch
 from transformers import GenerationMixin, PreTrainedModel
 from transformers.modeling_outputs import CausalLMOutput
 
-from aogpt.model.config import GPT2_VOCAB
+from aogpt import UsageError
 from aogpt.model.gpt import AOGPT
 from aogpt.model.hf.configuration_aogpt import AOGPTConfig
-from aogpt.model.sampler import Generation, KVCacheSampler, SamplingConfig
+from aogpt.model.sampler import Generation, KVCacheSampler, SamplingConfig, given_tokens
 
 
 class AOGPTForCausalLM(PreTrainedModel, GenerationMixin):
@@ -100,15 +100,19 @@ class AOGPTForCausalLM(PreTrainedModel, GenerationMixin):
         """Sequences of seq_len tokens (default block_size) from the paper's any-order sampler
         with a KV cache (sampler.py), in one batch.
 
-        given: token ids fixed at start positions, e.g. {0: prompt_ids, 40: more_ids}; they are
-        read first and the rest is generated. steps: network calls (default one per generated
-        token: exact ancestral sampling). sampling: SamplingConfig's other fields (schedule,
+        given: token ids (lists or tensors) fixed at start positions, e.g. {0: prompt_ids,
+        40: more_ids}, as sampler.given_tokens reads them; they are read first and the rest is
+        generated. steps: network calls (default one per generated token: exact ancestral
+        sampling). sampling: SamplingConfig's other fields (schedule,
         counts, order="random"|"l2r", temperature, top_p, top_k, seed). sample_ids (default
         0..num_samples-1) key the randomness with the seed, as in trainer/sample.py.
         Returns the sampler's Generation: .tokens (b, seq_len) at their positions, .orders.
         """
         seq_len = seq_len or self.config.block_size
-        tokens, mask = given_positions(given or {}, seq_len)
+        try:
+            tokens, mask = given_tokens(seq_len, infill=given)
+        except UsageError as err:  # transformers' users expect bad arguments as ValueError
+            raise ValueError(str(err)) from None
         to_generate = seq_len - int(mask.sum())
         if to_generate == 0:
             raise ValueError("the given tokens fill every position: nothing to generate")
@@ -116,20 +120,3 @@ class AOGPTForCausalLM(PreTrainedModel, GenerationMixin):
         config = SamplingConfig(steps=steps or to_generate, **sampling)
         sampler = KVCacheSampler(self.aogpt, len(ids), seq_len, config)
         return sampler.generate(ids, tokens.expand(len(ids), -1), mask.expand(len(ids), -1))
-
-
-def given_positions(given: dict[int, Sequence[int]], seq_len: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """(seq_len,) tokens and mask of the given positions, from {start: token ids}."""
-    tokens = torch.zeros(seq_len, dtype=torch.long)
-    mask = torch.zeros(seq_len, dtype=torch.bool)
-    for start, ids in given.items():
-        start, ids = int(start), torch.as_tensor(ids, dtype=torch.long).flatten()
-        end = start + len(ids)
-        if start < 0 or end > seq_len:
-            raise ValueError(f"given tokens at {start}..{end - 1} do not fit in seq_len {seq_len}")
-        if mask[start:end].any():
-            raise ValueError(f"given tokens at {start}..{end - 1} overlap other given tokens")
-        if len(ids) and not 0 <= int(ids.min()) <= int(ids.max()) < GPT2_VOCAB:
-            raise ValueError(f"given tokens at {start}: ids must be in 0..{GPT2_VOCAB - 1}")
-        tokens[start:end], mask[start:end] = ids, True
-    return tokens, mask

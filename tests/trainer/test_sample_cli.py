@@ -1,6 +1,7 @@
 """trainer/sample.py: samples from a checkpoint to readable text and JSONL, prompts and infill
 kept, each record naming where it came from, bad input refused with one line before any work."""
 
+import dataclasses
 import json
 import re
 import subprocess
@@ -12,8 +13,10 @@ from conftest import REPO, run_cli
 
 import aogpt
 from aogpt.data_prep.tokenizer import load_gpt2
-from aogpt.model import AOGPT, save_consolidated
+from aogpt.model import AOGPT, load_checkpoint, save_consolidated
 from aogpt.model.config import ModelConfig
+from aogpt.model.hf.configuration_aogpt import AOGPTConfig
+from aogpt.model.hf.modeling_aogpt import AOGPTForCausalLM
 from aogpt.model.run_folder import RunFolder, tag_for
 from aogpt.trainer.sample import main
 
@@ -230,3 +233,20 @@ def test_progress_written_to_a_log_file_has_no_carriage_returns(checkpoint, tmp_
     text = log.read_text()
     assert done.returncode == 0, text
     assert "\r" not in text and "sampling: 3/3 batch (100%)" in text
+
+
+def test_the_hf_model_draws_what_sample_py_draws_from_the_same_given_text(checkpoint, tmp_path,
+                                                                          encoding):
+    """generate_any_order's `given` and sample.py's --prompt/--infill go through the same
+    given_tokens: the same seed and sample ids draw the same tokens in the same orders."""
+    code, records = sample(checkpoint, tmp_path, "--prompt", "Once upon", "--infill",
+                           '{"10": [13, 198]}', "--num-samples", "3", "--seed", "5",
+                           "--dtype", "fp32")
+    assert code == 0
+    project = load_checkpoint(checkpoint)  # EMA weights, as sample.py reads by default
+    hf = AOGPTForCausalLM(AOGPTConfig(**dataclasses.asdict(project.config))).eval()
+    hf.aogpt.load_state_dict(project.state_dict())
+    out = hf.generate_any_order(num_samples=3, seq_len=N, steps=4, seed=5,
+                                given={0: encoding.encode_ordinary("Once upon"), 10: [13, 198]})
+    assert out.tokens.tolist() == [r["tokens"] for r in records]
+    assert out.orders.tolist() == [r["order"] for r in records]
