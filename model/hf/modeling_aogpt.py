@@ -14,6 +14,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import torch
+import torch.nn.functional as F
 from transformers import GenerationMixin, PreTrainedModel
 from transformers.modeling_outputs import CausalLMOutput
 
@@ -46,30 +47,29 @@ class AOGPTForCausalLM(PreTrainedModel, GenerationMixin):
 
     def left_to_right_stream(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None):
         """tokens, positions, target_positions (b, t + 1) and the attention mask of the slots
-        (see AOGPT.embed) that read input_ids (b, t) left to right.
+        (AOGPT.slots) that read input_ids (b, t) left to right.
 
         Padding (attention_mask 0, on either side) is hidden from every other slot, and real
         tokens are numbered from 0 as if it were absent, so a padded row computes what it
-        computes alone.
+        computes alone. (A padding slot's own output, which no other slot sees, means nothing.)
         """
-        b, t = input_ids.shape
+        t = input_ids.size(1)
         if t > self.config.max_position_embeddings:
             raise ValueError(f"{t} tokens exceed the model's {self.config.max_position_embeddings}: "
                              f"block_size {self.config.block_size} slots, one of them [None]")
-        start = torch.full_like(input_ids[:, :1], -1)  # the [None] slot
         mask = None  # causal
-        if attention_mask is None or bool(attention_mask.all()):
-            positions = torch.arange(t, device=input_ids.device).expand(b, t)
-        else:
+        real = torch.ones_like(input_ids, dtype=torch.bool)
+        if attention_mask is not None and not bool(attention_mask.all()):
             real = attention_mask.bool()
-            positions = (real.cumsum(dim=1) - 1).clamp(min=0)
             seen = torch.cat([torch.ones_like(real[:, :1]), real], dim=1)  # (b, t + 1)
             causal = torch.ones(t + 1, t + 1, dtype=torch.bool, device=real.device).tril()
             itself = torch.eye(t + 1, dtype=torch.bool, device=real.device)  # padding rows too
             mask = (causal & (seen[:, None, :] | itself))[:, None]  # (b, 1, t + 1, t + 1)
-        tokens = torch.cat([start, input_ids], dim=1)
-        target_positions = torch.cat([torch.zeros_like(start), positions + 1], dim=1)
-        return tokens, torch.cat([start, positions], dim=1), target_positions, mask
+        # the order read: slot k asks for the position after the real tokens among the first k,
+        # so a real token is read at its number among them (0..t without padding)
+        orders = F.pad(real.long().cumsum(dim=1), (1, 0))  # (b, t + 1)
+        # in_order's last token would be held by a slot t + 1, which is not run: a stand-in
+        return (*AOGPT.slots(F.pad(input_ids, (0, 1)), orders), mask)
 
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None,
                 labels: torch.Tensor | None = None, return_dict: bool | None = None, **kwargs):
