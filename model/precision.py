@@ -1,5 +1,6 @@
 """Where and in which dtype a model runs when the user says "auto": the GPU when there is one,
-and bf16 only where it is fast.
+and bf16 only where it is fast. Every command's --device and --dtype "auto", and training's
+train.precision "auto", are decided here.
 
 GPUs run bf16 natively. CPUs do only with AVX512-BF16 or AMX-BF16 instructions; on the others
 (AVX2-only x86, for one) torch emulates bf16 matmuls, about 50x slower than fp32.
@@ -36,6 +37,17 @@ def auto_dtype(device: torch.device, cpuinfo: str | os.PathLike = CPUINFO) -> to
     if device.type == "cuda" or (device.type == "cpu" and cpu_has_native_bf16(cpuinfo)):
         return torch.bfloat16
     return torch.float32
+
+
+def training_precision(device: torch.device) -> str:
+    """train.precision's "auto": "autocast_bf16" on a GPU (how the paper trained), else "fp32".
+
+    Unlike auto_dtype, a CPU with native bf16 trains in fp32 too: a CPU run (the demo, the
+    tests, a config tried on a laptop) checks a recipe rather than racing, and its numbers are
+    compared with ones measured on other CPUs (the demo's in the README came from an AVX2-only
+    machine), so its arithmetic must not depend on the CPU's flags.
+    """
+    return "autocast_bf16" if device.type == "cuda" else "fp32"
 
 
 def resolve_device(name: str, own: torch.device | None = None) -> torch.device:

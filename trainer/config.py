@@ -20,12 +20,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
+import torch
 import yaml
 
 from aogpt import UsageError, check_input_file
 from aogpt.files import write_text_atomic
 from aogpt.model.config import ModelConfig
 from aogpt.model.orders import LEFT_TO_RIGHT, OrderConfig
+from aogpt.model.precision import training_precision
 
 
 @dataclass
@@ -61,7 +63,7 @@ class TrainConfig:
     # autocast_bf16: fp32 weights and residual stream, bf16 matmuls under torch.autocast (how the
     # paper trained); bf16: DeepSpeed's bf16 mode, weights and activations in bf16 (AdaLN's
     # near-zero gates at init make block updates smaller than bf16's resolution of the residual
-    # stream); fp32. auto: autocast_bf16 on a GPU, fp32 on a CPU (most CPUs emulate bf16).
+    # stream); fp32. auto: autocast_bf16 on a GPU, fp32 on a CPU (model/precision.py says why).
     precision: Literal["auto", "autocast_bf16", "bf16", "fp32"] = "auto"
     # torch.compile the network (compile_scope), the loss's softmax and the order sampler;
     # auto: on a GPU only (on a CPU the compilation takes longer than short runs gain).
@@ -272,11 +274,10 @@ def load_config(path: str | os.PathLike, overrides: list[str] = ()) -> RunConfig
 
 def resolve_device_choices(cfg: RunConfig, device_type: str) -> None:
     """Replaces the "auto" of train.precision and train.compile with this device type's choice."""
-    on_gpu = device_type == "cuda"
     if cfg.train.precision == "auto":
-        cfg.train.precision = "autocast_bf16" if on_gpu else "fp32"
+        cfg.train.precision = training_precision(torch.device(device_type))
     if cfg.train.compile == "auto":
-        cfg.train.compile = on_gpu
+        cfg.train.compile = device_type == "cuda"
 
 
 def config_to_dict(cfg: Any) -> dict:

@@ -6,7 +6,12 @@ import pytest
 import torch
 
 from aogpt import UsageError
-from aogpt.model.precision import auto_dtype, cpu_has_native_bf16, resolve_device
+from aogpt.model.precision import (
+    auto_dtype,
+    cpu_has_native_bf16,
+    resolve_device,
+    training_precision,
+)
 
 COMMON = "fpu vme de pse tsc msr pae mce cx8 apic sep mtrr sse sse2 ssse3 sse4_1 sse4_2 avx f16c"
 FLAGS = {
@@ -43,6 +48,17 @@ def test_auto_dtype_on_a_cpu_is_bf16_only_with_native_bf16(tmp_path, cpu, dtype)
 
 def test_auto_dtype_on_a_gpu_is_bf16(tmp_path):
     assert auto_dtype(torch.device("cuda", 0), write_cpuinfo(tmp_path, FLAGS["avx2"])) == torch.bfloat16
+
+
+@pytest.mark.parametrize("cpu", list(FLAGS))
+def test_training_is_fp32_on_every_cpu_and_autocast_bf16_on_a_gpu(tmp_path, cpu):
+    """Unlike auto_dtype, training's "auto" does not read the CPU's flags: a CPU run computes
+    the same on every CPU."""
+    cpuinfo = write_cpuinfo(tmp_path, FLAGS[cpu])
+    assert auto_dtype(torch.device("cpu"), cpuinfo) == (torch.float32 if cpu == "avx2"
+                                                        else torch.bfloat16)
+    assert training_precision(torch.device("cpu")) == "fp32"
+    assert training_precision(torch.device("cuda", 1)) == "autocast_bf16"
 
 
 def test_auto_device_is_the_processs_own_else_the_gpu_else_the_cpu():
