@@ -35,7 +35,7 @@ from aogpt import UsageError, check_counts, cli_entry
 from aogpt.files import write_json_atomic
 from aogpt.model import AOGPT
 from aogpt.model.config import medium, small, tiny
-from aogpt.model.precision import auto_dtype
+from aogpt.model.precision import auto_dtype, resolve_device
 from aogpt.model.sampler import KEY_BLOCK, WHOLE_CACHE_ROWS, KVCacheSampler, SamplingConfig
 
 # Inductor's C++ kernels are then named in the profile (its GPU kernels are, always)
@@ -55,8 +55,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--repeats", type=int, default=20, help="timed steps, the best kept")
     parser.add_argument("--json", type=Path, help="also write the results here")
     args = parser.parse_args(argv)
-    on_gpu = args.device in ("auto", "cuda") and torch.cuda.is_available()
-    args.device = torch.device("cuda" if on_gpu else "cpu" if args.device == "auto" else args.device)
+    args.device = resolve_device(args.device)
+    on_gpu = args.device.type == "cuda"
     args.preset = args.preset or ("small" if on_gpu else "tiny")
     args.batch_size = args.batch_size if args.batch_size is not None else (32 if on_gpu else 4)
     args.seq_len = args.seq_len if args.seq_len is not None else (1024 if on_gpu else 128)

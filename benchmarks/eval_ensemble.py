@@ -32,6 +32,7 @@ from aogpt import UsageError, cli_entry
 from aogpt.model import AOGPT, OrderConfig, OrderSampler, load_checkpoint
 from aogpt.model.config import medium, small, tiny
 from aogpt.model.orders import ANY_ORDER
+from aogpt.model.precision import resolve_device
 from aogpt.trainer.evaluation import EvalData, ensemble_member_nll, straightforward_member_nll
 
 PRESETS = {"tiny": tiny, "small": small, "medium": medium}
@@ -155,8 +156,7 @@ def bench(name: str, model: AOGPT, args: argparse.Namespace, device: torch.devic
 @cli_entry
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    device = torch.device("cuda" if args.device == "auto" and torch.cuda.is_available()
-                          else "cpu" if args.device == "auto" else args.device)
+    device = resolve_device(args.device)
     if args.precision == "fp32":
         torch.set_float32_matmul_precision("highest")  # as the evaluation: no TF32
     results = {}

@@ -38,7 +38,7 @@ from aogpt.files import write_json_atomic
 from aogpt.model import AOGPT
 from aogpt.model.attention import BIDIRECTIONAL
 from aogpt.model.config import medium, small, tiny
-from aogpt.model.precision import auto_dtype
+from aogpt.model.precision import auto_dtype, resolve_device
 from aogpt.model.sampler import (
     KEY_BLOCK,
     KVCacheSampler,
@@ -190,8 +190,7 @@ def floor_bytes_per_call(model: AOGPT, batch_size: int, seq_len: int) -> float:
 @cli_entry
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    device = torch.device("cuda" if args.device == "auto" and torch.cuda.is_available()
-                          else "cpu" if args.device == "auto" else args.device)
+    device = resolve_device(args.device)
     check_counts(args, "batch_size", "seq_len", "repeats")
     defaults = GPU_DEFAULTS if device.type == "cuda" else CPU_DEFAULTS
     args.batch_size = args.batch_size or defaults["batch_size"]

@@ -23,6 +23,7 @@ from torch.profiler import ProfilerActivity, profile
 from aogpt import UsageError, cli_entry
 from aogpt.model import AOGPT
 from aogpt.model.config import medium, small, tiny
+from aogpt.model.precision import resolve_device
 from aogpt.trainer import metrics as trainer_metrics
 
 PRESETS = {"tiny": tiny, "small": small, "medium": medium}
@@ -156,9 +157,7 @@ def main(argv: list[str] | None = None) -> int:
     unknown = [p for p in presets if p not in PRESETS]
     if unknown or not presets:
         raise UsageError(f"--presets: unknown {unknown}, choose from {', '.join(PRESETS)}")
-    if args.device == "auto":
-        args.device = "cuda" if torch.cuda.is_available() else "cpu"
-    device = torch.device(args.device)
+    device = resolve_device(args.device)
     if device.type == "cuda":
         torch.backends.cuda.matmul.allow_tf32 = True
         torch.backends.cudnn.allow_tf32 = True

@@ -61,7 +61,7 @@ from aogpt.model import (
     load_checkpoint,
     save_consolidated,
 )
-from aogpt.model.precision import auto_dtype
+from aogpt.model.precision import auto_dtype, resolve_device
 from aogpt.model.sampler import KVCacheSampler, SamplingConfig
 
 PAPER_FILES = ("model_AOGPT_AdaLN6_NoRep_cond_128_trunc_qknorm.py", "ema.py",
@@ -98,10 +98,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     unknown = sorted(set(args.parts) - set(PARTS))
     if unknown:
         raise UsageError(f"--part: unknown part(s) {', '.join(unknown)}; choose from {', '.join(PARTS)}")
-    on_gpu = args.device in ("auto", "cuda") and torch.cuda.is_available()
-    args.device = "cuda" if on_gpu else "cpu" if args.device == "auto" else args.device
-    if args.device.startswith("cuda") and not torch.cuda.is_available():
-        raise UsageError(f"--device {args.device}: no CUDA GPU is visible here; use --device cpu")
+    device = resolve_device(args.device)
+    on_gpu = device.type == "cuda"
+    args.device = str(device)  # a name: each worker is given it as --device
     args.size = "smoke" if args.smoke else "small"
     try:
         default = "4,8" if args.smoke else "64,1024"
