@@ -1,6 +1,12 @@
-"""Where and in which dtype a model runs when the user says "auto": the GPU when there is one,
-and bf16 only where it is fast. Every command's --device and --dtype "auto", and training's
-train.precision "auto", are decided here.
+"""Where and in which dtype a model runs when the user says "auto": every command's --device,
+--dtype and training's train.precision "auto" are decided here.
+
+The device: the GPU when there is one. The dtype, by what the numbers are for:
+
+    auto_dtype          the fastest: bf16 on a GPU and on a CPU with native bf16, else fp32;
+                        for measurements of speed (benchmarks)
+    reproducible_dtype  bf16 on a GPU, fp32 on every CPU; for runs whose numbers are compared
+                        with other machines' (training, trainer/sample.py)
 
 GPUs run bf16 natively. CPUs do only with AVX512-BF16 or AMX-BF16 instructions; on the others
 (AVX2-only x86, for one) torch emulates bf16 matmuls, about 50x slower than fp32.
@@ -33,21 +39,28 @@ def cpu_has_native_bf16(cpuinfo: str | os.PathLike = CPUINFO) -> bool:
 
 
 def auto_dtype(device: torch.device, cpuinfo: str | os.PathLike = CPUINFO) -> torch.dtype:
-    """bf16 on a GPU and on a CPU with native bf16, else fp32."""
+    """The fastest dtype: bf16 on a GPU and on a CPU with native bf16, else fp32."""
     if device.type == "cuda" or (device.type == "cpu" and cpu_has_native_bf16(cpuinfo)):
         return torch.bfloat16
     return torch.float32
 
 
-def training_precision(device: torch.device) -> str:
-    """train.precision's "auto": "autocast_bf16" on a GPU (how the paper trained), else "fp32".
+def reproducible_dtype(device: torch.device) -> torch.dtype:
+    """bf16 on a GPU, fp32 on every CPU, native bf16 or not.
 
-    Unlike auto_dtype, a CPU with native bf16 trains in fp32 too: a CPU run (the demo, the
-    tests, a config tried on a laptop) checks a recipe rather than racing, and its numbers are
-    compared with ones measured on other CPUs (the demo's in the README came from an AVX2-only
-    machine), so its arithmetic must not depend on the CPU's flags.
+    Unlike auto_dtype it reads no CPU flags: a CPU run (the demo, the tests, a config tried on a
+    laptop) checks a recipe rather than racing, and its numbers are compared with ones made on
+    other CPUs (the demo's in the README came from an AVX2-only machine; trainer/sample.py
+    redraws the samples that training wrote, token for token), so its arithmetic must not
+    depend on which CPU runs it.
     """
-    return "autocast_bf16" if device.type == "cuda" else "fp32"
+    return torch.bfloat16 if device.type == "cuda" else torch.float32
+
+
+def training_precision(device: torch.device) -> str:
+    """train.precision's "auto": bf16 matmuls under autocast over fp32 weights (autocast_bf16,
+    how the paper trained) where reproducible_dtype is bf16, else fp32."""
+    return "autocast_bf16" if reproducible_dtype(device) == torch.bfloat16 else "fp32"
 
 
 def resolve_device(name: str, own: torch.device | None = None) -> torch.device:

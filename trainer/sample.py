@@ -41,7 +41,7 @@ from aogpt.files import check_output_file, write_text_atomic
 from aogpt.model import load_checkpoint
 from aogpt.model.checkpoint import describe_provenance, locate_checkpoint, provenance
 from aogpt.model.orders import ANY_ORDER, READINGS, reading_named
-from aogpt.model.precision import resolve_device
+from aogpt.model.precision import reproducible_dtype, resolve_device
 from aogpt.model.sampler import Generation, KVCacheSampler, SamplingConfig, given_tokens
 from aogpt.progress import progress
 from aogpt.trainer.genppl import Judge, check_judge, format_report, generative_perplexity
@@ -155,8 +155,7 @@ def main(argv: list[str] | None = None) -> int:
     check_args(args)
     batch_size = args.batch_size if args.batch_size is not None else min(args.num_samples, 32)
     device = resolve_device(args.device)
-    dtype = DTYPES[args.dtype] if args.dtype != "auto" else (
-        torch.bfloat16 if device.type == "cuda" else torch.float32)
+    dtype = DTYPES[args.dtype] if args.dtype != "auto" else reproducible_dtype(device)
     encoding = load_gpt2(args.tokenizer_file)
     source = locate_checkpoint(args.ckpt)
     if source.unfinished:

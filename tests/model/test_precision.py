@@ -9,6 +9,7 @@ from aogpt import UsageError
 from aogpt.model.precision import (
     auto_dtype,
     cpu_has_native_bf16,
+    reproducible_dtype,
     resolve_device,
     training_precision,
 )
@@ -51,13 +52,14 @@ def test_auto_dtype_on_a_gpu_is_bf16(tmp_path):
 
 
 @pytest.mark.parametrize("cpu", list(FLAGS))
-def test_training_is_fp32_on_every_cpu_and_autocast_bf16_on_a_gpu(tmp_path, cpu):
-    """Unlike auto_dtype, training's "auto" does not read the CPU's flags: a CPU run computes
-    the same on every CPU."""
-    cpuinfo = write_cpuinfo(tmp_path, FLAGS[cpu])
-    assert auto_dtype(torch.device("cpu"), cpuinfo) == (torch.float32 if cpu == "avx2"
-                                                        else torch.bfloat16)
+def test_reproducible_runs_are_fp32_on_every_cpu_and_bf16_on_a_gpu(tmp_path, cpu):
+    """Unlike auto_dtype, training's and sample.py's "auto" read no CPU flags: a CPU run
+    computes the same on every CPU."""
+    fastest = auto_dtype(torch.device("cpu"), write_cpuinfo(tmp_path, FLAGS[cpu]))
+    assert fastest == (torch.float32 if cpu == "avx2" else torch.bfloat16)
+    assert reproducible_dtype(torch.device("cpu")) == torch.float32
     assert training_precision(torch.device("cpu")) == "fp32"
+    assert reproducible_dtype(torch.device("cuda", 1)) == torch.bfloat16
     assert training_precision(torch.device("cuda", 1)) == "autocast_bf16"
 
 
