@@ -151,7 +151,7 @@ def _token_ids(start: int, piece, encoding) -> torch.Tensor:
         return torch.tensor(encode(piece), dtype=torch.long)
     try:
         ids = torch.as_tensor(piece)
-    except (TypeError, ValueError, RuntimeError):  # torch's words for "not numbers in a grid"
+    except (TypeError, ValueError, RuntimeError):  # what as_tensor raises for other than numbers
         ids = None
     # a list of ids, or a tensor of them (flattened: a tokenizer's (1, n) too); an empty list
     # reads as float32
