@@ -63,8 +63,9 @@ def training_precision(device: torch.device) -> str:
     return "autocast_bf16" if reproducible_dtype(device) == torch.bfloat16 else "fp32"
 
 
-def resolve_device(name: str, own: torch.device | None = None) -> torch.device:
-    """The device a command's --device names. "auto": `own` (the process's device under a
+def resolve_device(name: str, own: torch.device | None = None,
+                   setting: str = "--device") -> torch.device:
+    """The device a command's `setting` (its --device flag, lm-eval's device=) names. "auto": `own` (the process's device under a
     launcher, DistEnv.device) if given, else the GPU when there is one, else the CPU. A bare
     "cuda" is `own`'s GPU when it has one (each process its own), else the first."""
     if name == "auto":
@@ -74,9 +75,16 @@ def resolve_device(name: str, own: torch.device | None = None) -> torch.device:
     try:
         device = torch.device(name)
     except RuntimeError:
-        raise UsageError(f"--device {name!r} is not a device: use auto, cpu, cuda or cuda:N") from None
+        raise UsageError(f"{_given(setting, name)} is not a device: use auto, cpu, cuda or "
+                         "cuda:N") from None
     if device.type == "cuda" and not torch.cuda.is_available():
-        raise UsageError(f"--device {name}: no CUDA GPU is visible here; use --device cpu")
+        raise UsageError(f"{_given(setting, name)}: no CUDA GPU is visible here; use "
+                         f"{_given(setting, 'cpu')}")
     if device.type == "cuda" and device.index is None and own is not None and own.type == "cuda":
         return own
     return device
+
+
+def _given(setting: str, value: str) -> str:
+    """How the user wrote it: "--device cuda" for a flag, "device=cuda" for lm-eval's model args."""
+    return f"{setting}{value}" if setting.endswith("=") else f"{setting} {value}"

@@ -53,7 +53,6 @@ from lm_eval.api.model import TemplateLM
 from lm_eval.api.registry import model_registry
 from lm_eval.models.utils import handle_stop_sequences, normalize_gen_kwargs
 from lm_eval.utils import get_rolling_token_windows, make_disjoint_window, simple_parse_args_string
-from tqdm import tqdm
 
 from aogpt import UsageError, cli_entry
 from aogpt.data_prep.tokenizer import EOS, load_gpt2
@@ -61,7 +60,8 @@ from aogpt.model import AOGPT, load_checkpoint
 from aogpt.model.config import GPT2_VOCAB
 from aogpt.model.orders import ANY_ORDER, LEFT_TO_RIGHT, reading_named
 from aogpt.model.precision import resolve_device
-from aogpt.model.sampler import KVCacheSampler, SamplingConfig
+from aogpt.model.sampler import KVCacheSampler, SamplingConfig, given_tokens
+from aogpt.progress import progress
 from aogpt.trainer.evaluation import (
     PRECISIONS,
     ensemble_member_nll,
@@ -138,7 +138,7 @@ class AOGPTLM(TemplateLM):
         if not isinstance(seed, int):
             raise UsageError(f"seed={seed!r}: give an integer")
         self.seed = seed
-        self._device = resolve_device(str(device or "auto"))
+        self._device = resolve_device(str(device or "auto"), setting="device=")
         self.model = load_checkpoint(str(ckpt), weights=weights, map_location=self._device)
         if self.members > 1:
             self.model.config.require_any_order(f"order={order} reads permuted contexts; use "
@@ -236,7 +236,8 @@ class AOGPTLM(TemplateLM):
         by_length = sorted(range(len(rows)), key=lambda r: -len(rows[r][0]))
         batches = [by_length[i:i + self.batch_size] for i in range(0, len(rows), self.batch_size)]
         with precision_policy(self.precision, self._device):
-            for batch in tqdm(batches, desc="aogpt scoring", disable=disable_tqdm):
+            for batch in progress(batches, desc="aogpt scoring", unit="batch",
+                                  disable=disable_tqdm):
                 scored = [rows[r] for r in batch if rows[r][1] > 0]
                 if scored:
                     done = iter(self.score_batch(scored, greedy))
@@ -305,7 +306,8 @@ class AOGPTLM(TemplateLM):
                    for i in range(0, len(group), self.batch_size)]
         texts = [""] * len(requests)
         with torch.inference_mode():
-            for batch in tqdm(batches, desc="aogpt generating", disable=disable_tqdm):
+            for batch in progress(batches, desc="aogpt generating", unit="batch",
+                                  disable=disable_tqdm):
                 for job, text in zip(batch, self.generate_batch(batch), strict=True):
                     texts[job["number"]] = text
         for request, text in zip(requests, texts, strict=True):
@@ -346,11 +348,8 @@ class AOGPTLM(TemplateLM):
         new_tokens, temperature, top_p, top_k = jobs[0]["settings"]
         given = [len(job["context"]) for job in jobs]
         seq_len = max(given) + new_tokens
-        tokens = torch.zeros(len(jobs), seq_len, dtype=torch.long)
-        mask = torch.zeros(len(jobs), seq_len, dtype=torch.bool)
-        for row, job in enumerate(jobs):
-            tokens[row, :given[row]] = torch.tensor(job["context"], dtype=torch.long)
-            mask[row, :given[row]] = True
+        rows = [given_tokens(seq_len, prompt=job["context"]) for job in jobs]
+        tokens, mask = (torch.stack(parts) for parts in zip(*rows, strict=True))
         config = SamplingConfig(steps=seq_len - min(given), order=LEFT_TO_RIGHT.word,
                                 temperature=temperature, top_p=top_p, top_k=top_k, seed=self.seed)
         sampler = KVCacheSampler(self.sampling_model(), len(jobs), seq_len, config,

@@ -73,10 +73,18 @@ def test_auto_device_is_the_processs_own_else_the_gpu_else_the_cpu():
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the message of a machine without GPU")
 @pytest.mark.parametrize(("name", "message"), [
-    ("gpu", "'gpu' is not a device: use auto, cpu, cuda or cuda:N"),
+    ("gpu", "--device gpu is not a device: use auto, cpu, cuda or cuda:N"),
     ("cuda", "--device cuda: no CUDA GPU is visible here; use --device cpu"),
     ("cuda:1", "--device cuda:1: no CUDA GPU is visible here; use --device cpu"),
 ])
 def test_a_device_that_is_not_there_is_a_usage_error(name, message):
     with pytest.raises(UsageError, match=re.escape(message)):
         resolve_device(name)
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the message of a machine without GPU")
+def test_a_device_setting_is_named_as_its_command_takes_it():
+    """lm-eval's model args say device=cuda, not a flag: the library names what it is given."""
+    with pytest.raises(UsageError, match=re.escape("device=cuda: no CUDA GPU is visible here; "
+                                                   "use device=cpu")):
+        resolve_device("cuda", setting="device=")

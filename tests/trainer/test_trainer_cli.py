@@ -81,7 +81,7 @@ def test_batch_not_divisible_by_world_size(text_data, tmp_path, capsys, monkeypa
 
 def test_unknown_order_kind(text_data, tmp_path, capsys):
     assert_refused(run(text_data, tmp_path, "order.kind=zigzag"), capsys, tmp_path,
-                   "order.kind must be one of mixture, uniform, l2r, fixed, blockwise")
+                   "order.kind must be one of mixture, random, l2r, fixed, blockwise (also ")
 
 
 def test_unknown_config_key(text_data, tmp_path, capsys):
