@@ -10,6 +10,7 @@ import pytest
 from eval_testing import build_wikitext
 from trainer_testing import REPO, SEQ_LEN, TINY_RUN, build_data, real_documents
 
+from aogpt.model.orders import KINDS
 from aogpt.trainer import main as main_module
 from aogpt.trainer.main import main
 from aogpt.trainer.run_lock import RunLock
@@ -81,7 +82,7 @@ def test_batch_not_divisible_by_world_size(text_data, tmp_path, capsys, monkeypa
 
 def test_unknown_order_kind(text_data, tmp_path, capsys):
     assert_refused(run(text_data, tmp_path, "order.kind=zigzag"), capsys, tmp_path,
-                   "order.kind must be one of mixture, random, l2r, fixed, blockwise (also ")
+                   f"order.kind must be one of {', '.join(KINDS)} (also ")
 
 
 def test_unknown_config_key(text_data, tmp_path, capsys):
