@@ -1,4 +1,5 @@
-"""Shared fixtures: the repository root and the real text of ../shared/data when present."""
+"""Shared fixtures: the repository root, the real text of ../shared/data when present, and the
+data and launcher of the trainer's runs."""
 
 import subprocess
 import sys
@@ -36,6 +37,25 @@ def shared_text() -> Path:
     if not path.is_file():
         pytest.skip(f"real text not available here ({path} is absent: a fresh clone elsewhere)")
     return path
+
+
+@pytest.fixture(scope="module")
+def text_data(tmp_path_factory) -> Path:
+    """Real text (trainer_testing.real_documents) made into MDS shards by data_prep/owt_to_mds.py,
+    once per test module that asks."""
+    from trainer_testing import build_data, real_documents  # tests/trainer/, whose modules ask
+
+    return build_data(tmp_path_factory.mktemp("data") / "text", real_documents())
+
+
+@pytest.fixture(scope="module")
+def launcher():
+    """A module's trainer_testing.Launcher; what its runs leave in /dev/shm goes at the end."""
+    from trainer_testing import Launcher
+
+    launcher = Launcher()
+    yield launcher
+    launcher.clean()
 
 
 def run_cli(*args: str, env: dict | None = None, cwd: Path = REPO) -> subprocess.CompletedProcess:

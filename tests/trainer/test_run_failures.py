@@ -16,7 +16,7 @@ import psutil
 import pytest
 import torch
 from device_testing import META, DeviceCrossings
-from trainer_testing import MAIN, REPO, TINY_RUN, Launcher, build_data, losses, real_documents
+from trainer_testing import MAIN, REPO, TINY_RUN, Launcher, losses
 
 from aogpt import RunFailure
 from aogpt.data_prep.manifest import read_manifest
@@ -31,11 +31,6 @@ CPU = torch.device("cpu")
 # one process, one micro-batch of 8 x 64 tokens per step
 ONE_PROCESS = [*TINY_RUN, "train.tokens_per_step=512", "eval.every=0", "checkpoint.every=100",
                "train.max_steps=1000"]
-
-
-@pytest.fixture(scope="module")
-def text_data(tmp_path_factory):
-    return build_data(tmp_path_factory.mktemp("data") / "text", real_documents())
 
 
 @pytest.fixture
@@ -369,7 +364,7 @@ def test_a_shard_truncated_under_the_deepspeed_launcher_ends_every_rank(data, tm
     args = ["--ds_config", "ds_configs/cpu.json", "--config", "configs/tiny.yaml",
             f"data.path={data}", f"out_dir={out}", *TINY_RUN, "eval.every=0",
             "checkpoint.every=100", "train.max_steps=1000"]
-    run = Run(launcher.command("deepspeed", args), tmp_path / "run.log")
+    run = Run(launcher.command("deepspeed", args), tmp_path / "run.log", launcher.environment())
     try:
         run.wait_for_step(out)
         shard = data / "train" / "shard.00000.mds"

@@ -20,10 +20,7 @@ from trainer_testing import (
     MAIN,
     REPO,
     TINY_RUN,
-    Launcher,
-    build_data,
     losses,
-    real_documents,
 )
 
 from aogpt.model import load_checkpoint
@@ -36,18 +33,6 @@ from aogpt.trainer.metrics import read_metrics
 
 pytestmark = pytest.mark.slow
 STEPS = 18
-
-
-@pytest.fixture(scope="module")
-def launcher():
-    launcher = Launcher()
-    yield launcher
-    launcher.clean()
-
-
-@pytest.fixture(scope="module")
-def text_data(tmp_path_factory):
-    return build_data(tmp_path_factory.mktemp("data") / "text", real_documents())
 
 
 def run_args(data, out_dir, ds_config="ds_configs/cpu.json", *overrides) -> list[str]:
@@ -218,7 +203,8 @@ def test_kill_9_at_any_moment_leaves_a_complete_checkpoint_and_the_same_run(refe
     run, resumed_at = RunFolder(out), 0
     for attempt, delay in enumerate(random.Random(0).uniform(0.0, 2.0) for _ in range(2)):
         with (tmp_path / f"attempt{attempt}.log").open("w") as log:
-            proc = subprocess.Popen(launcher.command("deepspeed", args), cwd=REPO, stdout=log,
+            proc = subprocess.Popen(launcher.command("deepspeed", args), cwd=REPO,
+                                    env=launcher.environment(), stdout=log,
                                     stderr=subprocess.STDOUT, start_new_session=True)
             latest, deadline = out / "checkpoints" / "latest", time.monotonic() + 300
             while not (latest.is_file() and int(latest.read_text()[5:]) > resumed_at):

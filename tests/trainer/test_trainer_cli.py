@@ -8,17 +8,12 @@ import socket
 
 import pytest
 from eval_testing import build_wikitext
-from trainer_testing import REPO, SEQ_LEN, TINY_RUN, build_data, real_documents
+from trainer_testing import REPO, SEQ_LEN, TINY_RUN
 
 from aogpt.model.orders import KINDS
 from aogpt.trainer import main as main_module
 from aogpt.trainer.main import main
 from aogpt.trainer.run_lock import RunLock
-
-
-@pytest.fixture(scope="module")
-def text_data(tmp_path_factory):
-    return build_data(tmp_path_factory.mktemp("data") / "text", real_documents())
 
 
 @pytest.fixture(autouse=True)

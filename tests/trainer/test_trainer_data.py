@@ -27,11 +27,6 @@ def one_process(monkeypatch):
 
 
 @pytest.fixture(scope="module")
-def text_data(tmp_path_factory):
-    return build_data(tmp_path_factory.mktemp("data") / "text", real_documents())
-
-
-@pytest.fixture(scope="module")
 def small_data(tmp_path_factory):
     """~20 micro-batches per epoch, so a test runs through several epochs quickly."""
     documents = real_documents()

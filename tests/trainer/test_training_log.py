@@ -9,18 +9,13 @@ import time
 
 import pytest
 import yaml
-from trainer_testing import MAIN, REPO, TINY_RUN, build_data, real_documents
+from trainer_testing import MAIN, REPO, TINY_RUN
 
 from aogpt.trainer.metrics import read_metrics
 
 # one micro-batch of 8 x 64 tokens per step
 ONE_PROCESS = [*TINY_RUN, "train.tokens_per_step=512", "eval.every=3", "train.log_every=2",
                "checkpoint.every=3"]
-
-
-@pytest.fixture(scope="module")
-def text_data(tmp_path_factory):
-    return build_data(tmp_path_factory.mktemp("data") / "text", real_documents())
 
 
 def command(data, out, *overrides: str) -> list[str]:

@@ -63,10 +63,21 @@ def build_data(out: Path, documents: list[str], val_fraction: float = 0.05) -> P
 
 
 class Launcher:
-    """Starts trainer/main.py on 2 processes the way users do; remembers ports for cleanup."""
+    """Starts trainer/main.py on 2 processes the way users do; remembers ports for cleanup.
+
+    Its runs get one thread per process (`environment`): runs that a test compares must be
+    bitwise repeatable. With torch's default of every core per process (2 processes x 2 threads
+    on 2 cores), 2 of 33 identical 2-process runs drew one micro-batch's first half (the rows
+    of the first of 2 threads) ~3 float32 ulps per token away from the other runs (same data,
+    weights and orders; step 1's loss 10.825516 against 10.825512), and
+    Adam turns such a difference in a near-zero gradient into a full step on that weight."""
 
     def __init__(self):
         self.ports: list[int] = []
+
+    @staticmethod
+    def environment(**extra: str) -> dict[str, str]:
+        return {**os.environ, "OMP_NUM_THREADS": "1", **extra}
 
     def command(self, launcher: str, args: list[str]) -> list[str]:
         port = free_port()
@@ -77,7 +88,7 @@ class Launcher:
 
     def run(self, launcher: str, args: list[str], timeout: float = 300) -> subprocess.CompletedProcess:
         return subprocess.run(self.command(launcher, args), capture_output=True, text=True,
-                              cwd=REPO, timeout=timeout)
+                              cwd=REPO, env=self.environment(), timeout=timeout)
 
     def run_and_signal(self, launcher: str, args: list[str], out_dir: Path, after_step: int,
                        sig: int = signal.SIGTERM, timeout: float = 300) -> tuple[int, str]:
@@ -86,7 +97,7 @@ class Launcher:
         log = out_dir.parent / f"{out_dir.name}.log"
         with log.open("w") as sink:
             proc = subprocess.Popen(self.command(launcher, args), stdout=sink, stderr=subprocess.STDOUT,
-                                    cwd=REPO, start_new_session=True)
+                                    cwd=REPO, env=self.environment(), start_new_session=True)
             deadline = time.monotonic() + timeout
             metrics = out_dir / "metrics.jsonl"
             while not (metrics.is_file() and any(r["step"] >= after_step for r in read_metrics(metrics))):
