@@ -12,7 +12,9 @@ A step is the config's 4,096 tokens on 1, 2 or 4 processes, and the closest batc
 evenly on any other count (demo_batch; the choice is printed). It ends with held-out perplexity
 left to right and any order against the unigram reference, one sample read left to right, one
 in a random order, and a line with a gap filled in.
-Each stage is skipped when its output is complete, so a re-run only redoes what is missing.
+A re-run keeps the corpus and shards it finds complete and resumes training where it stopped
+(or finds it finished); evaluation, samples and the plot are redone, replacing the demo's own
+files.
 """
 
 from __future__ import annotations
