@@ -58,6 +58,17 @@ def launcher():
     launcher.clean()
 
 
+# An output file that cannot be written, by case, with the words of its one-line refusal.
+UNWRITABLE_FILES = {"a folder": "is a folder: name a file in it",
+                    "below a file": "is a file, not a folder"}
+
+
+def unwritable_file(folder: Path, case: str, name: str) -> Path:
+    """`folder` itself, or `name` below a file made in it (a file the command must leave alone)."""
+    (folder / "notes.txt").write_text("mine")
+    return folder if case == "a folder" else folder / "notes.txt" / name
+
+
 def run_cli(*args: str, env: dict | None = None, cwd: Path = REPO) -> subprocess.CompletedProcess:
     """Runs a command of this repo with the test's interpreter and captures its output."""
     return subprocess.run([sys.executable, *args], capture_output=True, text=True, cwd=cwd, env=env)

@@ -11,7 +11,7 @@ import sys
 import numpy as np
 import pytest
 import torch
-from conftest import REPO, run_cli
+from conftest import REPO, UNWRITABLE_FILES, run_cli, unwritable_file
 from eval_testing import build_wikitext, read_folder, save_checkpoint, wikitext_lines
 
 import aogpt
@@ -307,18 +307,12 @@ def test_an_existing_json_is_replaced_only_with_force(folders, tmp_path, evaluat
     assert results(out)["l2r"]["tokens"] == 2 * 16
 
 
-@pytest.mark.parametrize("where, message", [
-    ("folder", "is a folder: name a file in it"),
-    ("under a file", "is a file, not a folder"),
-])
-def test_a_json_that_cannot_be_written_is_refused_before_scoring(folders, tmp_path, evaluate,
-                                                                  where, message):
-    (tmp_path / "notes.txt").write_text("mine")
-    out = {"folder": tmp_path, "under a file": tmp_path / "notes.txt" / "eval.json"}[where]
+@pytest.mark.parametrize("case", UNWRITABLE_FILES)
+def test_a_json_that_cannot_be_written_is_refused_before_scoring(folders, tmp_path, evaluate, case):
+    out = unwritable_file(tmp_path, case, "eval.json")
     code, printed, err = evaluate("--ckpt", folders["adaln"], "--data", folders["data"],
                                   "--json", out)
-    assert (code, printed) == (2, "")
-    assert err.count("\n") == 1 and message in err, err
+    assert (code, printed, err.count("\n")) == (2, "", 1) and UNWRITABLE_FILES[case] in err, err
 
 
 def test_a_data_folder_with_an_empty_val_split_is_one_line(folders, tmp_path, evaluate, capsys):

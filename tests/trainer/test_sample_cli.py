@@ -9,7 +9,7 @@ import sys
 
 import pytest
 import torch
-from conftest import REPO, run_cli
+from conftest import REPO, UNWRITABLE_FILES, run_cli, unwritable_file
 
 import aogpt
 from aogpt.data_prep.tokenizer import load_gpt2
@@ -177,17 +177,14 @@ def test_an_existing_out_file_is_replaced_only_with_force(checkpoint, tmp_path, 
     assert json.loads(out.read_text().splitlines()[0])["sample"] == 0
 
 
-@pytest.mark.parametrize("where, message", [
-    ("folder", "is a folder: name a file in it"),
-    ("under a file", "is a file, not a folder"),
-])
+@pytest.mark.parametrize("case", UNWRITABLE_FILES)
 def test_an_out_that_cannot_be_written_is_refused_before_sampling(checkpoint, tmp_path, capsys,
-                                                                   where, message):
-    (tmp_path / "notes.txt").write_text("mine")
-    out = {"folder": tmp_path, "under a file": tmp_path / "notes.txt" / "s.jsonl"}[where]
+                                                                   case):
+    out = unwritable_file(tmp_path, case, "s.jsonl")
     assert main(["--ckpt", str(checkpoint), "--seq-len", str(N), "--out", str(out)]) == 2
     captured = capsys.readouterr()
-    assert captured.out == "" and captured.err.count("\n") == 1 and message in captured.err
+    assert captured.out == "" and captured.err.count("\n") == 1
+    assert UNWRITABLE_FILES[case] in captured.err
 
 
 def unfinished_run(folder, step: int):
