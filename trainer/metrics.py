@@ -153,17 +153,21 @@ def _loss(value: float | None) -> str:
     return "n/a" if value is None else f"{value:.4f}"
 
 
+def training_loss(record: dict) -> str:
+    """'loss 6.5124 (left to right 5.4021, any order 6.6343)': a step's loss and its readings'."""
+    readings = [f"{reading.label} {_loss(record[loss_key(reading)])}" for reading in READINGS
+                if record.get(loss_key(reading)) is not None]
+    return f"loss {_loss(record.get('loss'))}" + (f" ({', '.join(readings)})" if readings else "")
+
+
 def step_line(record: dict, step: int, max_steps: int, seconds_left: float | None) -> str:
     """The log line of a log step, from its metrics record:
 
     step 120/400 | 491,520 tokens | loss 6.5124 (left to right 5.4021, any order 6.6343) |
     lr 4.80e-03 | grad norm 0.412 | 2,812 tokens/s | MFU 38.1% | 13 min 02 s left
     """
-    readings = [f"{reading.label} {_loss(record[loss_key(reading)])}" for reading in READINGS
-                if record.get(loss_key(reading)) is not None]
     parts = [f"step {step}/{max_steps}", f"{record['tokens_seen']:,} tokens",
-             f"loss {_loss(record['loss'])}" + (f" ({', '.join(readings)})" if readings else ""),
-             f"lr {record['lr']:.2e}"]
+             training_loss(record), f"lr {record['lr']:.2e}"]
     if record.get("grad_norm") is not None:
         parts.append(f"grad norm {record['grad_norm']:.3g}")
     parts.append(f"{record['tokens_per_s']:,.0f} tokens/s")
@@ -189,11 +193,7 @@ def summary_lines(run: RunFolder, progress, launch: Window, last: dict, validati
                   weights: str) -> list[str]:
     """The closing lines of a run: what it did (progress: trainer/checkpoint.py's Progress), its
     last losses, where its results are."""
-    losses = [f"loss {_loss(last.get('loss'))}"] if last else []
-    readings = [f"{reading.label} {_loss(last[loss_key(reading)])}" for reading in READINGS
-                if last.get(loss_key(reading)) is not None]
-    if readings:
-        losses[0] += f" ({', '.join(readings)})"
+    losses = [training_loss(last)] if last else []
     if validation:
         losses.append(validation_line(validation, progress.step, weights).split(" | ", 1)[1])
     return [f"done: {progress.step} steps, {progress.tokens_seen:,} tokens; this launch "
