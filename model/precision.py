@@ -65,9 +65,10 @@ def training_precision(device: torch.device) -> str:
 
 def resolve_device(name: str, own: torch.device | None = None,
                    setting: str = "--device") -> torch.device:
-    """The device a command's `setting` (its --device flag, lm-eval's device=) names. "auto": `own` (the process's device under a
-    launcher, DistEnv.device) if given, else the GPU when there is one, else the CPU. A bare
-    "cuda" is `own`'s GPU when it has one (each process its own), else the first."""
+    """The device a command's `setting` (its --device flag, lm-eval's device=) names. "auto":
+    `own` (the process's device under a launcher, DistEnv.device) if given, else the GPU when
+    there is one, else the CPU. A bare "cuda" is `own`'s GPU when it has one (each process its
+    own), else the first."""
     if name == "auto":
         if own is not None:
             return own
