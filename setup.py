@@ -9,6 +9,7 @@ collide with other projects.
 from setuptools import setup
 
 PACKAGES = {"aogpt": "aogpt", "aogpt.model": "model", "aogpt.model.hf": "model/hf",
+            "aogpt.model.sampler": "model/sampler",
             "aogpt.trainer": "trainer", "aogpt.data_prep": "data_prep"}
 
 setup(

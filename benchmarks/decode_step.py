@@ -6,7 +6,7 @@
 A decode step feeds a few rows per sequence through the whole network: its cost is the number
 of operations it launches more than their arithmetic (each eager op is a kernel launch on a GPU,
 ~4 us even inside a CUDA graph). In one process, on the same model and sampler state (C tokens
-known, R targets drawn, keys padded as the sampler pads them), this runs model/sampler.py's step
+known, R targets drawn, keys padded as the sampler pads them), this runs model/sampler/'s step (parallel.py)
 eager and compiled (torch.compile with inductor, as the sampler does on a GPU) and prints
 
 - operations per step, as torch.profiler records them: eager, every aten op the Python code calls
@@ -36,7 +36,8 @@ from aogpt.files import write_json_atomic
 from aogpt.model import AOGPT
 from aogpt.model.config import medium, small, tiny
 from aogpt.model.precision import auto_dtype, resolve_device
-from aogpt.model.sampler import KEY_BLOCK, WHOLE_CACHE_ROWS, KVCacheSampler, SamplingConfig
+from aogpt.model.sampler import KVCacheSampler, SamplingConfig
+from aogpt.model.sampler.parallel import KEY_BLOCK, WHOLE_CACHE_ROWS
 
 # Inductor's C++ kernels are then named in the profile (its GPU kernels are, always)
 torch._inductor.config.cpp.enable_kernel_profile = True
@@ -82,12 +83,12 @@ def sampler_at_step(model: AOGPT, args: argparse.Namespace, compiled: bool) -> K
     sampler.orders.copy_(torch.stack([torch.randperm(n, generator=generator) for _ in range(b)]))
     sampler.ordered[:, :n].copy_(torch.randint(0, 50257, (b, n), generator=generator))
     sampler.uniforms.copy_(torch.rand(b, n, generator=generator, dtype=torch.float64))
-    sampler.bounds.copy_(torch.tensor([[c], [c], [c + r]]).expand(3, b))  # lo, c, hi
+    sampler.strategy.bounds.copy_(torch.tensor([[c], [c], [c + r]]).expand(3, b))  # lo, c, hi
     return sampler
 
 
 def step_shape(args: argparse.Namespace) -> tuple[int, int, int]:
-    """(rows, targets, keys) as the sampler's bucketed plan gives them (model/sampler.py)."""
+    """(rows, targets, keys) as the sampler's bucketed plan gives them (model/sampler/parallel.py)."""
     rows = max(args.targets, 1)
     keys = min(-(-(args.known + rows) // KEY_BLOCK) * KEY_BLOCK, args.seq_len)
     if args.device.type == "cpu" and rows <= WHOLE_CACHE_ROWS:
@@ -130,7 +131,7 @@ def measure(model: AOGPT, args: argparse.Namespace, compiled: bool) -> dict:
     with torch.no_grad():
         def step():
             sampler.ordered.copy_(ordered)  # the step writes its draws: start each run alike
-            return sampler._run(*shape)
+            return sampler.call(*shape)
 
         compile_start = time.perf_counter()
         logits, target_slots, _ = step()  # warm-up (and compilation)

@@ -4,7 +4,7 @@
         [--steps 16,64,256,N] [--compile auto|on|off|both] [--json OUT]
 
 In one process, on the same network, weights and device, for each number of steps S:
-- decoder: model/sampler.py, the paper's AO-GPT sampler (KV cache, Lemma 1, CUDA graphs on a GPU);
+- decoder: model/sampler/, the paper's AO-GPT sampler (KV cache, Lemma 1, CUDA graphs on a GPU);
 - encoder: what SEDD/MDLM do at every step: a full bidirectional forward over all n slots (the
   same network run with full attention, masked positions fed as [None]), then the step's tokens
   drawn from the logits of the positions revealed. Its outputs are meaningless for a decoder's
@@ -39,15 +39,10 @@ from aogpt.model import AOGPT
 from aogpt.model.attention import BIDIRECTIONAL
 from aogpt.model.config import medium, small, tiny
 from aogpt.model.precision import auto_dtype, resolve_device
-from aogpt.model.sampler import (
-    KEY_BLOCK,
-    KVCacheSampler,
-    SamplingConfig,
-    draw_orders,
-    reveal_counts,
-    sample_from_logits,
-    token_uniforms,
-)
+from aogpt.model.sampler import KVCacheSampler, SamplingConfig, sample_from_logits
+from aogpt.model.sampler.draw import position_uniforms
+from aogpt.model.sampler.engine import draw_orders
+from aogpt.model.sampler.parallel import KEY_BLOCK, reveal_counts
 from aogpt.trainer.metrics import peak_memory_bandwidth
 
 PRESETS = {"tiny": tiny, "small": small, "medium": medium}
@@ -123,7 +118,7 @@ class EncoderSampler:
         nothing_given = torch.zeros(b, n, dtype=torch.bool, device=device)
         orders = draw_orders(config, nothing_given, sample_ids)
         counts = reveal_counts(config, nothing_given.sum(dim=1), n, sample_ids)[0].tolist()
-        uniforms = token_uniforms(config, sample_ids, n)
+        uniforms = position_uniforms(config, sample_ids, n)
         self.tokens.zero_()
         self.inputs.fill_(-1)
         for c, hi in zip(counts[:-1], counts[1:], strict=True):

@@ -20,7 +20,7 @@ train       the inner loop of its train_AOGPT_CL.py as that script runs it: micr
             the loader; benchmarks/train_throughput.py times the whole trainer, and gpu_report.py
             sets the paper's row beside both.
 generation  its generate() (a random order per sample, the linear schedule, top-p 1, temperature
-            1: its sample_AOGPT.py's settings) and our KV-cache sampler (model/sampler.py) with the
+            1: its sample_AOGPT.py's settings) and our KV-cache sampler (model/sampler/) with the
             same settings and THE SAME WEIGHTS: the paper's generator, randomly initialised from a
             seed, saved as our checkpoint under the same names (model/official.py's names are
             the paper's) and loaded as trainer/sample.py loads one (load_checkpoint). Each run is

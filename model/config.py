@@ -36,6 +36,7 @@ class ModelConfig:
     n_head: int = 12
     n_embd: int = 768
     block_size: int = 1024  # tokens per sequence; the residual stream has one more slot, [None]
+    # GPT-2's 50257 tokens padded; a synthetic language (data_prep/synthetic.py) has its own few
     vocab_size: int = PADDED_VOCAB
     # How the next target's position reaches the network: a decoder variant of
     # model/injection.py, which says what each does ("adaln" is AO-GPT's AdaLN)
@@ -89,6 +90,19 @@ class ModelConfig:
             raise UsageError(f"this model is a {self.family} (model.target_injection=none) and "
                              f"reads left to right only: {fix}")
 
+    @property
+    def reads_gpt2(self) -> bool:
+        """Whether the vocabulary holds GPT-2's tokens: False for a model of a synthetic language
+        (data_prep/synthetic.py), whose few token ids are no text."""
+        return self.vocab_size >= GPT2_VOCAB
+
+    def require_gpt2(self, what: str) -> None:
+        """Refuses `what` (text in, text out) for a model whose vocabulary is not GPT-2's."""
+        if not self.reads_gpt2:
+            raise UsageError(f"{what} needs a model of GPT-2 text: this one has a vocabulary of "
+                             f"{self.vocab_size} tokens (a synthetic language), not GPT-2's "
+                             f"{GPT2_VOCAB}")
+
     def validate(self) -> None:
         for name in ("n_layer", "n_head", "n_embd", "block_size", "vocab_size", "cond_dim"):
             if getattr(self, name) <= 0:
@@ -96,10 +110,6 @@ class ModelConfig:
         if self.n_embd % self.n_head:
             raise UsageError(
                 f"model.n_embd ({self.n_embd}) must be divisible by model.n_head ({self.n_head})"
-            )
-        if self.vocab_size < GPT2_VOCAB:
-            raise UsageError(
-                f"model.vocab_size ({self.vocab_size}) is smaller than GPT-2's {GPT2_VOCAB} tokens"
             )
         if not 0.0 <= self.dropout < 1.0:
             raise UsageError(f"model.dropout must be in [0, 1), got {self.dropout}")

@@ -152,7 +152,9 @@ class Stream(IntEnum):
     BLOCKS = 3  # OrderSampler: blockwise across_blocks' order of the blocks
     SAMPLE_ORDER = 11  # KVCacheSampler: the order of the positions not given
     REVEAL = 12  # KVCacheSampler: the binomial counts, a uniform per position
-    TOKEN = 13  # KVCacheSampler: the uniform each position's token is drawn with
+    TOKEN = 13  # KVCacheSampler: the uniform each position's token (or draft) is drawn with
+    ACCEPT = 14  # speculative sampling: the uniform that accepts or rejects a position's draft
+    RESIDUAL = 15  # speculative sampling: the uniform that redraws a rejected draft's position
     ENSEMBLE_TARGETS = 101  # evaluation: the targets the context-order ensemble scores
     ENSEMBLE_MEMBERS = 102  # evaluation: the ensemble members' re-permuted contexts
 

@@ -24,7 +24,7 @@ The request types, read left to right (orders of the identity: exact likelihoods
   loglikelihood_rolling  log p(text), in lm-eval's rolling windows (lm_eval.utils, as its HFLM):
                          every token is scored once, each window after the first keeps the token
                          before it as context.
-  generate_until         the KV-cache sampler (model/sampler.py) left to right, one token per
+  generate_until         the KV-cache sampler (model/sampler/) left to right, one token per
                          step (exact ancestral sampling), greedy unless the task sets do_sample or
                          a temperature; max_gen_toks tokens, cut at the first `until` string or
                          <|endoftext|>. The context is cut on the left to leave them room.

@@ -10,7 +10,7 @@ Every sample fixes its generation order up front (the prompt and infill position
 the rest in random or left-to-right order) and reveals the rest in S network calls: linear or
 cosine schedule, the paper's deterministic counts or exact Binomial ones (Lemma 1). S = L is
 exact ancestral sampling. Sample i's order and tokens depend only on (--seed, i), not on the
-batch size. How the steps work: model/sampler.py.
+batch size. How the steps work: model/sampler/.
 
 --infill places text at token positions: a JSON object (or a file holding one) mapping a start
 position to a string or a list of token ids, e.g. '{"0": "The city of", "40": [13, 383]}'.

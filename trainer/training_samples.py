@@ -1,7 +1,7 @@
 """Samples while training: what the model writes, every `eval.sample_every` steps, from fixed seeds.
 
 Rank 0 draws `eval.sample_count` samples of the EMA weights (the raw ones without EMA) with the
-KV-cache sampler (model/sampler.py) at the paper's settings: `eval.sample_steps` network calls
+KV-cache sampler (model/sampler/) at the paper's settings: `eval.sample_steps` network calls
 (its sample_AOGPT.sh: 256), the linear schedule, temperature `eval.sample_temperature`, the
 paper's nucleus rule with `eval.sample_top_p`. Sample i always has sample id i and seed 0, so every
 round draws the same uniforms and orders and the samples change only as the weights do:

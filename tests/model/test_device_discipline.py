@@ -10,9 +10,10 @@ import pytest
 import torch
 from device_testing import META, DeviceCrossings, let_meta_run_without_autocast, tiny_meta_model
 
-import aogpt.model.sampler as sampler_module
+import aogpt.model.sampler.parallel as sampler_module
 from aogpt.model import OrderConfig, OrderSampler
-from aogpt.model.sampler import KVCacheSampler, SamplingConfig, reveal_counts
+from aogpt.model.sampler import KVCacheSampler, SamplingConfig
+from aogpt.model.sampler.parallel import reveal_counts
 
 N, B = 16, 4  # sequence length, batch
 
@@ -158,7 +159,7 @@ SAMPLING_CONFIGS = {
 def test_a_generation_step_stays_on_the_device_and_never_reads_it(config):
     sampler = KVCacheSampler(tiny_meta_model().eval(), batch_size=B, seq_len=N, config=config)
     with DeviceCrossings() as crossings, torch.no_grad():
-        logits, target_slots, valid = sampler._run(rows=4, targets=2, keys=N)
+        logits, target_slots, valid = sampler.call(rows=4, targets=2, keys=N)
     assert (logits.device, logits.dtype, logits.shape[:2]) == (META, torch.float32, (B, 2))
     assert (target_slots.device, valid.device, valid.dtype) == (META, META, torch.bool)
     assert sampler.ordered.device == META and sampler.cache.kv.device == META

@@ -1,4 +1,4 @@
-"""model/sampler.py's given_tokens: a prompt and infill, text or token ids, become the given tokens
+"""model/sampler/given.py's given_tokens: a prompt and infill, text or token ids, become the given tokens
 and mask that the sampler takes (text through the real GPT-2 tokenizer); bad input is refused in
 words of positions, which every caller (a command, the Hugging Face wrapper, lm-eval) can use."""
 

@@ -11,14 +11,9 @@ from conftest import perturbed_float64_model
 from aogpt import UsageError
 from aogpt.model import AOGPT, save_consolidated
 from aogpt.model.config import GPT2_VOCAB, ModelConfig, plain_gpt, sigma_gpt
-from aogpt.model.sampler import (
-    KVCacheSampler,
-    SamplingConfig,
-    StaticKVCache,
-    filter_logits,
-    inverse_cdf,
-    reveal_counts,
-)
+from aogpt.model.sampler import KVCacheSampler, SamplingConfig, filter_logits, inverse_cdf
+from aogpt.model.sampler.cache import StaticKVCache
+from aogpt.model.sampler.parallel import reveal_counts
 
 N = 12  # tokens per generated sequence (the model's block is 16: shorter than the block works)
 B = 3

@@ -40,7 +40,7 @@ def sampler_mid_generation(model, compiled: bool, known: int, targets: int) -> K
     sampler.orders.copy_(torch.stack([torch.randperm(N, generator=generator) for _ in range(B)]))
     sampler.ordered[:, :N].copy_(torch.randint(0, 50257, (B, N), generator=generator))
     sampler.uniforms.copy_(torch.rand(B, N, generator=generator, dtype=torch.float64))
-    sampler.bounds.copy_(torch.tensor([[known], [known], [known + targets]]).expand(3, B))
+    sampler.strategy.bounds.copy_(torch.tensor([[known], [known], [known + targets]]).expand(3, B))
     return sampler
 
 
@@ -67,7 +67,7 @@ def test_a_compiled_step_gives_the_eager_logits_and_tokens_away_from_ties(known,
     outputs = {}
     with torch.no_grad():
         for compiled, sampler in steps.items():
-            logits, slots, valid = sampler._run(*shape)
+            logits, slots, valid = sampler.call(*shape)
             drawn = sampler.ordered.gather(1, slots.clamp(max=N - 1))
             outputs[compiled] = (logits.clone(), drawn, valid.clone())
     (eager, eager_drawn, valid), (compiled, compiled_drawn, _) = outputs[False], outputs[True]

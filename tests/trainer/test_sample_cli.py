@@ -104,7 +104,7 @@ def test_an_order_alias_draws_the_tokens_of_its_word(checkpoint, tmp_path, alias
 
 
 @pytest.mark.parametrize("flags, message", [
-    # model/sampler.py's given_tokens says what is wrong, in positions; sample.py names the flags
+    # model/sampler/given.py's given_tokens says what is wrong, in positions; sample.py names the flags
     (["--infill", '{"14": "a b c d e f"}'], "error: --infill (--seq-len 16): given text at 14..19 "
                                             "does not fit in a sequence of 16 tokens"),
     (["--prompt", "a b", "--infill", '{"1": "c"}'], "error: --prompt and --infill (--seq-len 16): "

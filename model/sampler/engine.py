@@ -1,0 +1,239 @@
+"""The sampler's engine: the order, the static KV cache and the network call every way of choosing
+tokens shares (SamplingConfig.sampler picks one of STRATEGIES).
+
+Each sample draws its order σ up front (given positions first, the rest random or left to right).
+The training stream has one slot per prediction (model/gpt.py):
+
+    slot k   holds x[σ_{k-1}] at its position ([None] for k = 0)   condition σ_k   predicts x[σ_k]
+
+A call feeds each sample a contiguous run of slots lo..hi-1: the real slots lo..c (tokens in
+their order; slots below lo are in the cache) and, in slots c+1..hi-1, copies of slot c's token
+with their own targets σ_k. The "parallel generation mask" lets row k see
+
+    key j   iff   j == k   or   (j <= k and j < c)
+
+i.e. the cache and the real rows causally, and of the copies only the diagonal: a copy computes
+exactly what training computes for the order "σ_0..σ_{c-1}, then σ_k", the distribution of
+x[σ_k] given the c tokens before it, as if the tokens between were not there. A real row's keys
+and values equal a full forward's (a slot's target is fixed by the order), so the cache keeps
+them; copies write slots the next call overwrites. The rows whose distributions the strategy
+reads, its targets, are slots t..hi-1 for a t <= c of its choosing: the paper's sampler
+(parallel.py) reads slot c and the copies, the speculative one (speculative.py) every row.
+
+A call is small (b x rows) and made of hundreds of small operations, so its cost is their
+launches, not their arithmetic. On a GPU the whole call (the network and the strategy's draws)
+is compiled by inductor (one graph per call shape, fused kernels) and replayed as a CUDA graph;
+the AdaLN modulations, which depend on the target position only, are tables built once per
+sampler (AOGPT.adaln_tables), and the mask becomes an attention bias once per call, not in every
+layer.
+
+The cache is preallocated once, [n_layer, 2, b, h, n+1, hd]: slot n is a trash slot where rows
+that only pad a batch write. Samples of a batch may be at different places (binomial counts,
+per-sample prompts, drafts accepted): every sample runs the same number of rows, and the rows
+past its own run are padding.
+
+Randomness is counter-based (model/orders.py): the order and every uniform a token is drawn or
+accepted with depend only on (seed, sample id, position), never on the batch a sample runs in.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+
+from aogpt import UsageError
+from aogpt.model.config import GPT2_VOCAB
+from aogpt.model.gpt import AOGPT
+from aogpt.model.orders import ANY_ORDER, LEFT_TO_RIGHT, Stream, counter_uniform, shuffle, unshuffle
+from aogpt.model.sampler.cache import StaticKVCache
+from aogpt.model.sampler.config import SamplingConfig
+from aogpt.model.sampler.outputs import Generation, StepOutput
+from aogpt.model.sampler.parallel import KEY_BLOCK, ParallelSampling
+from aogpt.model.sampler.speculative import SpeculativeSampling
+
+# SamplingConfig.sampler -> the class that chooses and accepts the tokens of each call
+STRATEGIES = {"parallel": ParallelSampling, "speculative": SpeculativeSampling}
+
+
+def draw_orders(config: SamplingConfig, given_mask: torch.Tensor,
+                sample_ids: torch.Tensor) -> torch.Tensor:
+    """(b, n) int64: given positions first (ascending), then the others in random or l2r order."""
+    b, n = given_mask.shape
+    positions = torch.arange(n, device=given_mask.device)
+    if config.order == ANY_ORDER.word:
+        keys = counter_uniform(config.seed, sample_ids[:, None], Stream.SAMPLE_ORDER, positions)
+    else:
+        keys = positions.double().expand(b, n) / n
+    keys = torch.where(given_mask, positions.double() - n, keys)
+    return keys.argsort(dim=1, stable=True)
+
+
+class KVCacheSampler:
+    """Generates batches of batch_size sequences of seq_len tokens with `model`.
+
+        sampler = KVCacheSampler(model, batch_size=32, seq_len=1024, config=SamplingConfig())
+        out = sampler.generate(torch.arange(32))     # sample ids 0..31
+        out.tokens                                   # (32, 1024)
+
+    A prompt and infill (given_tokens) are the same for every sample of the batch:
+
+        tokens, mask = given_tokens(1024, prompt="The city of", infill={40: " river"},
+                                    encoding=encoding)
+        out = sampler.generate(torch.arange(32), tokens.expand(32, -1), mask.expand(32, -1))
+
+    The model runs in its own dtype (cast it to bf16 on a GPU) and must be in eval mode.
+    cuda_graphs, compile: None = on a CUDA device. compile: each call shape through
+    torch.compile (inductor; on a CPU it takes longer to compile than short runs gain).
+    """
+
+    def __init__(self, model: AOGPT, batch_size: int, seq_len: int, config: SamplingConfig,
+                 cuda_graphs: bool | None = None, compile: bool | None = None):
+        config.validate()
+        mc = model.config
+        if not 1 <= seq_len <= mc.block_size:
+            raise UsageError(f"seq_len must be in 1..{mc.block_size} (the model's block size), "
+                             f"got {seq_len}")
+        if model.training:
+            raise UsageError("the model is in training mode: call model.eval() before sampling")
+        if config.order != LEFT_TO_RIGHT.word:
+            mc.require_any_order(f"use order={LEFT_TO_RIGHT.word}")
+        weight = model.lm_head.weight
+        self.model, self.config, self.seq_len, self.batch_size = model, config, seq_len, batch_size
+        self.vocab = min(mc.vocab_size, GPT2_VOCAB)  # the ids a token may take (no padded ones)
+        self.device = weight.device
+        self.cuda_graphs = self.device.type == "cuda" if cuda_graphs is None else cuda_graphs
+        if self.cuda_graphs and self.device.type != "cuda":
+            raise UsageError("CUDA graphs need the model on a CUDA device")
+        self.compiled = self.device.type == "cuda" if compile is None else compile
+        # compiled: one graph per call shape, so shapes are bucketed to keep them few
+        self.bucketed = self.cuda_graphs or self.compiled
+        self.strategy = STRATEGIES[config.sampler](self)
+        self._network_step = (torch.compile(self.strategy.step, dynamic=False, fullgraph=True)
+                              if self.compiled else self.strategy.step)
+        with torch.no_grad():
+            self.adaln_tables, _ = model.adaln_tables()  # fixed addresses, refreshed in place
+        self._tables_version = self._weights_version()
+        self.cache = StaticKVCache(mc.n_layer, batch_size, mc.n_head, seq_len + 1, mc.head_dim,
+                                   weight.dtype, self.device, keys_last=self.strategy.keys_last())
+        # the state a call reads and writes (fixed addresses, as CUDA graphs need)
+        self.orders = torch.zeros(batch_size, seq_len, dtype=torch.long, device=self.device)
+        self.ordered = torch.zeros(batch_size, seq_len + 1, dtype=torch.long, device=self.device)
+        self.uniforms = torch.zeros(batch_size, seq_len, dtype=torch.float64, device=self.device)
+        self._graphs: dict[tuple[int, int, int], tuple[torch.cuda.CUDAGraph, tuple]] = {}
+        self._pool = None
+
+    @torch.no_grad()
+    def generate(self, sample_ids: torch.Tensor, given_tokens: torch.Tensor | None = None,
+                 given_mask: torch.Tensor | None = None,
+                 on_step: Callable[[StepOutput], None] | None = None) -> Generation:
+        """Samples (b,) ids (b <= batch_size; they key the randomness). given_tokens and
+        given_mask (b, n) fix tokens at chosen positions (a prompt, or any infill pattern)."""
+        b, n, full = len(sample_ids), self.seq_len, self.batch_size
+        if not 1 <= b <= full:
+            raise UsageError(f"generate takes 1..{full} sample ids, got {b}")
+        if given_mask is None:
+            given_mask = torch.zeros(b, n, dtype=torch.bool)
+            given_tokens = torch.zeros(b, n, dtype=torch.long)
+        if given_mask.shape != (b, n) or given_tokens is None or given_tokens.shape != (b, n):
+            raise UsageError(f"given_tokens and given_mask must both be (samples, seq_len) = {(b, n)}")
+        if given_mask.any() and int(given_tokens[given_mask.bool()].max()) >= self.vocab:
+            raise UsageError(f"given token ids must be in 0..{self.vocab - 1} (the model's "
+                             "vocabulary)")
+        pad = torch.arange(full) % b  # a short batch repeats its samples; the copies are dropped
+        sample_ids, given_tokens, given_mask = (t.to(self.device)[pad]
+                                                for t in (sample_ids, given_tokens, given_mask))
+        self._refresh_tables()
+        self.orders.copy_(draw_orders(self.config, given_mask, sample_ids))
+        self.ordered[:, :n].copy_(shuffle(given_tokens.long(), self.orders))
+        done = self.strategy.generate(sample_ids, given_mask, on_step)
+        tokens = unshuffle(self.ordered[:, :n], self.orders)
+        return Generation(tokens[:b].clone(), self.orders[:b].clone(), done["network_calls"],
+                          done["rows"], done["sample_calls"][:b].cpu(),
+                          {name: value[:b].cpu() for name, value in done.get("stats", {}).items()})
+
+    # ---- the network call --------------------------------------------------------------------
+
+    def network(self, lo: torch.Tensor, first_target: torch.Tensor, c: torch.Tensor,
+                hi: torch.Tensor, rows: int, targets: int, keys: int):
+        """The network on slots lo..max(hi, c+1)-1 of each sample (lo, first_target, c, hi: (b, 1)
+        int64): real slots up to c, copies of slot c's token after it; every row writes its keys
+        and values to its slot (padding rows to the trash slot n). Feeds `rows` rows, attends
+        over the first `keys` cache slots, and returns the logits of the target slots
+        first_target..hi-1 (b, targets, vocab) fp32 or wider, those slots (b, targets) and
+        whether each is a target (b, targets) bool (the rest pad to `targets`)."""
+        n = self.seq_len
+        slot = lo + torch.arange(rows, device=self.device)  # (b, rows)
+        fed = slot < torch.maximum(hi, c + 1).clamp(max=n)
+        # a row at slot k carries the token of slot min(k, c): its own, or a_m's for the copies
+        source = torch.minimum(slot, c)
+        token_index = (source - 1).clamp(min=0)
+        tokens = self.ordered.gather(1, token_index)
+        positions = torch.where(source == 0, -1, self.orders.gather(1, token_index))
+        target_positions = self.orders.gather(1, slot.clamp(max=n - 1))
+        # padding rows write to the trash slot n and attend like row c (all finite keys)
+        self.cache.prepare(torch.where(fed, slot, n), keys)
+        query = torch.where(fed, slot, c)[:, None, :, None]  # (b, 1, rows, 1)
+        key = torch.arange(keys, device=self.device)
+        mask = (key == query) | ((key <= query) & (key < c[:, None, None]))  # (b, 1, rows, keys)
+        hidden = self.model.forward_stream(tokens, positions, target_positions, mask, self.cache,
+                                           self.adaln_tables)
+        target_slots = first_target + torch.arange(targets, device=self.device)  # (b, targets)
+        valid = target_slots < hi
+        row = (target_slots - lo).clamp(min=0, max=rows - 1)
+        chosen = hidden.gather(1, row[..., None].expand(-1, -1, hidden.size(-1)))
+        logits = self.model.lm_head(chosen)
+        return logits.to(torch.promote_types(logits.dtype, torch.float32)), target_slots, valid
+
+    def call(self, rows: int, targets: int, keys: int):
+        """One call of the strategy's step (the network and its draws): eager, compiled, or
+        replayed from the CUDA graph of its shape."""
+        run = self._replay if self.cuda_graphs else self._network_step
+        if not self.compiled:  # eager: not even importing dynamo (a second of a CPU's start-up)
+            return run(rows, targets, keys)
+        # a graph per call shape: raise dynamo's limit of recompilations of one function to the
+        # number of shapes a plan can have (rows, targets: powers of two; keys: KEY_BLOCK steps)
+        shapes = (self.seq_len.bit_length() + 1) ** 2 * (-(-self.seq_len // KEY_BLOCK))
+        with torch._dynamo.config.patch(recompile_limit=max(8, shapes)):
+            return run(rows, targets, keys)
+
+    def _replay(self, rows: int, targets: int, keys: int):
+        shape = (rows, targets, keys)
+        if shape not in self._graphs:
+            # A step is idempotent (same inputs, same writes), so the warm-up run that sets up
+            # cuBLAS and attention workspaces (and compiles) outside the capture may run it.
+            side = torch.cuda.Stream(self.device)
+            side.wait_stream(torch.cuda.current_stream(self.device))
+            with torch.cuda.stream(side):
+                self._network_step(*shape)
+            torch.cuda.current_stream(self.device).wait_stream(side)
+            if self._pool is None:
+                self._pool = torch.cuda.graph_pool_handle()
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph, pool=self._pool):
+                outputs = self._network_step(*shape)
+            self._graphs[shape] = (graph, outputs)
+        graph, outputs = self._graphs[shape]
+        graph.replay()
+        return outputs
+
+    # ---- the AdaLN tables follow the weights -------------------------------------------------
+
+    def _weights_version(self) -> int:
+        """Changes whenever a weight the AdaLN tables are made of is changed in place (a host
+        counter: reading it waits for nothing). Weights made under torch.inference_mode keep no
+        counter: they count as unchanged."""
+        return sum(0 if p.is_inference() else p._version for name, p in self.model.named_parameters()
+                   if "adaLN" in name or "wtpe" in name)
+
+    def _refresh_tables(self) -> None:
+        """Rebuilds the AdaLN tables if the model's weights changed since (an optimizer step, a
+        load_state_dict): into the same tensors, which captured CUDA graphs read."""
+        version = self._weights_version()
+        if version == self._tables_version:
+            return
+        with torch.no_grad():
+            for table, fresh in zip(self.adaln_tables, self.model.adaln_tables()[0], strict=True):
+                if table is not None:
+                    table.copy_(fresh)
+        self._tables_version = self._weights_version()

@@ -1,0 +1,221 @@
+"""Speculative sampling (model/sampler/speculative.py) draws exactly what one token per call
+draws: judged against the exact joint of a model small enough to enumerate, with a test that a
+wrong acceptance rule fails."""
+
+import itertools
+import math
+
+import pytest
+import torch
+from conftest import perturbed_float64_model
+
+from aogpt import UsageError
+from aogpt.model.config import ModelConfig
+from aogpt.model.sampler import KVCacheSampler, SamplingConfig, speculative, token_probs
+
+N = 12  # tokens per sequence of the float64 test model (its block is 16)
+B = 4
+
+
+def tiny_model(vocab_size: int | None = None, block_size: int = 16, sharpen: float = 30.0,
+               n_layer: int = 2, n_embd: int = 32):
+    """A float64 model whose conditionals depend strongly on the context (a sharpened head), so
+    that drafts from fewer known tokens often differ from what the verifier says."""
+    extra = {} if vocab_size is None else {"vocab_size": vocab_size}
+    config = ModelConfig(n_layer=n_layer, n_head=2, n_embd=n_embd, block_size=block_size,
+                         cond_dim=8, **extra)
+    model = perturbed_float64_model(config)
+    with torch.no_grad():
+        model.lm_head.weight.mul_(sharpen)
+    return model
+
+
+def generate(model, config: SamplingConfig, ids: torch.Tensor, n: int = N, given=None):
+    sampler = KVCacheSampler(model, batch_size=len(ids), seq_len=n, config=config)
+    tokens, mask = given if given is not None else (None, None)
+    if given is not None:
+        tokens, mask = tokens.expand(len(ids), -1), mask.expand(len(ids), -1)
+    return sampler.generate(ids, tokens, mask), sampler
+
+
+# ---- the exact joint, by enumeration ----------------------------------------------------------
+
+
+def exact_joint(model, n: int, config: SamplingConfig, given=None):
+    """Every sequence of n tokens (the given ones fixed) and its probability under one token per
+    call with `config`'s settings: the mean over the orders the sampler draws (the given
+    positions first, then a uniform permutation of the rest) of the product of the filtered
+    conditionals along the order."""
+    vocab = model.config.vocab_size
+    sequences = torch.tensor(list(itertools.product(range(vocab), repeat=n)))
+    fixed = [] if given is None else given[1].nonzero().flatten().tolist()
+    if given is not None:
+        sequences = sequences[(sequences[:, fixed] == given[0][fixed]).all(dim=1)]
+    free = [i for i in range(n) if i not in fixed]
+    joint = torch.zeros(len(sequences), dtype=torch.float64)
+    with torch.no_grad():
+        for permutation in itertools.permutations(free):
+            orders = torch.tensor(fixed + list(permutation)).expand(len(sequences), n)
+            probs = token_probs(model.logits(sequences, orders), config).double()
+            in_order = sequences.gather(1, orders)[..., None]
+            joint += probs.gather(2, in_order)[:, len(fixed):, 0].prod(dim=1)
+    return sequences, joint / math.factorial(len(free))
+
+
+def chi_square_p_value(model, n: int, given, config: SamplingConfig, samples: int) -> float:
+    """Pearson's test of `samples` draws of the sampler against the exact joint (cells expected
+    fewer than 5 times pooled): the p-value."""
+    sequences, joint = exact_joint(model, n, config, given)
+    cell = {tuple(s): i for i, s in enumerate(sequences.tolist())}
+    counts = torch.zeros(len(sequences), dtype=torch.float64)
+    batch = 2500
+    sampler = KVCacheSampler(model, batch_size=batch, seq_len=n, config=config)
+    for first in range(0, samples, batch):
+        ids = torch.arange(first, first + batch)
+        tokens, mask = (None, None) if given is None else (given[0].expand(batch, -1),
+                                                           given[1].expand(batch, -1))
+        for row in sampler.generate(ids, tokens, mask).tokens.tolist():
+            counts[cell[tuple(row)]] += 1
+    expected = joint * samples
+    big = expected >= 5
+    statistic = ((counts - expected) ** 2 / expected)[big].sum()
+    pooled_expected, pooled_count = expected[~big].sum(), counts[~big].sum()
+    cells = int(big.sum())
+    if pooled_expected > 0:
+        statistic += (pooled_count - pooled_expected) ** 2 / pooled_expected
+        cells += 1
+    dof = torch.tensor((cells - 1) / 2, dtype=torch.float64)
+    return float(torch.special.gammaincc(dof, statistic / 2))
+
+
+# 4 tokens at 4 positions free (after a one-token prompt): 256 sequences, 24 orders, 10,000
+# samples. The one-layer model's conditionals depend strongly on the context (a sharpened head),
+# so drafts from fewer known tokens often differ from the verifier, which is what a wrong rule
+# needs to show (a model whose tokens barely depend on each other accepts every draft).
+EXACT_VOCAB, EXACT_SAMPLES, SHARPEN = 4, 10_000, 16.0
+
+
+def exact_case(prompt: bool):
+    """(positions, given): 4 free positions, after a one-token prompt if asked."""
+    if not prompt:
+        return 4, None
+    tokens, mask = torch.zeros(5, dtype=torch.long), torch.zeros(5, dtype=torch.bool)
+    tokens[0], mask[0] = 3, True
+    return 5, (tokens, mask)
+
+
+def exact_model():
+    return tiny_model(vocab_size=EXACT_VOCAB, block_size=8, sharpen=SHARPEN, n_layer=1, n_embd=16)
+
+
+@pytest.mark.parametrize("draft", [2, 4])
+@pytest.mark.parametrize("prompt", [False, True], ids=["nothing-given", "one-given"])
+def test_speculative_samples_follow_the_exact_joint_of_one_token_per_call(draft, prompt):
+    model = exact_model()
+    config = SamplingConfig(sampler="speculative", draft=draft)
+    assert chi_square_p_value(model, *exact_case(prompt), config, EXACT_SAMPLES) > 1e-3
+
+
+@pytest.mark.parametrize("draft", [2, 4])
+@pytest.mark.parametrize("prompt", [False, True], ids=["nothing-given", "one-given"])
+def test_the_same_test_fails_for_a_rule_that_redraws_rejections_without_the_residual(
+        draft, prompt, monkeypatch):
+    monkeypatch.setattr(speculative, "residual", lambda q, p: q)  # the common mistake
+    model = exact_model()
+    config = SamplingConfig(sampler="speculative", draft=draft)
+    assert chi_square_p_value(model, *exact_case(prompt), config, EXACT_SAMPLES) < 1e-6
+
+
+def test_temperature_and_top_k_shape_drafts_and_verifier_alike():
+    """The truncated, tempered model is the target: its joint is what the samples follow."""
+    model = exact_model()
+    config = SamplingConfig(sampler="speculative", draft=3, temperature=0.7, top_k=2)
+    assert chi_square_p_value(model, 4, None, config, EXACT_SAMPLES) > 1e-3
+
+
+def test_the_papers_sampler_with_fewer_calls_than_tokens_fails_the_test():
+    """Revealing two tokens per call independently (Lemma 1) is not the model's joint: the
+    test sees it, so it can tell an exact sampler from one that is not."""
+    model = exact_model()
+    assert chi_square_p_value(model, 4, None, SamplingConfig(steps=2), EXACT_SAMPLES) < 1e-6
+
+
+# ---- the cache, the batch and the calls -------------------------------------------------------
+
+
+@pytest.mark.parametrize("draft", [1, 2, 4, 8])
+def test_greedy_speculative_decoding_gives_the_tokens_of_one_token_per_call(draft):
+    """Greedy, the joint is one sequence: any slip of the cache or of the verification shows."""
+    model = tiny_model()
+    one_per_call, _ = generate(model, SamplingConfig(steps=N, temperature=0.0), torch.arange(B))
+    fast, _ = generate(model, SamplingConfig(sampler="speculative", draft=draft, temperature=0.0),
+                       torch.arange(B))
+    assert torch.equal(fast.tokens, one_per_call.tokens)
+    assert torch.equal(fast.orders, one_per_call.orders)
+    assert (fast.sample_calls < N).all()  # drafts were accepted
+
+
+def test_after_generation_the_cache_holds_the_full_forwards_keys_and_values():
+    model = tiny_model()
+    out, sampler = generate(model, SamplingConfig(sampler="speculative", draft=3, seed=5),
+                            torch.arange(B))
+    keys, values = [], []
+
+    class Recording:
+        def update(self, layer, k, v):
+            keys.append(k)
+            values.append(v)
+            return k, v
+
+    tokens, positions, targets, _ = model.training_stream(out.tokens, out.orders)
+    model.forward_stream(tokens, positions, targets, cache=Recording())
+    kv = sampler.cache.kv[:, :, :, :, :N]  # (layers, 2, b, h, slots, hd)
+    for layer, (k, v) in enumerate(zip(keys, values, strict=True)):
+        torch.testing.assert_close(kv[layer, 0], k, rtol=1e-10, atol=1e-10)
+        torch.testing.assert_close(kv[layer, 1], v, rtol=1e-10, atol=1e-10)
+
+
+@pytest.mark.parametrize("prompt", [False, True], ids=["nothing-given", "prompt"])
+def test_a_sample_does_not_depend_on_the_batch_it_runs_in(prompt):
+    model = tiny_model()
+    config = SamplingConfig(sampler="speculative", draft=4, seed=3)
+    given = None
+    if prompt:
+        tokens, mask = torch.zeros(N, dtype=torch.long), torch.zeros(N, dtype=torch.bool)
+        tokens[:3], mask[:3] = torch.tensor([464, 3290, 318]), True
+        given = (tokens, mask)
+    batch, _ = generate(model, config, torch.arange(8), given=given)
+    for i in (0, 5):
+        alone, _ = generate(model, config, torch.tensor([i]), given=given)
+        assert torch.equal(alone.tokens[0], batch.tokens[i])
+        assert alone.sample_calls[0] == batch.sample_calls[i]
+    if prompt:
+        assert (batch.tokens[:, :3] == given[0][:3]).all()
+
+
+def test_every_call_makes_a_token_final_and_accepted_drafts_save_calls():
+    model = tiny_model()
+    out, _ = generate(model, SamplingConfig(sampler="speculative", draft=4), torch.arange(B))
+    calls, decided, accepted = out.sample_calls, out.stats["drafts_decided"], out.stats[
+        "drafts_accepted"]
+    # each call makes final one token besides the drafts it accepts (the last call none, when
+    # it verifies drafts up to the end of the order)
+    assert ((calls + accepted >= N) & (calls + accepted <= N + 1)).all()
+    assert (accepted <= decided).all() and (accepted > 0).all()
+    assert out.network_calls == int(calls.max())
+
+
+def test_infilling_keeps_the_given_tokens_and_reads_them_first():
+    model = tiny_model()
+    g = torch.Generator().manual_seed(0)
+    tokens = torch.randint(0, 50257, (N,), generator=g)
+    mask = torch.rand(N, generator=g) < 0.5
+    out, _ = generate(model, SamplingConfig(sampler="speculative", draft=2), torch.arange(B),
+                      given=(tokens, mask))
+    assert (out.tokens[:, mask] == tokens[mask]).all()
+    assert (out.orders[:, :int(mask.sum())] == mask.nonzero().flatten()).all()
+
+
+def test_a_draft_below_one_is_refused():
+    with pytest.raises(UsageError, match="draft must be >= 1"):
+        KVCacheSampler(tiny_model(), 1, N, SamplingConfig(sampler="speculative", draft=0))
