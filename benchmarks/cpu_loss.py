@@ -16,18 +16,15 @@ bf16, in bf16. Best of --repeats runs: other work on the machine only adds time.
 """
 
 import argparse
-import contextlib
-import platform
 import sys
 import time
-from pathlib import Path
 
 import torch
 
 from aogpt import check_counts, cli_entry
 from aogpt.model import loss
 from aogpt.model.config import PADDED_VOCAB
-from aogpt.model.precision import cpu_has_native_bf16
+from aogpt.model.precision import cpu_has_native_bf16, device_name
 
 
 def earlier_chunk_math(logits, targets, token_weights, want_grad, want_bias_grad):
@@ -40,15 +37,6 @@ def earlier_chunk_math(logits, targets, token_weights, want_grad, want_bias_grad
     grad_logits = torch.where(vocab == targets[:, None], probs - 1.0, probs)
     grad_b = grad_logits.sum(dim=0) if want_bias_grad else None
     return nll, grad_logits.to(logits.dtype), grad_b
-
-
-def cpu_model() -> str:
-    """The CPU's model name (Linux), for the record."""
-    with contextlib.suppress(OSError):
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.partition(":")[2].strip()
-    return platform.processor() or platform.machine()
 
 
 def best_seconds(math, chunk: int, args, tensors) -> float:
@@ -96,7 +84,7 @@ def main(argv: list[str] | None = None) -> int:
                torch.zeros(PADDED_VOCAB),
                torch.randint(0, PADDED_VOCAB, (args.tokens,), generator=gen))
     fitted = loss.cache_fitted_chunk(PADDED_VOCAB)
-    print(f"{cpu_model()}, native bf16: {cpu_has_native_bf16()}")
+    print(f"{device_name(torch.device('cpu'))}, native bf16: {cpu_has_native_bf16()}")
     print(f"{args.tokens:,} tokens x width {args.width} x vocab {PADDED_VOCAB:,}, "
           f"{torch.get_num_threads()} threads, cache-fitted chunk {fitted} tokens; best of {args.repeats}")
     ours = best_seconds(loss.chunk_math, fitted, args, tensors)

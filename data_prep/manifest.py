@@ -3,7 +3,8 @@
 A data folder DIR holds MDS datasets plus DIR/manifest.json:
 pretraining data (data_prep/owt_to_mds.py) has DIR/train/ and DIR/val/; an eval set
 (data_prep/eval_to_mds.py) has its one split directly in DIR/ (path "."). Every sample has the
-column `tokens` = ndarray:uint16:<seq_len> of GPT-2 ids, EOS after each document.
+column `tokens` = ndarray:uint16:<seq_len> of GPT-2 ids, EOS after each document, or of a
+synthetic language's ids (data_prep/synthetic_to_mds.py, whose manifest holds the language).
 
 The builders write manifest.json last, so its presence means the folder is complete. Readers call
 read_manifest / split_path / check_compatible and get a one-line UsageError that says how to fix
@@ -16,7 +17,7 @@ from pathlib import Path
 
 import aogpt
 from aogpt import UsageError
-from aogpt.data_prep import tokenizer
+from aogpt.data_prep import synthetic, tokenizer
 from aogpt.files import write_text_atomic
 
 FORMAT = "aogpt-mds"
@@ -96,15 +97,26 @@ def split_path(data_dir: str | Path, split: str) -> Path:
     return path
 
 
-def check_compatible(manifest: dict, seq_len: int) -> None:
-    """Refuses data made with another tokenizer or for another sequence length than the model's."""
+def check_compatible(manifest: dict, seq_len: int, vocab_size: int | None = None) -> None:
+    """Refuses data made with another tokenizer or for another sequence length than the model's,
+    and (given the model's vocab_size) data whose token ids the model has no row for: GPT-2 BPE
+    for a model of a synthetic language, or a synthetic language of more tokens."""
     info = manifest["tokenizer"]
-    if info.get("name") != tokenizer.NAME or info.get("ranks_sha256") != tokenizer.RANKS_SHA256:
+    if info.get("name") == synthetic.NAME:
+        if vocab_size is not None and vocab_size < info.get("n_vocab", 0):
+            raise UsageError(f"the data is a synthetic language of {info['n_vocab']} tokens, the "
+                             f"model's vocabulary has {vocab_size}: set model.vocab_size="
+                             f"{info['n_vocab']}")
+    elif info.get("name") != tokenizer.NAME or info.get("ranks_sha256") != tokenizer.RANKS_SHA256:
         raise UsageError(
             f"the data was tokenized with {info.get('name')!r} (ranks sha256 "
             f"{str(info.get('ranks_sha256'))[:12]}...), the model uses GPT-2 "
             f"({tokenizer.RANKS_SHA256[:12]}...): rebuild the data with data_prep/owt_to_mds.py"
         )
+    elif vocab_size is not None and vocab_size < tokenizer.N_VOCAB:
+        raise UsageError(f"the data is GPT-2 text ({tokenizer.N_VOCAB} tokens), the model's "
+                         f"vocabulary has {vocab_size} (a synthetic language's): train or "
+                         "evaluate it on its own language's data")
     if manifest["seq_len"] != seq_len:
         raise UsageError(
             f"the data has samples of {manifest['seq_len']} tokens, the model's sequence length "

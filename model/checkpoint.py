@@ -175,7 +175,7 @@ def provenance(source: CheckpointSource | None, weights: str | None, settings: d
         meta = read_consolidated(source.file, weights=())["meta"]
         record = {"checkpoint": str(source.file.resolve()), "tag": source.tag,
                   "step": meta.get("step"), "unfinished_run": source.unfinished,
-                  "weights": weights}
+                  "weights": weights, "data_tokenizers": meta.get("data_tokenizers")}
     return {**record, **inputs, "settings": json.loads(json.dumps(settings, default=str)),
             **code_version(),
             "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")}

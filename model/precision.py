@@ -15,6 +15,7 @@ GPUs run bf16 natively. CPUs do only with AVX512-BF16 or AMX-BF16 instructions; 
 from __future__ import annotations
 
 import os
+import platform
 
 import torch
 
@@ -36,6 +37,21 @@ def cpu_has_native_bf16(cpuinfo: str | os.PathLike = CPUINFO) -> bool:
     except OSError:
         pass
     return False
+
+
+def device_name(device: torch.device, cpuinfo: str | os.PathLike = CPUINFO) -> str:
+    """What a measurement ran on, for its record: the GPU's name, or the CPU's model name and the
+    threads torch uses."""
+    if device.type == "cuda":
+        return torch.cuda.get_device_name(device)
+    model = platform.processor() or platform.machine()
+    try:
+        with open(cpuinfo) as lines:
+            model = next((line.partition(":")[2].strip() for line in lines
+                          if line.startswith("model name")), model)
+    except OSError:
+        pass
+    return f"{model}, {torch.get_num_threads()} threads"
 
 
 def auto_dtype(device: torch.device, cpuinfo: str | os.PathLike = CPUINFO) -> torch.dtype:

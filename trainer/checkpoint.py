@@ -207,9 +207,13 @@ class Checkpointer:
     file holds its EMA shard and RNG states."""
 
     def __init__(self, cfg: RunConfig, env: DistEnv, engine, ema: ShardedEMA | None,
-                 ds_config: dict, client: dict[str, Any], git_sha: str | None):
+                 ds_config: dict, client: dict[str, Any], git_sha: str | None,
+                 data_tokenizers: list[dict] | None = None):
         self.cfg, self.env, self.engine, self.ema = cfg, env, engine, ema
         self.ds_config, self.client, self.git_sha = ds_config, client, git_sha
+        # what the training data's token ids mean (GPT-2, or which synthetic language): recorded
+        # with the weights, so that a judge of another language is refused
+        self.data_tokenizers = data_tokenizers or []
         self.run_folder = RunFolder(cfg.out_dir)
 
     def should_save(self, step: int, last: bool, preempted: bool) -> bool:
@@ -222,7 +226,7 @@ class Checkpointer:
 
     def run_meta(self, progress: Progress) -> dict:
         return {**dataclasses.asdict(progress), "git_sha": self.git_sha,
-                "run_config": dataclasses.asdict(self.cfg)}
+                "run_config": dataclasses.asdict(self.cfg), "data_tokenizers": self.data_tokenizers}
 
     # ---- saving -----------------------------------------------------------------------------------
 

@@ -102,7 +102,7 @@ def check_data(cfg: RunConfig, dist_env: DistEnv) -> dict[str, dict]:
     manifests = {}
     for location, splits in needed.items():
         manifest = read_manifest(local_manifest_dir(cfg, location, dist_env))
-        check_compatible(manifest, cfg.model.block_size)
+        check_compatible(manifest, cfg.model.block_size, cfg.model.vocab_size)
         for split in splits:
             if split not in manifest["splits"]:
                 raise UsageError(f"{location} has no {split!r} split (it has "

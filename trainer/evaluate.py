@@ -142,8 +142,9 @@ def report_costs(results: list[dict]) -> str:
     return "\n".join(lines)
 
 
-def open_data(folder: str, block_size: int, max_samples: int | None) -> EvalData:
-    data = EvalData(folder, block_size, max_samples)
+def open_data(folder: str, block_size: int, max_samples: int | None,
+              vocab_size: int | None = None) -> EvalData:
+    data = EvalData(folder, block_size, max_samples, vocab_size)
     if data.num_samples == 0:
         raise UsageError(f"--data {folder}: its {data.split} split holds no samples, so there "
                          "is nothing to score: rebuild the folder from more text, or for a "
@@ -160,7 +161,8 @@ def preflight(args: argparse.Namespace, dist_env: DistEnv):
     model = load_checkpoint(source.file, weights=args.weights)
     settings = settings_from_args(args, model.config.any_order)
     settings.validate(model)
-    data = [open_data(folder, model.config.block_size, settings.max_samples)
+    data = [open_data(folder, model.config.block_size, settings.max_samples,
+                      model.config.vocab_size)
             for folder in args.data]
     unigrams = [None if args.unigram_from is None else unigram_reference(args.unigram_from, folder)
                 for folder in data]

@@ -129,14 +129,15 @@ class EvalData:
     """A data folder's evaluation split (a pretraining folder's val, an eval set's only split),
     read by random access in sample order: no shuffle, no workers, no shared memory."""
 
-    def __init__(self, data_dir: str | Path, block_size: int, max_samples: int | None = None):
+    def __init__(self, data_dir: str | Path, block_size: int, max_samples: int | None = None,
+                 vocab_size: int | None = None):
         self.path = Path(data_dir)
         self.manifest = read_manifest(data_dir)
         splits = self.manifest["splits"]
         self.split = "val" if self.manifest["kind"] == "pretrain" else next(iter(splits))
         self.seq_len = self.manifest["seq_len"]
         # the tokenizer must match; any seq_len up to the model's block_size can be scored
-        check_compatible(self.manifest, self.seq_len)
+        check_compatible(self.manifest, self.seq_len, vocab_size)
         if self.seq_len > block_size:
             raise UsageError(f"{data_dir} has samples of {self.seq_len} tokens, more than the "
                              f"model's block_size {block_size}: rebuild it with --seq-len "

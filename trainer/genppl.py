@@ -32,6 +32,9 @@ import torch
 import torch.nn.functional as F
 
 from aogpt import UsageError, check_counts, check_input_file, cli_entry
+from aogpt.data_prep.manifest import FILENAME as MANIFEST
+from aogpt.data_prep.synthetic import NAME as SYNTHETIC
+from aogpt.data_prep.synthetic import SyntheticLanguage, load_language
 from aogpt.files import check_output_file, write_json_atomic
 from aogpt.model import load_checkpoint
 from aogpt.model.checkpoint import locate_checkpoint, provenance, resolve_checkpoint_file
@@ -40,9 +43,13 @@ from aogpt.progress import progress as progress_bar
 
 
 def check_judge(path: str | Path, setting: str = "--judge") -> None:
-    """UsageError (one line, naming `setting`) unless `path` is a local Hugging Face GPT-2 folder
-    or a checkpoint of this project. transformers would load any other model's folder as a GPT-2
-    with random weights (e.g. this project's own Hugging Face export) and score with those."""
+    """UsageError (one line, naming `setting`) unless `path` is a local Hugging Face GPT-2 folder,
+    a checkpoint of this project, or a synthetic language's data folder. transformers would load
+    any other model's folder as a GPT-2 with random weights (e.g. this project's own Hugging Face
+    export) and score with those."""
+    if (Path(path) / MANIFEST).is_file():
+        load_language(path, setting)
+        return
     config_file = Path(path) / "config.json"
     if config_file.is_file():
         try:
@@ -61,9 +68,30 @@ def check_judge(path: str | Path, setting: str = "--judge") -> None:
                          f"config.json) nor a checkpoint of this project ({err})") from None
 
 
+def check_judge_matches(path: str | Path, sampled_from: dict | None,
+                        setting: str = "--judge") -> None:
+    """A synthetic language judges only the samples of a model trained on it: UsageError when the
+    checkpoint the samples came from records other training data (its data_tokenizers)."""
+    if not (Path(path) / MANIFEST).is_file() or not sampled_from:
+        return
+    trained_on = sampled_from.get("data_tokenizers") or []
+    if not trained_on:
+        return  # a checkpoint from before the data was recorded: nothing to compare
+    language = load_language(path, setting)
+    if not any(t.get("language_sha256") == language.fingerprint for t in trained_on):
+        learned = ", ".join(f"synthetic language {t['language_sha256'][:12]}"
+                            if t.get("name") == SYNTHETIC else f"{t.get('name')} text"
+                            for t in trained_on)
+        raise UsageError(f"{setting} {path} is synthetic language {language.fingerprint[:12]}, "
+                         f"but the samples' model was trained on {learned}: judge with the data "
+                         "folder the model was trained on")
+
+
 class Judge:
-    """Scores token sequences left to right: nll(tokens (b, n)) -> (b, n-1), -log p of tokens
-    1..n-1 given the ones before them. setting: the flag or config key that named it, for errors."""
+    """Scores token sequences left to right: nll(tokens (b, n)) -> -log p of each token given the
+    ones before it: (b, n-1) for a language model (tokens 1..n-1: there is no BOS), (b, n) for a
+    synthetic language, whose probabilities are exact from the first token. setting: the flag or
+    config key that named it, for errors."""
 
     def __init__(self, path: str | Path, device: torch.device, weights: str = "ema",
                  setting: str = "--judge"):
@@ -71,6 +99,12 @@ class Judge:
         path = Path(path)
         self.max_len: int
         self.source = None  # the project checkpoint read, if the judge is one
+        self.language: SyntheticLanguage | None = None
+        self.name = str(path)
+        if (path / MANIFEST).is_file():  # a synthetic language: the truth, no network
+            self.kind, self.max_len = "synthetic", sys.maxsize
+            self.language = load_language(path, setting)
+            return
         if (path / "config.json").is_file():  # a Hugging Face folder
             from transformers import GPT2LMHeadModel  # slow import, only when needed
 
@@ -86,13 +120,14 @@ class Judge:
             self.kind, self.max_len = "aogpt", model.config.block_size
         self.model = model.to(device).eval()
         self.device = device
-        self.name = str(path)
 
     @torch.no_grad()
     def nll(self, tokens: torch.Tensor) -> torch.Tensor:
         if tokens.size(1) > self.max_len:
             raise UsageError(f"samples of {tokens.size(1)} tokens are longer than the judge's "
                              f"context ({self.max_len})")
+        if self.language is not None:
+            return torch.from_numpy(self.language.conditional_nll(tokens.numpy()))
         tokens = tokens.to(self.device)
         if self.kind == "aogpt":
             return self.model.token_nll(tokens)[:, 1:].double()  # drop the [None] -> x_0 term
@@ -105,6 +140,23 @@ def unigram_entropy(tokens: Sequence[int]) -> float:
     counts = torch.unique(torch.as_tensor(tokens), return_counts=True)[1].double()
     p = counts / counts.sum()
     return float(-(p * p.log()).sum())
+
+
+REPEAT_N = 4  # the n-grams the repetition rate counts
+
+
+def repetition(tokens: Sequence[int], n: int = REPEAT_N) -> float:
+    """The share of a sample's n-grams that repeat an earlier n-gram of it: 1 - distinct / all
+    (Welleck et al.'s seq-rep-n; 0 for a sample without a repeat)."""
+    grams = [tuple(tokens[i:i + n]) for i in range(len(tokens) - n + 1)]
+    return 1 - len(set(grams)) / len(grams) if grams else 0.0
+
+
+def diversity(samples: Sequence[Sequence[int]]) -> dict:
+    """Mean unigram entropy and repetition rate of the samples: what a judge's score can hide
+    (a judge may like degenerate repetitions)."""
+    return {"entropy": sum(map(unigram_entropy, samples)) / len(samples),
+            "repetition": sum(map(repetition, samples)) / len(samples)}
 
 
 def generative_perplexity(samples: Sequence[Sequence[int]], judge: Judge,
@@ -129,16 +181,46 @@ def generative_perplexity(samples: Sequence[Sequence[int]], judge: Judge,
             total_nll += float(nll.sum())
             total_tokens += nll.numel()
     ppl = sample_nll.exp()
-    return {"judge": judge.name, "samples": len(samples), "tokens_scored": total_tokens,
-            "mean_ppl": float(ppl.mean()), "std_ppl": float(ppl.std()) if len(ppl) > 1 else 0.0,
-            "ppl": math.exp(total_nll / total_tokens),
-            "entropy": sum(map(unigram_entropy, samples)) / len(samples)}
+    report = {"judge": judge.name, "samples": len(samples), "tokens_scored": total_tokens,
+              "mean_ppl": float(ppl.mean()), "std_ppl": float(ppl.std()) if len(ppl) > 1 else 0.0,
+              "ppl": math.exp(total_nll / total_tokens), **diversity(samples)}
+    if judge.language is not None:
+        report.update(true_nll_report(judge.language, sample_nll, by_length))
+    return report
+
+
+def true_nll_report(language: SyntheticLanguage, sample_nll: torch.Tensor,
+                    by_length: dict[int, list[int]]) -> dict:
+    """A synthetic judge's numbers: the samples' true NLL per token (with its standard error),
+    the language's entropy per token at the samples' lengths (a perfect sampler's NLL), the gap,
+    and the unigram entropy and repetition of as many of the language's own sequences."""
+    weights = torch.zeros(len(sample_nll), dtype=torch.float64)
+    entropy, reference = 0.0, []
+    for length, indices in by_length.items():
+        weights[indices] = length
+        entropy += language.entropy_per_token(length)[0] * length * len(indices)
+        reference += language.sample(min(len(indices), 2000), length, seed=0).tolist()
+    weights /= weights.sum()
+    nll = float((weights * sample_nll).sum())
+    error = float(sample_nll.std() * weights.square().sum().sqrt()) if len(weights) > 1 else 0.0
+    rate = entropy / sum(length * len(i) for length, i in by_length.items())
+    return {"true_nll": nll, "true_nll_error": error, "entropy_rate": rate, "gap": nll - rate,
+            "language": language.fingerprint,
+            "reference": {"samples": len(reference), **diversity(reference)}}
 
 
 def format_report(report: dict) -> str:
+    if "true_nll" in report:  # a synthetic language: its exact judge
+        reference = report["reference"]
+        return (f"true NLL ({report['samples']} samples, exact): {report['true_nll']:.4f} +- "
+                f"{report['true_nll_error']:.4f} nats/token against the language's entropy "
+                f"{report['entropy_rate']:.4f} (gap {report['gap']:+.4f}); unigram entropy "
+                f"{report['entropy']:.3f} (language {reference['entropy']:.3f}), repetition "
+                f"{report['repetition']:.3f} (language {reference['repetition']:.3f})")
     return (f"generative perplexity ({report['judge']}, {report['samples']} samples): "
             f"mean {report['mean_ppl']:.2f} +- {report['std_ppl']:.2f}, "
-            f"exp(mean nll) {report['ppl']:.2f}, unigram entropy {report['entropy']:.3f}")
+            f"exp(mean nll) {report['ppl']:.2f}, unigram entropy {report['entropy']:.3f}, "
+            f"repetition {report['repetition']:.3f}")
 
 
 def read_samples(path: Path) -> tuple[list[list[int]], dict | None]:
@@ -181,6 +263,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.json:
         check_output_file(args.json, "--json", args.force)
     samples, sampled_from = read_samples(args.samples)
+    check_judge_matches(args.judge, sampled_from)
     judge = Judge(args.judge, resolve_device(args.device), args.weights)
     report = generative_perplexity(samples, judge, args.batch_size)
     print(format_report(report))

@@ -116,7 +116,8 @@ class Trainer:
                                    plan.zero_shot_sets, Path(cfg.out_dir))
         client: dict = {"loader": self.batches}
         self.checkpointer = Checkpointer(cfg, dist_env, self.engine, self.ema, self.ds_config,
-                                         client, plan.git_sha)
+                                         client, plan.git_sha, [manifest["tokenizer"] for manifest
+                                                                in plan.manifests.values()])
         self.recovery = Recovery(cfg, dist_env, self.host_group, self.checkpointer, self.batches,
                                  self.accum)
         client["recovery"] = self.recovery.bad_steps

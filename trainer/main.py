@@ -36,7 +36,7 @@ from aogpt.trainer.failsafe import (
     first_line,
     is_collective_failure,
 )
-from aogpt.trainer.genppl import check_judge
+from aogpt.trainer.genppl import check_judge, check_judge_matches
 from aogpt.trainer.loop import Plan, Trainer
 from aogpt.trainer.run_lock import RunLock
 
@@ -66,13 +66,17 @@ def preflight(args: argparse.Namespace, dist_env: DistEnv) -> Plan:
     if cfg.model.init_from:
         check_source(cfg.model.init_from, cfg.model)
     # each zero-shot set: there, made for this model, not empty
-    sets = (zero_shot.open_sets(cfg.eval.sets, cfg.model.block_size, cfg.eval.max_tokens)
+    sets = (zero_shot.open_sets(cfg.eval.sets, cfg.model.block_size, cfg.eval.max_tokens,
+                                cfg.model.vocab_size)
             if cfg.eval.every else {})
     if cfg.eval.sample_every:  # the sampler's settings, the tokenizer that decodes, the judge
         training_samples.sampling_config(cfg.eval, cfg.model.any_order)
-        load_gpt2()
+        if cfg.model.reads_gpt2:
+            load_gpt2()
         if cfg.eval.judge is not None:
             check_judge(cfg.eval.judge, "eval.judge")
+            check_judge_matches(cfg.eval.judge, {"data_tokenizers": [
+                manifest["tokenizer"] for manifest in manifests.values()]}, "eval.judge")
     run_folder = RunFolder(cfg.out_dir)
     tag, warning = run_folder.resume_tag()
     if dist_env.is_main:

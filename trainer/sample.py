@@ -1,23 +1,33 @@
-"""Generate text with an AO-GPT checkpoint: the paper's any-order sampler with a KV cache.
+"""Generate text with an AO-GPT checkpoint: any-order sampling with a KV cache.
 
-    python trainer/sample.py --ckpt PATH [--num-samples N] [--steps S] [--seq-len L]
+    python trainer/sample.py --ckpt PATH [--num-samples N] [--seq-len L]
+        [--sampler parallel [--steps S] | --sampler speculative [--draft K]]
         [--temperature T] [--top-p P] [--top-k K] [--prompt TEXT] [--infill JSON-or-file]
         [--seed X] [--out FILE.jsonl [--force]] [--schedule linear|cosine]
         [--counts deterministic|binomial] [--order random|l2r] [--weights ema|raw]
         [--batch-size B] [--judge PATH]
 
 Every sample fixes its generation order up front (the prompt and infill positions first, then
-the rest in random or left-to-right order) and reveals the rest in S network calls: linear or
-cosine schedule, the paper's deterministic counts or exact Binomial ones (Lemma 1). S = L is
-exact ancestral sampling. Sample i's order and tokens depend only on (--seed, i), not on the
-batch size. How the steps work: model/sampler/.
+the rest in random or left-to-right order). Two samplers (model/sampler/):
+  parallel     (default) the paper's: reveals the rest in S network calls, several tokens per call
+               drawn independently (linear or cosine schedule, the paper's deterministic counts or
+               exact Binomial ones, Lemma 1). S = L is exact ancestral sampling; fewer calls depart
+               from the model's joint distribution.
+  speculative  exactly the joint of S = L (one token per call) in fewer calls: each call drafts K
+               positions ahead from the model's own marginals and verifies the earlier drafts
+               along the order (any-subset speculative decoding, arXiv 2504.20456). It decides
+               its own number of calls: at most one per token, fewer as drafts are accepted.
+Sample i's order and tokens depend only on (--seed, i), not on the batch size.
+A model of a synthetic language (data_prep/synthetic_to_mds.py) writes and reads its text as
+token ids ("17 3 95"); judge its samples with --judge on its data folder (exact probabilities).
 
 --infill places text at token positions: a JSON object (or a file holding one) mapping a start
 position to a string or a list of token ids, e.g. '{"0": "The city of", "40": [13, 383]}'.
 --prompt TEXT is the same as '{"0": TEXT}'.
 --out writes one JSON object per sample (an existing file is replaced only with --force): sample,
-tokens, text, order, given_positions, steps, network_calls, time_s (seconds of its batch), the
-sampler's settings, and provenance: the checkpoint file read (a run that has not finished is read
+tokens, text, order, given_positions, network_calls (the sample's own), batch_network_calls,
+drafts_decided and drafts_accepted (speculative), time_s (seconds of its batch), the sampler's
+settings, and provenance: the checkpoint file read (a run that has not finished is read
 through its latest checkpoint, which a line on stderr says), its tag and step, the weights, every
 flag and the code's version and commit. --judge PATH also reports the
 generative perplexity (a local Hugging Face GPT-2 folder or a checkpoint of this project; see
@@ -36,15 +46,22 @@ from pathlib import Path
 import torch
 
 from aogpt import UsageError, check_counts, check_input_file, cli_entry
+from aogpt.data_prep.synthetic import TokenIds
 from aogpt.data_prep.tokenizer import EOS, load_gpt2
 from aogpt.files import check_output_file, write_text_atomic
 from aogpt.model import load_checkpoint
 from aogpt.model.checkpoint import describe_provenance, locate_checkpoint, provenance
 from aogpt.model.orders import ANY_ORDER, READINGS, reading_named
 from aogpt.model.precision import reproducible_dtype, resolve_device
-from aogpt.model.sampler import Generation, KVCacheSampler, SamplingConfig, given_tokens
+from aogpt.model.sampler import SAMPLERS, Generation, KVCacheSampler, SamplingConfig, given_tokens
 from aogpt.progress import progress
-from aogpt.trainer.genppl import Judge, check_judge, format_report, generative_perplexity
+from aogpt.trainer.genppl import (
+    Judge,
+    check_judge,
+    check_judge_matches,
+    format_report,
+    generative_perplexity,
+)
 
 DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32}
 
@@ -58,8 +75,14 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     add("--num-samples", type=int, default=4, help="how many sequences (default 4)")
     add("--batch-size", type=int, default=None, help="sequences per batch (default: all, at most 32)")
     add("--seq-len", type=int, default=None, help="tokens per sequence (default: the block size)")
+    add("--sampler", choices=SAMPLERS, default="parallel",
+        help="parallel (default, the paper's) or speculative (exact, fewer calls)")
     add("--steps", type=int, default=None,
-        help="network calls S (default: one per token to generate, exact ancestral sampling)")
+        help="parallel: network calls S (default: one per token to generate, exact ancestral "
+             "sampling)")
+    add("--draft", type=int, default=None,
+        help=f"speculative: positions drafted ahead per call (default "
+             f"{SamplingConfig.draft}); a call yields at most K + 1 tokens")
     add("--schedule", choices=("linear", "cosine"), default="linear")
     add("--counts", choices=("deterministic", "binomial"), default="deterministic",
         help="tokens revealed per step: the paper's fixed counts or Lemma 1's Binomial ones")
@@ -125,11 +148,15 @@ def sample_records(sample_ids: list[int], out: Generation, encoding, config: Sam
     """One JSON-ready record per sample of a generate() call, as --out writes them (and the
     trainer's samples while training), with `fields` added to each."""
     settings = dataclasses.asdict(config)
+    stats = {name: values.tolist() for name, values in out.stats.items()}
     return [{"sample": i, "tokens": tokens, "text": encoding.decode(tokens), "order": order,
-             "steps": config.steps, "network_calls": out.network_calls, "settings": settings,
+             "steps": config.steps if config.sampler == "parallel" else None,
+             "network_calls": calls, "batch_network_calls": out.network_calls,
+             **{name: values[k] for name, values in stats.items()}, "settings": settings,
              **fields}
-            for i, tokens, order in zip(sample_ids, out.tokens.tolist(), out.orders.tolist(),
-                                        strict=True)]
+            for k, (i, tokens, order, calls) in enumerate(zip(
+                sample_ids, out.tokens.tolist(), out.orders.tolist(), out.sample_calls.tolist(),
+                strict=True))]
 
 
 def readable(text: str) -> str:
@@ -140,6 +167,15 @@ def check_args(args: argparse.Namespace) -> None:
     """The checks that need no checkpoint, before any work: counts, the order, the output file,
     the judge."""
     check_counts(args, "num_samples", "batch_size", "seq_len", "steps", "judge_batch_size")
+    if args.sampler == "speculative" and args.steps is not None:
+        raise UsageError("--steps sets the parallel sampler's network calls; the speculative "
+                         "sampler decides its own (one per token at most, fewer as drafts are "
+                         "accepted): drop --steps, or set --draft K")
+    if args.sampler == "parallel" and args.draft is not None:
+        raise UsageError("--draft is the speculative sampler's: add --sampler speculative")
+    if args.draft is not None and args.draft < 1:
+        raise UsageError(f"--draft must be >= 1 (positions drafted ahead per call), got "
+                         f"{args.draft}")
     args.order = reading_named(args.order, "--order").word  # records and provenance say the word
     if args.show < 0:
         raise UsageError(f"--show must be >= 0 (0 prints none), got {args.show}")
@@ -156,11 +192,14 @@ def main(argv: list[str] | None = None) -> int:
     batch_size = args.batch_size if args.batch_size is not None else min(args.num_samples, 32)
     device = resolve_device(args.device)
     dtype = DTYPES[args.dtype] if args.dtype != "auto" else reproducible_dtype(device)
-    encoding = load_gpt2(args.tokenizer_file)
     source = locate_checkpoint(args.ckpt)
     if source.unfinished:
         print(source.unfinished_note(), file=sys.stderr, flush=True)
     model = load_checkpoint(source.file, weights=args.weights, map_location=device).to(dtype)
+    encoding = load_gpt2(args.tokenizer_file) if model.config.reads_gpt2 else TokenIds()
+    origin = provenance(source, args.weights, vars(args))
+    if args.judge is not None:
+        check_judge_matches(args.judge, origin)
     seq_len = args.seq_len if args.seq_len is not None else model.config.block_size
     if not 1 <= seq_len <= model.config.block_size:
         raise UsageError(f"--seq-len must be in 1..{model.config.block_size} (the model's block "
@@ -174,13 +213,17 @@ def main(argv: list[str] | None = None) -> int:
     if not 1 <= steps <= to_generate:
         raise UsageError(f"--steps must be in 1..{to_generate} (the positions to generate), "
                          f"got {steps}")
-    config = SamplingConfig(steps=steps, schedule=args.schedule, counts=args.counts,
-                            order=args.order, temperature=args.temperature, top_p=args.top_p,
-                            top_p_rule=args.top_p_rule,
-                            top_k=args.top_k, seed=args.seed)
+    draft = args.draft if args.draft is not None else SamplingConfig.draft
+    if args.sampler == "speculative" and draft >= to_generate:
+        draft = max(1, to_generate - 1)
+        print(f"note: --draft {args.draft} reaches past the {to_generate} positions to generate: "
+              f"drafting {draft}", file=sys.stderr, flush=True)
+    config = SamplingConfig(sampler=args.sampler, steps=steps, draft=draft,
+                            schedule=args.schedule, counts=args.counts, order=args.order,
+                            temperature=args.temperature, top_p=args.top_p,
+                            top_p_rule=args.top_p_rule, top_k=args.top_k, seed=args.seed)
     sampler = KVCacheSampler(model, batch_size, seq_len, config,
                              cuda_graphs=False if args.no_cuda_graphs else None)
-    origin = provenance(source, args.weights, vars(args))
     print(f"sampling from {source.file} ({describe_provenance(origin)})", flush=True)
     records, started = [], time.perf_counter()
     with progress(range(0, args.num_samples, batch_size), desc="sampling", unit="batch") as bar:
@@ -198,10 +241,11 @@ def main(argv: list[str] | None = None) -> int:
     for record in records[:args.show]:
         print(f"\n=== sample {record['sample']} ({seq_len} tokens, {record['network_calls']} "
               f"network calls) ===\n{readable(record['text'])}")
-    eos = sum(r["tokens"].count(EOS) for r in records)
     print(f"\n{len(records)} samples of {seq_len} tokens in {elapsed:.2f} s "
-          f"({len(records) * to_generate / elapsed:,.0f} generated tokens/s), {steps} steps, "
-          f"{eos} end-of-text tokens")
+          f"({len(records) * to_generate / elapsed:,.0f} generated tokens/s), "
+          f"{calls_summary(records, config, to_generate)}"
+          + (f", {sum(r['tokens'].count(EOS) for r in records)} end-of-text tokens"
+             if model.config.reads_gpt2 else ""))
     if args.out:
         write_text_atomic(args.out, "".join(json.dumps(r) + "\n" for r in records))
         print(f"wrote {args.out}")
@@ -212,6 +256,18 @@ def main(argv: list[str] | None = None) -> int:
                                        args.judge_batch_size)
         print(format_report(report))
     return 0
+
+
+def calls_summary(records: list[dict], config: SamplingConfig, to_generate: int) -> str:
+    """'256 steps', or for the speculative sampler its calls per token and acceptance."""
+    if config.sampler == "parallel":
+        return f"{config.steps} steps"
+    calls = sum(r["network_calls"] for r in records)
+    decided = sum(r["drafts_decided"] for r in records)
+    accepted = sum(r["drafts_accepted"] for r in records)
+    return (f"speculative (draft {config.draft}): {calls / len(records) / to_generate:.3f} "
+            f"network calls per token, {accepted / max(decided, 1):.0%} of {decided:,} drafts "
+            "accepted")
 
 
 if __name__ == "__main__":

@@ -12,7 +12,9 @@ tokens (on the same device and precision). Each round writes out_dir/samples/ste
     sample_entropy    mean unigram entropy of the samples (nats; natural 1024-token text: ~5.5-5.7,
                       degenerate repetitions far less)
     sample_gen_ppl    their generative perplexity under `eval.judge` (trainer/genppl.py's mean_ppl),
-                      when a judge is configured
+                      when a judge is configured, and sample_repetition (repeated 4-grams)
+    sample_true_nll   with a synthetic language's data folder as the judge: their exact NLL per
+                      token, and sample_true_nll_gap, its excess over the language's entropy
 """
 
 from __future__ import annotations
@@ -24,9 +26,11 @@ from pathlib import Path
 import torch
 
 from aogpt import UsageError
+from aogpt.data_prep.synthetic import TokenIds
 from aogpt.data_prep.tokenizer import load_gpt2
 from aogpt.files import write_text_atomic
 from aogpt.model import AOGPT
+from aogpt.model.config import ModelConfig
 from aogpt.model.orders import ANY_ORDER, LEFT_TO_RIGHT
 from aogpt.model.run_folder import tag_for
 from aogpt.model.sampler import KVCacheSampler, SamplingConfig
@@ -51,12 +55,11 @@ def sampling_config(cfg: EvalConfig, any_order: bool) -> SamplingConfig:
 class TrainingSamples:
     """Draws, writes and scores a round of samples (rank 0 only)."""
 
-    def __init__(self, cfg: EvalConfig, model_any_order: bool, seq_len: int, run_root: Path,
-                 device: torch.device):
-        self.cfg, self.seq_len, self.device = cfg, seq_len, device
-        self.config = sampling_config(cfg, model_any_order)
+    def __init__(self, cfg: EvalConfig, model: ModelConfig, run_root: Path, device: torch.device):
+        self.cfg, self.seq_len, self.device = cfg, model.block_size, device
+        self.config = sampling_config(cfg, model.any_order)
         self.folder = run_root / SAMPLES_DIR
-        self.encoding = load_gpt2()
+        self.encoding = load_gpt2() if model.reads_gpt2 else TokenIds()
         self._judge: Judge | None = None
 
     def judge(self) -> Judge | None:
@@ -79,6 +82,11 @@ class TrainingSamples:
         metrics = {"sample_entropy": sum(map(unigram_entropy, tokens)) / count}
         judge = self.judge()
         if judge is not None:
-            metrics["sample_gen_ppl"] = generative_perplexity(tokens, judge, progress=False)["mean_ppl"]
+            report = generative_perplexity(tokens, judge, progress=False)
+            metrics["sample_gen_ppl"] = report["mean_ppl"]
+            metrics["sample_repetition"] = report["repetition"]
+            if "true_nll" in report:  # a synthetic language's exact judge
+                metrics["sample_true_nll"] = report["true_nll"]
+                metrics["sample_true_nll_gap"] = report["gap"]
         metrics["sample_s"] = time.perf_counter() - start
         return metrics

@@ -45,8 +45,7 @@ class Validator:
         self.weights = ["ema"] if ema is not None else ["raw"]
         if cfg.eval.raw_weights and ema is not None and zero_shot_sets:
             self.weights.append("raw")
-        self.samples = (TrainingSamples(cfg.eval, cfg.model.any_order, cfg.model.block_size,
-                                        out_dir, self.device)
+        self.samples = (TrainingSamples(cfg.eval, cfg.model, out_dir, self.device)
                         if cfg.eval.sample_every and env.is_main else None)
         self._model: AOGPT | None = None
         self._model_holds: tuple[int, str] | None = None  # (step, weights) it was loaded with

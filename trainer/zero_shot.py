@@ -38,7 +38,8 @@ def metric_name(set_name: str, weights: str, reading: str, stat: str) -> str:
     return f"eval/{set_name}/{weights}/{reading}_{stat}"
 
 
-def open_sets(folders: list[str], block_size: int, max_tokens: int | None) -> dict[str, EvalData]:
+def open_sets(folders: list[str], block_size: int, max_tokens: int | None,
+              vocab_size: int | None = None) -> dict[str, EvalData]:
     """The eval.sets folders by their metric name (the folder's name), each checked: an eval set
     made by data_prep/eval_to_mds.py with GPT-2's tokenizer at the model's block size, not empty.
     UsageError (one line) otherwise."""
@@ -51,7 +52,7 @@ def open_sets(folders: list[str], block_size: int, max_tokens: int | None) -> di
         if not (Path(folder) / "manifest.json").is_file():
             raise UsageError(f"eval.sets: {folder} holds no manifest.json, it was not made by "
                              f"data_prep: {fix}")
-        data = EvalData(folder, block_size, max_samples)  # checks the tokenizer
+        data = EvalData(folder, block_size, max_samples, vocab_size)  # checks the tokenizer
         if data.manifest["kind"] != "eval":
             raise UsageError(f"eval.sets: {folder} is a {data.manifest['kind']} folder, not an "
                              f"eval set (its val split is scored by eval.batches): {fix}")

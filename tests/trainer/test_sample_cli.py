@@ -69,6 +69,42 @@ def test_a_sample_does_not_depend_on_the_batch_size(checkpoint, tmp_path):
     assert [r["tokens"] for r in batched] == [r["tokens"] for r in alone]
 
 
+def speculative(checkpoint, tmp_path, *flags):
+    out = tmp_path / "speculative.jsonl"
+    code = main(["--ckpt", str(checkpoint), "--seq-len", str(N), "--sampler", "speculative",
+                 "--out", str(out), "--force", *flags])
+    return code, [json.loads(line) for line in out.read_text().splitlines()] if code == 0 else []
+
+
+def test_the_speculative_sampler_records_each_samples_calls_and_drafts(checkpoint, tmp_path,
+                                                                       capsys):
+    code, records = speculative(checkpoint, tmp_path, "--draft", "3", "--num-samples", "3")
+    assert code == 0
+    for r in records:
+        assert r["steps"] is None and r["settings"]["sampler"] == "speculative"
+        assert r["settings"]["draft"] == 3
+        # every call makes one token final besides the drafts it accepts
+        assert N <= r["network_calls"] + r["drafts_accepted"] <= N + 1
+        assert r["drafts_accepted"] <= r["drafts_decided"]
+        assert r["network_calls"] <= r["batch_network_calls"]
+    assert "network calls per token" in capsys.readouterr().out
+
+
+def test_a_speculative_sample_does_not_depend_on_the_batch_size(checkpoint, tmp_path):
+    _, batched = speculative(checkpoint, tmp_path, "--num-samples", "3", "--prompt", "Once")
+    _, alone = speculative(checkpoint, tmp_path, "--num-samples", "3", "--prompt", "Once",
+                           "--batch-size", "1")
+    assert [r["tokens"] for r in batched] == [r["tokens"] for r in alone]
+    assert [r["network_calls"] for r in batched] == [r["network_calls"] for r in alone]
+
+
+def test_a_draft_past_the_positions_left_is_clipped_and_said(checkpoint, tmp_path, capsys):
+    code, records = speculative(checkpoint, tmp_path, "--draft", "40", "--num-samples", "1")
+    assert code == 0 and records[0]["settings"]["draft"] == N - 1
+    assert f"note: --draft 40 reaches past the {N} positions to generate: drafting {N - 1}" in (
+        capsys.readouterr().err)
+
+
 def test_prompt_and_infill_text_stay_where_they_were_put(checkpoint, tmp_path, encoding):
     infill = tmp_path / "infill.json"
     infill.write_text(json.dumps({"10": "the end", "14": [13, 198]}))
@@ -127,11 +163,22 @@ def test_an_order_alias_draws_the_tokens_of_its_word(checkpoint, tmp_path, alias
     (["--infill", "{0: 1}"], "--infill is not valid JSON"),
     (["--order", "reverse"], "error: --order: 'reverse' names no order: use l2r (also ltr, "
                              "left_to_right) or random (also uniform, ao, any, any_order)"),
+    (["--sampler", "speculative"], "error: --steps sets the parallel sampler's network calls; "
+                                   "the speculative sampler decides its own"),
+    (["--draft", "2"], "error: --draft is the speculative sampler's: add --sampler speculative"),
 ])
 def test_bad_input_is_one_line_and_exit_status_2(checkpoint, tmp_path, capsys, flags, message):
     assert main(["--ckpt", str(checkpoint), "--seq-len", str(N), "--steps", "4", *flags]) == 2
     err = capsys.readouterr().err
     assert message in err and err.count("\n") == 1
+
+
+@pytest.mark.parametrize("draft", ["0", "-2"])
+def test_a_draft_below_one_is_one_line(checkpoint, capsys, draft):
+    assert main(["--ckpt", str(checkpoint), "--sampler", "speculative", "--draft", draft]) == 2
+    err = capsys.readouterr().err
+    assert f"--draft must be >= 1 (positions drafted ahead per call), got {draft}" in err
+    assert err.count("\n") == 1
 
 
 def test_a_checkpoint_without_ema_needs_raw_weights(checkpoint, tmp_path, capsys):

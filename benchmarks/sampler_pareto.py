@@ -1,0 +1,261 @@
+"""Samplers side by side: network calls and seconds per token against the quality of what they draw.
+
+    python benchmarks/sampler_pareto.py --ckpt RUN [--judge DATA-or-MODEL] [--num-samples 256]
+        [--batch-sizes 1,32] [--steps 8,16,32,64,N] [--drafts 1,2,4,8,16] [--seq-len N]
+        [--json OUT] [--plot docs/sampler-pareto.png] [--table docs/sampler-pareto.md]
+
+In one process, on the same model, weights and device, every sampler and setting draws the same
+sample ids (so each sample's order is the same for all of them):
+- parallel, the paper's sampler, at S network calls (--steps), with the deterministic counts and
+  with the binomial ones; S = n (one token per call) is exact ancestral sampling, the reference;
+- speculative at each draft length K (--drafts): exactly S = n's distribution, in fewer calls.
+For each it reports network calls per token (each sample's own calls; and the batch's, which
+runs until its slowest sample is done), seconds per generated token at each batch size (every
+sampler warmed up first, the timed runs of all samplers interleaved so that load from other
+processes hits them alike), and what the judge says of --num-samples samples: with a synthetic
+language's data folder (data_prep/synthetic_to_mds.py) the exact true NLL per token, its standard
+error and its gap to the language's entropy; with a language model (trainer/genppl.py) the
+generative perplexity; always the unigram entropy and the repetition rate. The JSON is rewritten
+after every row; --plot draws calls per token against the judge's number, --table writes the
+markdown table docs/ shows.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import sys
+import time
+from dataclasses import asdict
+from pathlib import Path
+
+import torch
+
+from aogpt import UsageError, check_counts, cli_entry
+from aogpt.files import check_output_file, write_json_atomic, write_text_atomic
+from aogpt.model import load_checkpoint
+from aogpt.model.checkpoint import locate_checkpoint, provenance
+from aogpt.model.precision import device_name, reproducible_dtype, resolve_device
+from aogpt.model.sampler import KVCacheSampler, SamplingConfig
+from aogpt.trainer.genppl import Judge, check_judge_matches, diversity, generative_perplexity
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], epilog=__doc__.split(
+        "\n\n", 1)[1], formatter_class=argparse.RawDescriptionHelpFormatter)
+    add = parser.add_argument
+    add("--ckpt", required=True, help="out_dir, checkpoint folder or model.safetensors")
+    add("--weights", choices=("ema", "raw"), default="ema")
+    add("--judge", help="a synthetic language's data folder (exact), or a judge model")
+    add("--num-samples", type=int, default=256, help="samples judged per setting (default 256)")
+    add("--batch-sizes", default="1,32", help="batch sizes timed (default 1,32)")
+    add("--timed-batches", type=int, default=2, help="batches timed per batch size (default 2)")
+    add("--steps", help="the parallel sampler's network calls (default n/16, n/8, n/4, n/2, n)")
+    add("--drafts", default="1,2,4,8,16", help="the speculative sampler's K (default 1,2,4,8,16)")
+    add("--seq-len", type=int, help="tokens per sample (default the model's block size)")
+    add("--seed", type=int, default=0)
+    add("--device", default="auto", help="auto (cuda if available), cpu, cuda")
+    add("--json", type=Path, help="write the rows here (rewritten after every row)")
+    add("--plot", type=Path, help="calls per token against the judge's number (PNG)")
+    add("--table", type=Path, help="the markdown table")
+    add("--force", action="store_true", help="replace --json, --plot and --table if they exist")
+    args = parser.parse_args(argv)
+    check_counts(args, "num_samples", "timed_batches", "seq_len")
+    args.batch_sizes = numbers(args.batch_sizes, "--batch-sizes")
+    args.drafts = numbers(args.drafts, "--drafts")
+    args.steps = numbers(args.steps, "--steps") if args.steps else None
+    for flag in ("json", "plot", "table"):
+        if getattr(args, flag) is not None:
+            check_output_file(getattr(args, flag), f"--{flag}", args.force)
+    return args
+
+
+def numbers(text: str, flag: str) -> list[int]:
+    try:
+        values = [int(value) for value in text.split(",")]
+    except ValueError:
+        raise UsageError(f"{flag} takes a comma list of whole numbers, got {text!r}") from None
+    if not values or min(values) < 1:
+        raise UsageError(f"{flag} values must be >= 1, got {text!r}")
+    return values
+
+
+def settings(n: int, steps: list[int] | None, drafts: list[int]) -> list[tuple[str, dict]]:
+    """(label, SamplingConfig fields) of every sampler measured; S = n first, the reference."""
+    steps = sorted({s for s in steps or [n // 16, n // 8, n // 4, n // 2, n] if 1 <= s <= n},
+                   reverse=True)
+    rows = [(f"parallel S={s}", {"sampler": "parallel", "steps": s, "counts": "deterministic"})
+            for s in steps]
+    rows += [(f"parallel binomial S={s}", {"sampler": "parallel", "steps": s, "counts": "binomial"})
+             for s in steps if s < n]
+    rows += [(f"speculative K={k}", {"sampler": "speculative", "draft": min(k, n - 1)})
+             for k in drafts]
+    return rows
+
+
+def draw(sampler: KVCacheSampler, ids: torch.Tensor, device: torch.device) -> tuple:
+    """(generation, seconds) of one batch."""
+    start = time.perf_counter()
+    out = sampler.generate(ids)
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    return out, time.perf_counter() - start
+
+
+def measure(model, label: str, fields: dict, args, n: int, judge: Judge | None,
+            device: torch.device) -> dict:
+    """One setting's row: calls, seconds and the judge's numbers."""
+    config = SamplingConfig(seed=args.seed, **fields)
+    widest = max(args.batch_sizes)
+    sampler = KVCacheSampler(model, widest, n, config)
+    tokens, calls, batch_calls, decided, accepted = [], [], [], 0, 0
+    for first in range(0, args.num_samples, widest):
+        out, _ = draw(sampler, torch.arange(first, min(first + widest, args.num_samples)), device)
+        tokens += out.tokens.tolist()
+        calls += out.sample_calls.tolist()
+        batch_calls.append(out.network_calls)
+        decided += int(out.stats.get("drafts_decided", torch.zeros(1)).sum())
+        accepted += int(out.stats.get("drafts_accepted", torch.zeros(1)).sum())
+    row = {"label": label, "settings": asdict(config),
+           "calls_per_token": sum(calls) / len(calls) / n,
+           "batch_calls_per_token": {widest: sum(batch_calls) / len(batch_calls) / n},
+           "acceptance": accepted / decided if decided else None, "samples": len(tokens)}
+    row["judge"] = (generative_perplexity(tokens, judge, progress=False) if judge is not None
+                    else diversity(tokens))
+    row["samplers"] = {size: KVCacheSampler(model, size, n, config) for size in args.batch_sizes}
+    return row
+
+
+def time_rows(rows: list[dict], args, n: int, device: torch.device) -> None:
+    """Seconds per generated token of every row at every batch size: each sampler warmed up,
+    then the timed batches of all rows interleaved (best of --timed-batches kept)."""
+    for size in args.batch_sizes:
+        ids = torch.arange(size)
+        for row in rows:
+            draw(row["samplers"][size], ids, device)  # warm-up (and, compiled, the compile)
+        best = {id(row): math.inf for row in rows}
+        for _ in range(args.timed_batches):
+            for row in rows:
+                out, seconds = draw(row["samplers"][size], ids, device)
+                best[id(row)] = min(best[id(row)], seconds / (size * n))
+                row.setdefault("batch_calls_per_token", {})[size] = out.network_calls / n
+        for row in rows:
+            row.setdefault("seconds_per_token", {})[size] = best[id(row)]
+
+
+def quality(row: dict) -> tuple[float, float]:
+    """The judge's number and its standard error: true NLL per token, or generative perplexity."""
+    judged = row["judge"]
+    if "true_nll" in judged:
+        return judged["true_nll"], judged["true_nll_error"]
+    if "mean_ppl" in judged:
+        return judged["mean_ppl"], judged["std_ppl"] / math.sqrt(judged["samples"])
+    return math.nan, math.nan
+
+
+def table(rows: list[dict], header: dict) -> str:
+    reference = rows[0]
+    sizes = header["batch_sizes"]
+    exact = "true NLL (nats/token)" if header["exact_judge"] else "judge"
+    lines = [f"| sampler | calls/token | batch {sizes[-1]} calls/token | " + " | ".join(
+        f"ms/token, batch {b} (x S=n)" for b in sizes) + f" | {exact} | unigram entropy | "
+        "repetition | drafts accepted |",
+        "|---" * (7 + len(sizes)) + "|"]
+    for row in rows:
+        value, error = quality(row)
+        times = " | ".join(
+            f"{row['seconds_per_token'][b] * 1e3:.3f} "
+            f"({reference['seconds_per_token'][b] / row['seconds_per_token'][b]:.2f}x)"
+            for b in sizes)
+        accepted = "" if row["acceptance"] is None else f"{row['acceptance']:.0%}"
+        lines.append(f"| {row['label']} | {row['calls_per_token']:.3f} | "
+                     f"{row['batch_calls_per_token'][sizes[-1]]:.3f} | {times} | "
+                     f"{value:.4f} +- {error:.4f} | {row['judge']['entropy']:.3f} | "
+                     f"{row['judge']['repetition']:.3f} | {accepted} |")
+    return "\n".join(lines) + "\n"
+
+
+def plot(rows: list[dict], header: dict, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    figure, axes = plt.subplots(figsize=(7, 4.5))
+    families = {"parallel S=": ("the paper's sampler, deterministic counts", "o-"),
+                "parallel binomial": ("the paper's sampler, binomial counts", "s--"),
+                "speculative": ("speculative (exact), draft K", "D-")}
+    for prefix, (name, style) in families.items():
+        members = [row for row in rows if row["label"].startswith(prefix)]
+        if not members:
+            continue
+        x = [row["calls_per_token"] for row in members]
+        y, errors = zip(*(quality(row) for row in members), strict=True)
+        axes.errorbar(x, y, yerr=errors, fmt=style, label=name, markersize=4, capsize=2)
+        for row, xi, yi in zip(members, x, y, strict=True):
+            axes.annotate(row["label"].split()[-1], (xi, yi), textcoords="offset points",
+                          xytext=(4, 4), fontsize=7)
+    if header.get("entropy_rate") is not None:
+        axes.axhline(header["entropy_rate"], color="gray", linestyle=":",
+                     label="the language's entropy (a perfect model)")
+    axes.set_xscale("log")
+    axes.set_xlabel("network calls per token (each sample's own)")
+    axes.set_ylabel("true NLL per token (nats)" if header["exact_judge"] else "judge's score")
+    axes.set_title(header["title"], fontsize=9)
+    axes.legend(fontsize=7)
+    figure.tight_layout()
+    figure.savefig(path, dpi=120)
+
+
+@cli_entry
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    device = resolve_device(args.device)
+    source = locate_checkpoint(args.ckpt)
+    model = load_checkpoint(source.file, weights=args.weights, map_location=device)
+    model = model.to(reproducible_dtype(device)).eval()
+    n = args.seq_len or model.config.block_size
+    if not 2 <= n <= model.config.block_size:
+        raise UsageError(f"--seq-len must be in 2..{model.config.block_size}, got {n}")
+    origin = provenance(source, args.weights, vars(args))
+    judge = None
+    if args.judge:
+        check_judge_matches(args.judge, origin)
+        judge = Judge(args.judge, device)
+    header = {"device": device_name(device), "seq_len": n, "num_samples": args.num_samples,
+              "batch_sizes": args.batch_sizes, "dtype": str(next(model.parameters()).dtype),
+              "exact_judge": judge is not None and judge.language is not None,
+              "provenance": origin}
+    rows = []
+    for label, fields in settings(n, args.steps, args.drafts):
+        row = measure(model, label, fields, args, n, judge, device)
+        rows.append(row)
+        value, error = quality(row)
+        print(f"{label:28s} {row['calls_per_token']:.3f} calls/token, judge {value:.4f} +- "
+              f"{error:.4f}, entropy {row['judge']['entropy']:.3f}", flush=True)
+        if args.json:
+            write_json_atomic({**header, "rows": [strip(r) for r in rows]}, args.json, indent=2)
+    time_rows(rows, args, n, device)
+    if header["exact_judge"]:
+        header["entropy_rate"] = rows[0]["judge"]["entropy_rate"]
+    header["title"] = (f"{model.config.family} {model.num_params() / 1e6:.2f}M, n = {n}, "
+                       f"{args.num_samples} samples per point, {header['device']}")
+    rows = [strip(row) for row in rows]
+    if args.json:
+        write_json_atomic({**header, "rows": rows}, args.json, indent=2)
+    text = table(rows, header)
+    print("\n" + text)
+    if args.table:
+        write_text_atomic(args.table, text)
+    if args.plot:
+        plot(rows, header, args.plot)
+        print(f"wrote {args.plot}")
+    return 0
+
+
+def strip(row: dict) -> dict:
+    return {key: value for key, value in row.items() if key != "samplers"}
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,123 @@
+"""Build a synthetic language's data: sequences drawn from it -> MDS train/ and val/, with the
+language itself in the manifest, so that its exact probabilities judge what a model samples.
+
+    python data_prep/synthetic_to_mds.py --out data/synthetic [--seq-len 128]
+        [--train-samples 40000] [--val-samples 512] [--vocab 128] [--topics 4]
+        [--successors 4] [--smoothing 0.01] [--concentration 1.0] [--seed 0] [--overwrite]
+
+Each sample is one sequence of --seq-len tokens of the language (data_prep/synthetic.py: a hidden
+topic per sequence, a sparse bigram per topic); train/ and val/ are drawn apart, from seeds of
+their own. The manifest records the language (every table, and its fingerprint) and the entropy
+per token of sequences of --seq-len tokens: the loss a perfect model reaches, in any order.
+Train a model on it with configs/synthetic.yaml; judge samples with
+`python trainer/genppl.py --samples FILE --judge DIR` (or sample.py --judge DIR).
+
+An interrupted run resumes (or restarts) like the other builders; a finished folder is left
+alone unless --overwrite.
+"""
+
+import argparse
+import dataclasses
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+import aogpt
+from aogpt import check_counts, cli_entry
+from aogpt.data_prep import mds
+from aogpt.data_prep.build_dir import OutputDir
+from aogpt.data_prep.cli import check_out, split_lines
+from aogpt.data_prep.manifest import COLUMN, DTYPE, new_manifest, read_manifest
+from aogpt.data_prep.packing import default_samples_per_shard
+from aogpt.data_prep.synthetic import LanguageSpec, SyntheticLanguage
+from aogpt.progress import duration
+
+SPLITS = {"train": 1, "val": 2}  # each split's sequences are drawn with this seed
+DRAW_CHUNK = 8192  # sequences drawn at a time
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(
+        prog="python data_prep/synthetic_to_mds.py", description=__doc__.split("\n\n")[0],
+        epilog=__doc__.split("\n\n", 1)[1], formatter_class=argparse.RawDescriptionHelpFormatter)
+    add = parser.add_argument
+    spec = LanguageSpec()
+    add("--out", type=Path, required=True, help="output folder")
+    add("--seq-len", type=int, default=128, help="tokens per sequence (default 128)")
+    add("--train-samples", type=int, default=40_000, help="sequences in train/ (default 40000)")
+    add("--val-samples", type=int, default=512, help="sequences in val/ (default 512)")
+    add("--vocab", type=int, default=spec.vocab, help=f"token ids (default {spec.vocab})")
+    add("--topics", type=int, default=spec.topics, help=f"hidden topics (default {spec.topics})")
+    add("--successors", type=int, default=spec.successors,
+        help=f"likely next tokens of each token in a topic (default {spec.successors})")
+    add("--smoothing", type=float, default=spec.smoothing,
+        help=f"mass spread over every next token (default {spec.smoothing})")
+    add("--concentration", type=float, default=spec.concentration,
+        help=f"Dirichlet concentration of the successors' weights (default {spec.concentration})")
+    add("--seed", type=int, default=spec.seed, help="the language's seed (default 0)")
+    add("--overwrite", action="store_true", help="rebuild OUT even when it is complete")
+    args = parser.parse_args(argv)
+    check_counts(args, "seq_len", "train_samples", "val_samples")
+    language_spec(args).validate()
+    check_out(args.out)
+    return args
+
+
+def language_spec(args: argparse.Namespace) -> LanguageSpec:
+    return LanguageSpec(vocab=args.vocab, topics=args.topics, successors=args.successors,
+                        smoothing=args.smoothing, concentration=args.concentration,
+                        seed=args.seed)
+
+
+def write_split(language: SyntheticLanguage, folder: Path, count: int, seq_len: int,
+                seed: int) -> dict:
+    """`count` sequences of the language as MDS shards in folder; the split's manifest entry."""
+    columns = {COLUMN: f"ndarray:{DTYPE}:{seq_len}"}
+    per_shard = default_samples_per_shard(seq_len)
+    folder.mkdir(parents=True, exist_ok=True)
+    rows = np.concatenate([language.sample(min(DRAW_CHUNK, count - first), seq_len,
+                                           seed=seed * 1_000_003 + first // DRAW_CHUNK)
+                           for first in range(0, count, DRAW_CHUNK)]).astype(DTYPE)
+    entries = [mds.write_shard(folder, number, columns, rows[first:first + per_shard].tobytes())
+               for number, first in enumerate(range(0, count, per_shard))]
+    mds.write_index(folder, entries)
+    return {"documents": count, "tokens": count * seq_len, "samples": count,
+            "shards": len(entries), "replaced_bytes": 0, "replaced_documents": 0}
+
+
+@cli_entry
+def main(argv: list[str] | None = None) -> int:
+    wall_start = time.perf_counter()
+    args = parse_args(argv)
+    language = SyntheticLanguage.draw(language_spec(args))
+    counts = {"train": args.train_samples, "val": args.val_samples}
+    settings = {"tool": "synthetic_to_mds", "tool_version": aogpt.__version__,
+                "language": dataclasses.asdict(language.spec), "seq_len": args.seq_len,
+                "samples": counts}
+    out = OutputDir(args.out, splits=tuple(SPLITS))
+    if not out.start(settings, args.overwrite):
+        print(f"{args.out} is complete already: nothing to do (--overwrite rebuilds it)")
+        print("\n".join(split_lines(args.out, read_manifest(args.out), "sequences")))
+        return 0
+    print(f"drawing {sum(counts.values()):,} sequences of {args.seq_len} tokens from a synthetic "
+          f"language of {args.vocab} tokens, {args.topics} topics ({language.fingerprint[:12]})",
+          flush=True)
+    splits = {name: {"path": name, **write_split(language, out.out / name, counts[name],
+                                                 args.seq_len, seed)}
+              for name, seed in SPLITS.items()}
+    entropy, error = language.entropy_per_token(args.seq_len)
+    manifest = new_manifest(
+        "pretrain", "synthetic", f"synthetic language {language.fingerprint[:12]} "
+        f"({dataclasses.asdict(language.spec)})", args.seq_len, language.describe(), splits,
+        entropy_per_token=entropy, entropy_per_token_error=error, language=language.record())
+    out.publish(manifest)
+    print(f"done in {duration(time.perf_counter() - wall_start)}: entropy {entropy:.4f} nats per "
+          f"token (+- {error:.1e}): the loss of a perfect model, in any order")
+    print("\n".join(split_lines(args.out, manifest, "sequences")), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

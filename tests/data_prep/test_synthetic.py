@@ -1,0 +1,138 @@
+"""The synthetic language (data_prep/synthetic.py) and its data folder (synthetic_to_mds.py): exact
+probabilities, an exact entropy, and the folder a model trains on and a judge reads."""
+
+import itertools
+import json
+import math
+
+import numpy as np
+import pytest
+from conftest import run_cli
+from mds_testing import no_stale_shared_memory, read_samples  # noqa: F401 (an autouse fixture)
+
+from aogpt import UsageError
+from aogpt.data_prep.manifest import read_manifest
+from aogpt.data_prep.synthetic import LanguageSpec, SyntheticLanguage, TokenIds, load_language
+
+SYNTHETIC_TO_MDS = "data_prep/synthetic_to_mds.py"
+TINY = LanguageSpec(vocab=3, topics=2, successors=2, smoothing=0.05, seed=4)
+
+
+def every_sequence(vocab: int, length: int) -> np.ndarray:
+    return np.array(list(itertools.product(range(vocab), repeat=length)))
+
+
+def test_the_probabilities_of_every_sequence_sum_to_one():
+    language = SyntheticLanguage.draw(TINY)
+    assert np.exp(language.log_prob(every_sequence(3, 4))).sum() == pytest.approx(1, abs=1e-12)
+
+
+def test_the_conditionals_left_to_right_multiply_to_the_joint():
+    language = SyntheticLanguage.draw(LanguageSpec(seed=3))
+    tokens = language.sample(50, 40, seed=1)
+    np.testing.assert_allclose(language.conditional_nll(tokens).sum(axis=1),
+                               -language.log_prob(tokens), rtol=1e-12)
+
+
+def test_the_entropy_is_the_enumerated_one():
+    language = SyntheticLanguage.draw(TINY)
+    sequences = every_sequence(3, 5)
+    p = np.exp(language.log_prob(sequences))
+    entropy, error = language.entropy_per_token(5, draws=20_000)
+    # exact but for H(Z | X), estimated from draws: within 4 standard errors (and they are small)
+    assert abs(entropy - float(-(p * np.log(p)).sum() / 5)) <= 4 * error + 1e-12
+    assert error < 2e-3
+
+
+def test_sequences_are_drawn_from_the_language():
+    language = SyntheticLanguage.draw(TINY)
+    expected = np.exp(language.log_prob(every_sequence(3, 3))) * 20_000
+    drawn = language.sample(20_000, 3, seed=7)
+    counts = np.bincount(drawn @ np.array([9, 3, 1]), minlength=27)
+    statistic = ((counts - expected) ** 2 / expected).sum()
+    assert statistic < 60  # chi-square, 26 degrees of freedom: p ~ 2e-4
+
+
+def test_a_seed_gives_the_same_language_and_sequences():
+    first, again = SyntheticLanguage.draw(LanguageSpec()), SyntheticLanguage.draw(LanguageSpec())
+    assert first.fingerprint == again.fingerprint
+    assert np.array_equal(first.sample(4, 16, seed=2), again.sample(4, 16, seed=2))
+    assert SyntheticLanguage.draw(LanguageSpec(seed=1)).fingerprint != first.fingerprint
+
+
+def test_token_ids_are_the_text_of_a_synthetic_model():
+    assert TokenIds().decode([17, 3, 95]) == "17 3 95"
+    assert TokenIds().encode(" 17 3  95 ") == [17, 3, 95]
+    with pytest.raises(UsageError, match="not text of a synthetic language"):
+        TokenIds().encode("the cat")
+
+
+# ---- the data folder --------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def synthetic_data(tmp_path_factory):
+    out = tmp_path_factory.mktemp("synthetic") / "data"
+    result = run_cli(SYNTHETIC_TO_MDS, "--out", str(out), "--seq-len", "32", "--train-samples",
+                     "300", "--val-samples", "40", "--vocab", "16", "--topics", "2")
+    assert result.returncode == 0, result.stderr
+    return out, result.stdout
+
+
+def test_the_folder_holds_the_language_its_entropy_and_its_sequences(synthetic_data):
+    out, log = synthetic_data
+    manifest = read_manifest(out)
+    language = load_language(out, "--judge")
+    assert manifest["tokenizer"] == language.describe()
+    assert manifest["tokenizer"]["n_vocab"] == 16 and manifest["seq_len"] == 32
+    assert manifest["entropy_per_token"] == pytest.approx(language.entropy_per_token(32)[0])
+    train = read_samples(out / "train")
+    assert train.shape == (300, 32) and train.max() < 16
+    # the language's own draws (train/'s seed 1, in chunks of 8192): their NLL is its entropy
+    assert np.array_equal(train, language.sample(300, 32, seed=1 * 1_000_003))
+    nll = -language.log_prob(train) / 32
+    assert abs(nll.mean() - manifest["entropy_per_token"]) < 4 * nll.std() / math.sqrt(300)
+    assert read_samples(out / "val").shape == (40, 32)
+    assert f"entropy {manifest['entropy_per_token']:.4f} nats per token" in log
+
+
+def test_a_second_run_finds_the_folder_complete(synthetic_data):
+    out, _ = synthetic_data
+    result = run_cli(SYNTHETIC_TO_MDS, "--out", str(out), "--seq-len", "32", "--train-samples",
+                     "300", "--val-samples", "40", "--vocab", "16", "--topics", "2")
+    assert result.returncode == 0 and "is complete already" in result.stdout
+    other = run_cli(SYNTHETIC_TO_MDS, "--out", str(out), "--seq-len", "32", "--vocab", "16")
+    assert other.returncode == 2 and "built with other settings" in other.stderr
+
+
+def test_an_edited_language_is_refused_in_one_line(synthetic_data, tmp_path):
+    out, _ = synthetic_data
+    edited = tmp_path / "edited"
+    edited.mkdir()
+    manifest = json.loads((out / "manifest.json").read_text())
+    manifest["language"]["next_weights"][0][0][0] += 0.01
+    (edited / "manifest.json").write_text(json.dumps(manifest))
+    with pytest.raises(UsageError, match="do not match its fingerprint"):
+        load_language(edited, "--judge")
+
+
+@pytest.mark.parametrize("flags, message", [
+    (["--vocab", "0"], "--vocab must be >= 1"),
+    (["--successors", "9", "--vocab", "8"], "--successors (9) cannot exceed --vocab (8)"),
+    (["--smoothing", "0"], "--smoothing must be in (0, 1)"),
+    (["--train-samples", "0"], "--train-samples must be"),
+])
+def test_bad_settings_are_one_line_before_any_work(flags, message, tmp_path):
+    result = run_cli(SYNTHETIC_TO_MDS, "--out", str(tmp_path / "out"), *flags)
+    assert result.returncode == 2 and message in result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1
+    assert not (tmp_path / "out").exists()
+
+
+def test_the_entropy_is_a_perfect_models_loss_in_any_order():
+    """The chain rule in any order gives the same joint: the mean -log p per token of drawn
+    sequences converges to the entropy (here within 4 standard errors of the mean)."""
+    language = SyntheticLanguage.draw(LanguageSpec(vocab=32, topics=3))
+    entropy, _ = language.entropy_per_token(24)
+    nll = -language.log_prob(language.sample(20_000, 24, seed=3)) / 24
+    assert abs(nll.mean() - entropy) < 4 * nll.std() / math.sqrt(len(nll))
