@@ -141,10 +141,16 @@ class EvalConfig:
     # sample_count samples of the EMA weights from fixed seeds with the KV-cache sampler
     sample_every: int = 0
     sample_count: int = 4
+    # "parallel" (the paper's, sample_steps calls) or "speculative" (exactly one token per call's
+    # distribution, in fewer calls; sample_draft positions drafted ahead per call)
+    sample_sampler: Literal["parallel", "speculative"] = "parallel"
     sample_steps: int = 256  # network calls S (the paper's sample_AOGPT.sh: 256)
+    sample_draft: int = 4
     sample_temperature: float = 1.0
     sample_top_p: float = 1.0  # the paper's nucleus rule (trainer/sample.py --top-p-rule paper)
-    judge: str | None = None  # local Hugging Face GPT-2 folder: the samples' generative perplexity
+    # the samples' judge: a local Hugging Face GPT-2 folder (generative perplexity), or a synthetic
+    # language's data folder (data_prep/synthetic_to_mds.py: their exact NLL)
+    judge: str | None = None
 
 
 @dataclass
@@ -216,6 +222,9 @@ class RunConfig:
             if not self.model.any_order and self.eval.sample_steps != self.model.block_size:
                 raise UsageError("a left-to-right GPT samples one token per step: set "
                                  f"eval.sample_steps={self.model.block_size}")
+            if not self.model.any_order and self.eval.sample_sampler == "speculative":
+                raise UsageError("a left-to-right GPT cannot draft positions ahead of the next "
+                                 "one: set eval.sample_sampler=parallel")
         names = [Path(folder).name for folder in self.eval.sets]
         if len(set(names)) < len(names):
             raise UsageError(f"eval.sets: two folders share a name ({', '.join(names)}): their "

@@ -2,6 +2,7 @@
 
     python -m aogpt.trainer.lm_harness --model aogpt --model_args ckpt=PATH[,order=l2r|ensemble:M]
         [,weights=ema|raw][,device=auto|cpu|cuda:N][,batch_size=B][,precision=fp32|bf16][,seed=S]
+        [,draft=K]
         --tasks lambada_openai,wikitext [any other flag of `lm-eval run`]
 
 lm-eval 0.4.13 resolves --model in its own registry only, which its own modules fill when imported;
@@ -14,7 +15,9 @@ ckpt: an out_dir, a checkpoint folder or a model.safetensors (as trainer/evaluat
 weights: ema (default, as the paper evaluates) or raw. batch_size: sequences per forward; model_args
 win over lm-eval's own --batch_size and --device. precision: fp32 (default, TF32 off) or bf16
 (autocast for scoring, bf16 weights for sampling). seed: the ensemble's members and
-generate_until's sampling.
+generate_until's sampling. draft: generate_until with the speculative sampler, K tokens drafted
+ahead per call (an any-order model's): the same distribution as one token per call, the same
+tokens when greedy, in fewer calls (default 0: one token per call).
 
 The request types, read left to right (orders of the identity: exact likelihoods, no bound):
   loglikelihood          log p(continuation | context) summed over the continuation's tokens, and
@@ -122,12 +125,12 @@ class AOGPTLM(TemplateLM):
     def __init__(self, ckpt: str | None = None, order: str = LEFT_TO_RIGHT.word,
                  weights: str = "ema", device: str | None = None, batch_size: int | str = 8,
                  precision: str = "fp32", seed: int = 0, tokenizer_file: str | None = None,
-                 max_batch_size: int | None = None, **unknown):
+                 max_batch_size: int | None = None, draft: int = 0, **unknown):
         super().__init__()
         if unknown:
             raise UsageError(f"--model_args {', '.join(sorted(unknown))}: unknown to aogpt; it "
                              "takes ckpt, order, weights, device, batch_size, precision, seed, "
-                             "tokenizer_file")
+                             "tokenizer_file, draft")
         if ckpt is None:
             raise UsageError("--model_args ckpt=PATH is required: an out_dir, a checkpoint "
                              "folder or a model.safetensors")
@@ -138,8 +141,16 @@ class AOGPTLM(TemplateLM):
         if not isinstance(seed, int):
             raise UsageError(f"seed={seed!r}: give an integer")
         self.seed = seed
+        if not isinstance(draft, int) or draft < 0:
+            raise UsageError(f"draft={draft!r}: give the tokens drafted ahead per call, an integer "
+                             ">= 0 (0: one token per call)")
+        self.draft = draft
         self._device = resolve_device(str(device or "auto"), setting="device=")
         self.model = load_checkpoint(str(ckpt), weights=weights, map_location=self._device)
+        self.model.config.require_gpt2("lm-eval")
+        if draft:
+            self.model.config.require_any_order("draft=K drafts positions ahead of the next "
+                                                "one; use draft=0")
         if self.members > 1:
             self.model.config.require_any_order(f"order={order} reads permuted contexts; use "
                                                 f"order={LEFT_TO_RIGHT.word}")
@@ -350,8 +361,10 @@ class AOGPTLM(TemplateLM):
         seq_len = max(given) + new_tokens
         rows = [given_tokens(seq_len, prompt=job["context"]) for job in jobs]
         tokens, mask = (torch.stack(parts) for parts in zip(*rows, strict=True))
-        config = SamplingConfig(steps=seq_len - min(given), order=LEFT_TO_RIGHT.word,
-                                temperature=temperature, top_p=top_p, top_k=top_k, seed=self.seed)
+        config = SamplingConfig(sampler="speculative" if self.draft else "parallel",
+                                steps=seq_len - min(given), draft=max(self.draft, 1),
+                                order=LEFT_TO_RIGHT.word, temperature=temperature, top_p=top_p,
+                                top_k=top_k, seed=self.seed)
         sampler = KVCacheSampler(self.sampling_model(), len(jobs), seq_len, config,
                                  cuda_graphs=False)
         out = sampler.generate(torch.tensor([job["number"] for job in jobs]), tokens, mask)

@@ -42,7 +42,8 @@ SAMPLES_DIR = "samples"
 
 
 def sampling_config(cfg: EvalConfig, any_order: bool) -> SamplingConfig:
-    config = SamplingConfig(steps=cfg.sample_steps, temperature=cfg.sample_temperature,
+    config = SamplingConfig(sampler=cfg.sample_sampler, steps=cfg.sample_steps,
+                            draft=cfg.sample_draft, temperature=cfg.sample_temperature,
                             top_p=cfg.sample_top_p, top_p_rule="paper",
                             order=(ANY_ORDER if any_order else LEFT_TO_RIGHT).word)
     try:

@@ -97,14 +97,15 @@ class AOGPTForCausalLM(PreTrainedModel, GenerationMixin):
     def generate_any_order(self, num_samples: int = 1, seq_len: int | None = None,
                            given: dict[int, Sequence[int]] | None = None, steps: int | None = None,
                            sample_ids: Sequence[int] | None = None, **sampling) -> Generation:
-        """Sequences of seq_len tokens (default block_size) from the paper's any-order sampler
-        with a KV cache (sampler.py), in one batch.
+        """Sequences of seq_len tokens (default block_size) from the any-order KV-cache sampler
+        (model/sampler/), in one batch.
 
         given: token ids (lists or tensors) fixed at start positions, e.g. {0: prompt_ids,
         40: more_ids}, as sampler.given_tokens reads them; they are read first and the rest is
-        generated. steps: network calls (default one per generated token: exact ancestral
-        sampling). sampling: SamplingConfig's other fields (schedule,
-        counts, order="random"|"l2r", temperature, top_p, top_k, seed). sample_ids (default
+        generated. steps: the paper's sampler's network calls (default one per generated token:
+        exact ancestral sampling). sampling: SamplingConfig's other fields (sampler="speculative"
+        with draft=K for exactly that distribution in fewer calls, schedule, counts,
+        order="random"|"l2r", temperature, top_p, top_k, seed). sample_ids (default
         0..num_samples-1) key the randomness with the seed, as in trainer/sample.py.
         Returns the sampler's Generation: .tokens (b, seq_len) at their positions, .orders.
         """

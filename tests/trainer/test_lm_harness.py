@@ -283,6 +283,17 @@ def test_bf16_generation_samples_with_bf16_weights(ckpt, encoding):
     assert lm.model.lm_head.weight.dtype == torch.float32  # scoring keeps fp32 weights
 
 
+def test_speculative_generation_gives_the_greedy_tokens_of_one_token_per_call(ckpt):
+    """draft=K: the same distribution as one token per call, so under greedy the same text."""
+    from lm_eval.api.instance import Instance
+
+    requests = [Instance("generate_until", {}, (context, {"until": ["zzz"], "max_gen_toks": 12}),
+                         number) for number, context in enumerate(["The dog", "A", ""])]
+    one_per_call = AOGPTLM(ckpt=str(ckpt), device="cpu").generate_until(requests)
+    drafted = AOGPTLM(ckpt=str(ckpt), device="cpu", draft=4).generate_until(requests)
+    assert drafted == one_per_call
+
+
 # ---- bad input: one line each ------------------------------------------------------------------
 
 @pytest.mark.parametrize("model_args, message", [
@@ -295,6 +306,7 @@ def test_bf16_generation_samples_with_bf16_weights(ckpt, encoding):
     ("weights=best", "weights must be 'ema' or 'raw'"),
     ("batch_size=0", "batch_size=0: give a positive integer"),
     ("temperature=1", "--model_args temperature: unknown to aogpt"),
+    ("draft=-1", "draft=-1: give the tokens drafted ahead per call, an integer >= 0"),
 ])
 def test_bad_model_args_are_one_line_errors(ckpt, model_args, message):
     with pytest.raises(UsageError) as err:

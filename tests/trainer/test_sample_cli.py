@@ -279,18 +279,23 @@ def test_progress_written_to_a_log_file_has_no_carriage_returns(checkpoint, tmp_
     assert "\r" not in text and "sampling: 3/3 batch (100%)" in text
 
 
+@pytest.mark.parametrize("sampler", ["parallel", "speculative"])
 def test_the_hf_model_draws_what_sample_py_draws_from_the_same_given_text(checkpoint, tmp_path,
-                                                                          encoding):
+                                                                          encoding, sampler):
     """generate_any_order's `given` and sample.py's --prompt/--infill go through the same
-    given_tokens: the same seed and sample ids draw the same tokens in the same orders."""
-    code, records = sample(checkpoint, tmp_path, "--prompt", "Once upon", "--infill",
-                           '{"10": [13, 198]}', "--num-samples", "3", "--seed", "5",
-                           "--dtype", "fp32")
-    assert code == 0
+    given_tokens: the same seed and sample ids draw the same tokens in the same orders, with
+    either sampler (generate_any_order takes SamplingConfig's fields)."""
+    steps = {"parallel": ["--steps", "4"], "speculative": ["--sampler", sampler, "--draft", "3"]}
+    out_file = tmp_path / "samples.jsonl"
+    assert main(["--ckpt", str(checkpoint), "--seq-len", str(N), "--out", str(out_file),
+                 "--prompt", "Once upon", "--infill", '{"10": [13, 198]}', "--num-samples", "3",
+                 "--seed", "5", "--dtype", "fp32", *steps[sampler]]) == 0
+    records = [json.loads(line) for line in out_file.read_text().splitlines()]
     project = load_checkpoint(checkpoint)  # EMA weights, as sample.py reads by default
     hf = AOGPTForCausalLM(AOGPTConfig(**dataclasses.asdict(project.config))).eval()
     hf.aogpt.load_state_dict(project.state_dict())
-    out = hf.generate_any_order(num_samples=3, seq_len=N, steps=4, seed=5,
+    settings = {"parallel": {"steps": 4}, "speculative": {"sampler": sampler, "draft": 3}}
+    out = hf.generate_any_order(num_samples=3, seq_len=N, seed=5, **settings[sampler],
                                 given={0: encoding.encode_ordinary("Once upon"), 10: [13, 198]})
     assert out.tokens.tolist() == [r["tokens"] for r in records]
     assert out.orders.tolist() == [r["order"] for r in records]
