@@ -64,6 +64,10 @@ from aogpt.trainer.genppl import (
 )
 
 DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32}
+# --compile auto's threshold: compiling costs seconds per call shape (a run has 10 to 20 of them)
+# and saves a fraction of a millisecond per call on a GPU, so it pays over tens of thousands of
+# calls; an estimate until benchmarks/gpu_report.py measures both on a GPU
+COMPILE_PAYS_CALLS = 50_000
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -106,7 +110,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     add("--judge-batch-size", type=int, default=8)
     add("--device", default="auto", help="auto (cuda if available), cpu, cuda, cuda:N")
     add("--dtype", choices=("auto", *DTYPES), default="auto", help="auto: bf16 on a GPU, else fp32")
-    add("--no-cuda-graphs", action="store_true", help="run the GPU steps eagerly")
+    add("--cuda-graphs", choices=("auto", "on", "off"), default="auto",
+        help="capture each call shape once as a CUDA graph and replay it: auto (default) = on a "
+             "GPU; a failed capture warns once and runs eagerly")
+    add("--compile", choices=("auto", "on", "off"), default="auto",
+        help="compile each call shape with torch.compile (inductor): faster calls for seconds of "
+             f"compiling per shape; auto (default) = on a GPU for runs of at least "
+             f"{COMPILE_PAYS_CALLS:,} network calls; a failure warns once and runs eagerly")
     add("--tokenizer-file", default=None, help="GPT-2 ranks file (offline tokenizer)")
     return parser.parse_args(argv)
 
@@ -222,8 +232,12 @@ def main(argv: list[str] | None = None) -> int:
                             schedule=args.schedule, counts=args.counts, order=args.order,
                             temperature=args.temperature, top_p=args.top_p,
                             top_p_rule=args.top_p_rule, top_k=args.top_k, seed=args.seed)
+    calls = -(-args.num_samples // batch_size) * (steps if args.sampler == "parallel"
+                                                    else to_generate)  # at most
     sampler = KVCacheSampler(model, batch_size, seq_len, config,
-                             cuda_graphs=False if args.no_cuda_graphs else None)
+                             cuda_graphs=switch(args.cuda_graphs, device.type == "cuda"),
+                             compile=switch(args.compile, device.type == "cuda"
+                                            and calls >= COMPILE_PAYS_CALLS))
     print(f"sampling from {source.file} ({describe_provenance(origin)})", flush=True)
     records, started = [], time.perf_counter()
     with progress(range(0, args.num_samples, batch_size), desc="sampling", unit="batch") as bar:
@@ -237,7 +251,7 @@ def main(argv: list[str] | None = None) -> int:
             records += sample_records(ids.tolist(), out, encoding, config, time_s=seconds,
                                       given_positions=mask.nonzero().flatten().tolist(),
                                       provenance=origin)
-    elapsed = time.perf_counter() - started
+    elapsed = time.perf_counter() - started - sampler.setup_seconds
     for record in records[:args.show]:
         print(f"\n=== sample {record['sample']} ({seq_len} tokens, {record['network_calls']} "
               f"network calls) ===\n{readable(record['text'])}")
@@ -246,6 +260,10 @@ def main(argv: list[str] | None = None) -> int:
           f"{calls_summary(records, config, to_generate)}"
           + (f", {sum(r['tokens'].count(EOS) for r in records)} end-of-text tokens"
              if model.config.reads_gpt2 else ""))
+    if sampler.setup_seconds:
+        print(f"compiling and capturing {len(sampler.prepared_shapes)} call shapes: "
+              f"{sampler.setup_seconds:.1f} s, apart from the generation time above; the first "
+              f"batch took {records[0]['time_s']:.1f} s with it")
     if args.out:
         write_text_atomic(args.out, "".join(json.dumps(r) + "\n" for r in records))
         print(f"wrote {args.out}")
@@ -256,6 +274,11 @@ def main(argv: list[str] | None = None) -> int:
                                        args.judge_batch_size)
         print(format_report(report))
     return 0
+
+
+def switch(choice: str, auto: bool) -> bool:
+    """An auto|on|off flag's value."""
+    return auto if choice == "auto" else choice == "on"
 
 
 def calls_summary(records: list[dict], config: SamplingConfig, to_generate: int) -> str:

@@ -21,11 +21,13 @@ reads, its targets, are slots t..hi-1 for a t <= c of its choosing: the paper's 
 (parallel.py) reads slot c and the copies, the speculative one (speculative.py) every row.
 
 A call is small (b x rows) and made of hundreds of small operations, so its cost is their
-launches, not their arithmetic. On a GPU the whole call (the network and the strategy's draws)
-is compiled by inductor (one graph per call shape, fused kernels) and replayed as a CUDA graph;
-the AdaLN modulations, which depend on the target position only, are tables built once per
-sampler (AOGPT.adaln_tables), and the mask becomes an attention bias once per call, not in every
-layer.
+launches, not their arithmetic. On a GPU each call shape is captured once as a CUDA graph and
+replayed (the capture costs milliseconds); compiled by inductor besides (fused kernels), a call
+is faster still, but compiling costs seconds per shape, which only a long run earns back
+(trainer/sample.py's --compile auto decides). Should compiling or capturing fail, the sampler
+says why in one warning line and goes on eagerly. The AdaLN modulations, which depend on the
+target position only, are tables built once per sampler (AOGPT.adaln_tables), and the mask
+becomes an attention bias once per call, not in every layer.
 
 The cache is preallocated once, [n_layer, 2, b, h, n+1, hd]: slot n is a trash slot where rows
 that only pad a batch write. Samples of a batch may be at different places (binomial counts,
@@ -38,6 +40,8 @@ accepted with depend only on (seed, sample id, position), never on the batch a s
 
 from __future__ import annotations
 
+import sys
+import time
 from collections.abc import Callable
 
 import torch
@@ -54,6 +58,10 @@ from aogpt.model.sampler.speculative import SpeculativeSampling
 
 # SamplingConfig.sampler -> the class that chooses and accepts the tokens of each call
 STRATEGIES = {"parallel": ParallelSampling, "speculative": SpeculativeSampling}
+
+# What failed once in this process ("compiling", "capturing"): later samplers do not try it again
+# (a broken compiler would cost every one of them its seconds of trying) and warn no more.
+FAILED_FAST_PATHS: set[str] = set()
 
 
 def draw_orders(config: SamplingConfig, given_mask: torch.Tensor,
@@ -83,8 +91,10 @@ class KVCacheSampler:
         out = sampler.generate(torch.arange(32), tokens.expand(32, -1), mask.expand(32, -1))
 
     The model runs in its own dtype (cast it to bf16 on a GPU) and must be in eval mode.
-    cuda_graphs, compile: None = on a CUDA device. compile: each call shape through
-    torch.compile (inductor; on a CPU it takes longer to compile than short runs gain).
+    cuda_graphs: each call shape captured once and replayed (None: on a CUDA device). compile:
+    each call shape through torch.compile (inductor), fullgraph (None: off; it pays only over
+    many calls, which the caller knows). setup_seconds: the time the calls that compiled or
+    captured a new shape took, apart from generation's.
     """
 
     def __init__(self, model: AOGPT, batch_size: int, seq_len: int, config: SamplingConfig,
@@ -105,12 +115,15 @@ class KVCacheSampler:
         self.cuda_graphs = self.device.type == "cuda" if cuda_graphs is None else cuda_graphs
         if self.cuda_graphs and self.device.type != "cuda":
             raise UsageError("CUDA graphs need the model on a CUDA device")
-        self.compiled = self.device.type == "cuda" if compile is None else compile
+        self.cuda_graphs = self.cuda_graphs and "capturing" not in FAILED_FAST_PATHS
+        self.compiled = bool(compile) and "compiling" not in FAILED_FAST_PATHS
         # compiled: one graph per call shape, so shapes are bucketed to keep them few
         self.bucketed = self.cuda_graphs or self.compiled
         self.strategy = STRATEGIES[config.sampler](self)
         self._network_step = (torch.compile(self.strategy.step, dynamic=False, fullgraph=True)
                               if self.compiled else self.strategy.step)
+        self.prepared_shapes: set[tuple[int, int, int]] = set()
+        self.setup_seconds = 0.0
         with torch.no_grad():
             self.adaln_tables, _ = model.adaln_tables()  # fixed addresses, refreshed in place
         self._tables_version = self._weights_version()
@@ -120,7 +133,7 @@ class KVCacheSampler:
         self.orders = torch.zeros(batch_size, seq_len, dtype=torch.long, device=self.device)
         self.ordered = torch.zeros(batch_size, seq_len + 1, dtype=torch.long, device=self.device)
         self.uniforms = torch.zeros(batch_size, seq_len, dtype=torch.float64, device=self.device)
-        self._graphs: dict[tuple[int, int, int], tuple[torch.cuda.CUDAGraph, tuple]] = {}
+        self._graphs: dict[tuple[int, int, int], Callable[[], tuple]] = {}
         self._pool = None
 
     @torch.no_grad()
@@ -187,35 +200,85 @@ class KVCacheSampler:
 
     def call(self, rows: int, targets: int, keys: int):
         """One call of the strategy's step (the network and its draws): eager, compiled, or
-        replayed from the CUDA graph of its shape."""
+        replayed from the CUDA graph of its shape. A new shape's first call compiles and captures
+        it (its time goes to setup_seconds); should either fail, one warning line says why and
+        this call and every later one run eagerly."""
+        shape = (rows, targets, keys)
+        if not (self.compiled or self.cuda_graphs):  # eager: not even importing dynamo
+            return self.strategy.step(*shape)
+        new = shape not in self.prepared_shapes
+        start = time.perf_counter()
+        try:
+            outputs = self._run_fast(shape)
+        except Exception as err:  # inductor, Triton, dynamo's recompile limit, a failed capture
+            if not new and not self.compiled:
+                raise  # a replay that failed: not a compiler's or a capture's failure
+            self._fall_back(err)
+            return self.strategy.step(*shape)
+        if new:
+            self.prepared_shapes.add(shape)
+            self.setup_seconds += time.perf_counter() - start
+        return outputs
+
+    def _run_fast(self, shape: tuple[int, int, int]):
         run = self._replay if self.cuda_graphs else self._network_step
-        if not self.compiled:  # eager: not even importing dynamo (a second of a CPU's start-up)
-            return run(rows, targets, keys)
+        if not self.compiled:
+            return run(*shape)
         # a graph per call shape: raise dynamo's limit of recompilations of one function to the
         # number of shapes a plan can have (rows, targets: powers of two; keys: KEY_BLOCK steps)
         shapes = (self.seq_len.bit_length() + 1) ** 2 * (-(-self.seq_len // KEY_BLOCK))
         with torch._dynamo.config.patch(recompile_limit=max(8, shapes)):
-            return run(rows, targets, keys)
+            return run(*shape)
+
+    def _fall_back(self, err: Exception) -> None:
+        """Eager from now on, and in every later sampler of this process; one warning line."""
+        paths = [name for name, on in (("compiling", self.compiled),
+                                       ("capturing", self.cuda_graphs)) if on]
+        if not FAILED_FAST_PATHS.issuperset(paths):
+            cause = (str(err).strip().splitlines() or [""])[0][:200]
+            print(f"warning: {' and '.join(paths)} the sampler's network call failed "
+                  f"({type(err).__name__}: {cause}): sampling eagerly", file=sys.stderr,
+                  flush=True)
+        FAILED_FAST_PATHS.update(paths)
+        self.compiled = self.cuda_graphs = False
+        self._network_step = self.strategy.step
 
     def _replay(self, rows: int, targets: int, keys: int):
         shape = (rows, targets, keys)
         if shape not in self._graphs:
-            # A step is idempotent (same inputs, same writes), so the warm-up run that sets up
-            # cuBLAS and attention workspaces (and compiles) outside the capture may run it.
-            side = torch.cuda.Stream(self.device)
-            side.wait_stream(torch.cuda.current_stream(self.device))
-            with torch.cuda.stream(side):
-                self._network_step(*shape)
-            torch.cuda.current_stream(self.device).wait_stream(side)
-            if self._pool is None:
-                self._pool = torch.cuda.graph_pool_handle()
-            graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph, pool=self._pool):
-                outputs = self._network_step(*shape)
-            self._graphs[shape] = (graph, outputs)
-        graph, outputs = self._graphs[shape]
-        graph.replay()
-        return outputs
+            self._graphs[shape] = self._capture(shape)
+        return self._graphs[shape]()
+
+    def _capture(self, shape: tuple[int, int, int]) -> Callable[[], tuple]:
+        """What replays one call of this shape: a CUDA graph of the step, captured after a
+        warm-up run (which sets up cuBLAS and attention workspaces, and compiles) whose changes
+        to the sampler's state are undone, so that the replay makes the call."""
+        saved = self._snapshot()
+        side = torch.cuda.Stream(self.device)
+        side.wait_stream(torch.cuda.current_stream(self.device))
+        with torch.cuda.stream(side):
+            self._network_step(*shape)
+        torch.cuda.current_stream(self.device).wait_stream(side)
+        self._restore(saved)
+        if self._pool is None:
+            self._pool = torch.cuda.graph_pool_handle()
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, pool=self._pool):
+            outputs = self._network_step(*shape)
+
+        def replay() -> tuple:
+            graph.replay()
+            return outputs
+
+        return replay
+
+    def _snapshot(self) -> list[torch.Tensor]:
+        """Copies of what a call changes besides the cache (whose writes a replay repeats)."""
+        return [tensor.clone() for tensor in (self.ordered, *self.strategy.state())]
+
+    def _restore(self, saved: list[torch.Tensor]) -> None:
+        for tensor, copy in zip((self.ordered, *self.strategy.state()), saved, strict=True):
+            tensor.copy_(copy)
 
     # ---- the AdaLN tables follow the weights -------------------------------------------------
 

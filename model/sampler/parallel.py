@@ -121,6 +121,9 @@ class ParallelSampling:
         self.sampler, self.config = sampler, sampler.config
         self.bounds = torch.zeros(3, sampler.batch_size, dtype=torch.long, device=sampler.device)
 
+    def state(self) -> list[torch.Tensor]:
+        return []  # a call changes only the engine's `ordered` (and the cache)
+
     def keys_last(self) -> bool:
         # a CPU's calls of more than WHOLE_CACHE_ROWS rows (about 2 n / S per sample) attend to a
         # slice of the cache, where keys stored last save a copy (small, batch 4, n = 1024: S = 64

@@ -76,6 +76,10 @@ class SpeculativeSampling:
         # per sample: calls it took part in, drafts decided, drafts accepted
         self.counters = torch.zeros(3, b, **state)
 
+    def state(self) -> list[torch.Tensor]:
+        """What a call changes besides the engine's `ordered` and the cache."""
+        return [self.final, self.pending, self.fed_from, self.draft_probs, self.counters]
+
     def keys_last(self) -> bool:
         return False  # every call attends to the whole cache
 

@@ -1,12 +1,19 @@
-"""The compiled decode step (torch.compile with inductor, the default on a GPU) computes what the
-eager step computes, and compiles once per step shape: checked on the CPU, where inductor writes
-C++ kernels from the same graphs it gives Triton on a GPU."""
+"""The GPU's fast paths, checked on the CPU: the compiled decode step (torch.compile with
+inductor, which writes C++ kernels here from the same graphs it gives Triton on a GPU) computes
+what the eager step computes and compiles once per step shape; CUDA-graph replays (emulated:
+captured once, replayed after) give the eager tokens; a failing compiler costs a warning, never
+a generation."""
+
+import functools
+import json
+import os
 
 import pytest
 import torch
-from conftest import perturbed_float64_model
+from conftest import perturbed_float64_model, run_cli
 from torch._dynamo.utils import counters
 
+from aogpt.model import AOGPT, save_consolidated
 from aogpt.model.config import ModelConfig
 from aogpt.model.sampler import KVCacheSampler, SamplingConfig, filter_logits
 
@@ -116,3 +123,106 @@ def test_the_tables_follow_the_weights_when_they_change_in_place():
                 p.mul_(-3.0)
     fresh = KVCacheSampler(model, B, N, config, compile=False).generate(torch.arange(B))
     assert torch.equal(sampler.generate(torch.arange(B)).tokens, fresh.tokens)
+
+
+# ---- CUDA graphs, emulated: what a replay does that an eager call does not -----------------------
+
+
+class ReplayingSampler(KVCacheSampler):
+    """The sampler's CUDA-graph path on a CPU: each call shape is captured once (make_fx, after
+    the same warm-up run) and every later call of that shape replays the capture, which like a
+    CUDA graph reads the sampler's tensors where they lie when it runs and keeps every value the
+    host decided while capturing (a Python number, a tensor replaced rather than updated)."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.cuda_graphs = self.bucketed = True  # the GPU's path, on the CPU
+        self.captures = 0
+
+    def _capture(self, shape):
+        from torch.fx.experimental.proxy_tensor import make_fx
+
+        saved = self._snapshot()
+        self._network_step(*shape)  # the warm-up run, undone as on a GPU
+        self._restore(saved)
+        saved = self._snapshot()
+        graph = make_fx(lambda: self._network_step(*shape))()  # tracing runs the call: undone
+        self._restore(saved)
+        self.captures += 1
+        return graph
+
+
+REPLAYED = {"parallel": SamplingConfig(steps=5, seed=2),
+            "binomial": SamplingConfig(steps=6, counts="binomial", top_k=5, seed=3),
+            "speculative": SamplingConfig(sampler="speculative", draft=3, seed=4)}
+
+
+@pytest.mark.parametrize("config", REPLAYED.values(), ids=REPLAYED.keys())
+def test_replayed_calls_give_the_eager_tokens_over_whole_generations(config):
+    """Two generations (the second replays the first's captures with other sample ids and a
+    prompt), then another after the weights changed in place (an optimizer step)."""
+    model = perturbed_float64_model(ModelConfig(n_layer=2, n_head=2, n_embd=32, block_size=N,
+                                                cond_dim=8))
+    with torch.no_grad():
+        model.lm_head.weight.mul_(30.0)
+    eager = KVCacheSampler(model, B, N, config, cuda_graphs=False)
+    replayed = ReplayingSampler(model, B, N, config, cuda_graphs=False)
+    prompt, given = torch.zeros(B, N, dtype=torch.long), torch.zeros(B, N, dtype=torch.bool)
+    prompt[:, :2], given[:, :2] = torch.tensor([464, 318]), True
+    runs = [(torch.arange(B), None, None), (torch.arange(B, 2 * B), prompt, given)]
+    for ids, tokens, mask in runs:
+        expected = eager.generate(ids, tokens, mask)
+        assert torch.equal(replayed.generate(ids, tokens, mask).tokens, expected.tokens)
+    captures = replayed.captures
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "adaLN" in name or "lm_head" in name:
+                p.mul_(-1.5)
+    expected = eager.generate(torch.arange(B))
+    assert torch.equal(replayed.generate(torch.arange(B)).tokens, expected.tokens)
+    assert replayed.captures == captures  # the same shapes replayed: nothing captured again
+
+
+# ---- a compiler that fails, and many shapes in one process ---------------------------------------
+
+
+@pytest.mark.slow  # inductor tries its C++ compiler: ~30 s on 2 cores
+def test_sample_py_with_a_broken_compiler_warns_once_and_samples_eagerly(tmp_path):
+    torch.manual_seed(0)
+    config = ModelConfig(n_layer=1, n_head=2, n_embd=16, block_size=N, cond_dim=8)
+    save_consolidated(tmp_path / "ckpt", config, AOGPT(config).state_dict(), None)
+    env = {**os.environ, "CXX": "/bin/false", "TORCHINDUCTOR_CACHE_DIR": str(tmp_path / "cache")}
+
+    def sample(*flags):
+        out = tmp_path / f"{flags[-1]}.jsonl"
+        result = run_cli("trainer/sample.py", "--ckpt", str(tmp_path / "ckpt"), "--weights", "raw",
+                         "--num-samples", "2", "--steps", "4", "--out", str(out), *flags, env=env)
+        assert result.returncode == 0, result.stderr
+        return [json.loads(line)["tokens"] for line in out.read_text().splitlines()], result
+
+    compiled, result = sample("--compile", "on")
+    warnings = [line for line in result.stderr.splitlines() if line.startswith("warning:")]
+    assert len(warnings) == 1 and "compiling the sampler's network call failed (InductorError" \
+        in warnings[0] and warnings[0].endswith("sampling eagerly")
+    assert compiled == sample("--compile", "off")[0]
+
+
+def test_many_call_shapes_in_one_process_never_fail_a_generation(monkeypatch, capsys):
+    """Samplers of many sequence lengths, compiled, in one process whose dynamo caps are far
+    below their shapes' count and fail hard when reached (dynamo's own eager backend: the caps
+    are dynamo's, not inductor's): each generation gives the eager tokens, and the process says
+    once that it samples eagerly from then on."""
+    from aogpt.model.sampler import engine
+
+    monkeypatch.setattr(engine, "FAILED_FAST_PATHS", set())
+    monkeypatch.setattr(torch, "compile", functools.partial(torch.compile, backend="eager"))
+    model = peaked_model()
+    config = SamplingConfig(steps=3, top_k=3, temperature=0.5)
+    with torch._dynamo.config.patch(recompile_limit=2, accumulated_recompile_limit=4,
+                                    fail_on_recompile_limit_hit=True):
+        for n in range(6, N + 1):
+            eager = KVCacheSampler(model, B, n, config).generate(torch.arange(B))
+            compiled = KVCacheSampler(model, B, n, config, compile=True).generate(torch.arange(B))
+            assert torch.equal(compiled.tokens, eager.tokens)
+    err = capsys.readouterr().err
+    assert err.count("warning:") == 1 and "FailOnRecompileLimitHit" in err
