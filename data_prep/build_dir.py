@@ -45,6 +45,7 @@ class OutputDir:
         self.work = self.partial / "work"  # scratch files, deleted when published
         self.out = self.partial / "out"  # what publish() moves into DIR
         self.splits = splits
+        self.built = False  # a local build always builds (a remote --out may have it staged)
         self._created_root = False
 
     def start(self, settings: dict, overwrite: bool) -> bool:
@@ -86,20 +87,33 @@ class OutputDir:
         (self.partial / SETTINGS).write_text(json.dumps(settings, indent=2) + "\n")
         return True
 
-    def publish(self, manifest: dict) -> None:
-        """Moves the finished datasets into DIR and writes DIR/manifest.json last.
+    def publish(self, manifest: dict) -> dict:
+        """Moves the finished datasets into DIR and writes DIR/manifest.json last; returns it.
 
         The manifest keeps the build's settings, so that a later run can tell "already done"
         from "asked for something else".
         """
-        write_manifest(self.partial / FILENAME, {**manifest, "settings": self._saved_settings()})
+        manifest = {**manifest, "settings": self._saved_settings()}
+        write_manifest(self.partial / FILENAME, manifest)
         self._publish()
+        return manifest
+
+    def finished_manifest(self) -> dict:
+        return json.loads((self.root / FILENAME).read_text())
 
     def discard(self) -> None:
         """Removes everything this run wrote (after bad input: no partial output is left)."""
         if self.partial.exists():
             shutil.rmtree(self.partial)
         if self._created_root and not any(self.root.iterdir()):
+            self.root.rmdir()
+
+    def remove(self) -> None:
+        """Deletes the dataset this tool wrote in DIR (a staging copy, once uploaded), and DIR
+        when nothing else is left in it."""
+        self._entries()  # refuses a DIR that holds anything else
+        self._clear()
+        if not any(self.root.iterdir()):
             self.root.rmdir()
 
     def _publish(self) -> None:

@@ -30,9 +30,9 @@ from pathlib import Path
 import aogpt
 from aogpt import UsageError, check_counts, cli_entry
 from aogpt.data_prep import packing, sources
-from aogpt.data_prep.build_dir import OutputDir
 from aogpt.data_prep.cli import check_out, replaced_bytes_note, split_lines
-from aogpt.data_prep.manifest import new_manifest, read_manifest
+from aogpt.data_prep.manifest import new_manifest
+from aogpt.data_prep.remote import open_output
 from aogpt.data_prep.tokenizer import describe
 from aogpt.progress import duration
 
@@ -48,7 +48,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                     "fixed-length MDS samples in OUT/train and OUT/val, with OUT/manifest.json.",
     )
     add = parser.add_argument
-    add("--out", type=Path, required=True, help="output folder")
+    add("--out", required=True,
+        help="output folder, or s3://BUCKET/PREFIX (built in --staging, then uploaded)")
+    add("--staging", type=Path, default=None,
+        help="with an s3:// --out: the local folder the dataset is built in before the upload "
+             "(default: one per URL under $TMPDIR); on a disk that outlives the job, an "
+             "interrupted run resumes its tokenizing too")
     add("--source", nargs="+", action="extend", metavar="SRC",
         help=f"Hugging Face dataset id (default: {sources.OPENWEBTEXT}) or local files/folders "
              f"({sources.SUPPORTED}); repeatable. A .txt file is one document (a folder of "
@@ -84,7 +89,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         raise UsageError(f"--val-fraction must be in [0, 1), got {args.val_fraction}")
     check_shard_size(args.samples_per_shard, args.seq_len)
     args.compression = parse_compression(args.compression)
-    check_out(args.out)
+    check_out(args.out, args.staging)
     return args
 
 
@@ -129,36 +134,54 @@ def main(argv: list[str] | None = None) -> int:
                 "sources": [source.fingerprint() for source in inputs],
                 "docs_per_chunk": args.docs_per_chunk, "tokenizer": describe(encoding),
                 "spec": dataclasses.asdict(spec)}
-    out = OutputDir(args.out, splits=SPLITS)
+    out = open_output(args.out, args.staging, SPLITS)
     if not out.start(settings, args.overwrite):
         print(f"{args.out} is complete already: nothing to do (--overwrite rebuilds it)")
-        print("\n".join(split_lines(args.out, read_manifest(args.out))))
+        print("\n".join(split_lines(args.out, out.finished_manifest())))
         return 0
+    result = None if out.built else _build(args, inputs, spec, encoding, out)
+    manifest = out.publish(None if result is None else
+                           _manifest(args, inputs, spec, encoding, result))
+    _report(manifest, result, args, time.perf_counter() - wall_start)
+    return 0
 
-    description = "; ".join(source.describe() for source in inputs)
-    is_owt = all(isinstance(source, sources.HubDataset) and source.repo_id == sources.OPENWEBTEXT
-                 for source in inputs)
+
+def _build(args: argparse.Namespace, inputs: list[sources.Source], spec: packing.PackSpec,
+           encoding, out) -> packing.BuildResult:
+    """Tokenizes and packs the inputs into out's staging area; bad input leaves nothing."""
+    is_owt = _is_openwebtext(inputs)
     try:
         chunks = itertools.chain.from_iterable(
             source.chunks(args.docs_per_chunk) for source in inputs)
         result = packing.build(chunks, spec, out.work, {name: out.out / name for name in SPLITS},
                                encoding, args.workers, OPENWEBTEXT_DOCUMENTS if is_owt else None)
-        _check_result(result, args, description)
+        _check_result(result, args, _describe(inputs))
     except UsageError:
         out.discard()
         raise
-    manifest = new_manifest(
-        "pretrain", args.name or ("openwebtext" if is_owt else "custom"), description,
-        args.seq_len, describe(encoding),
+    return result
+
+
+def _is_openwebtext(inputs: list[sources.Source]) -> bool:
+    return all(isinstance(source, sources.HubDataset) and source.repo_id == sources.OPENWEBTEXT
+               for source in inputs)
+
+
+def _describe(inputs: list[sources.Source]) -> str:
+    return "; ".join(source.describe() for source in inputs)
+
+
+def _manifest(args: argparse.Namespace, inputs: list[sources.Source], spec: packing.PackSpec,
+              encoding, result: packing.BuildResult) -> dict:
+    return new_manifest(
+        "pretrain", args.name or ("openwebtext" if _is_openwebtext(inputs) else "custom"),
+        _describe(inputs), args.seq_len, describe(encoding),
         {name: {"path": name, **result.splits[name]} for name in SPLITS},
         val_fraction=args.val_fraction,
         split_rule="a document is in val when blake2b(text, 8 bytes) / 2**64 < val_fraction",
         samples_per_shard=args.samples_per_shard,
         compression=args.compression,
     )
-    out.publish(manifest)
-    _report(manifest, result, args, time.perf_counter() - wall_start)
-    return 0
 
 
 def _check_result(result: packing.BuildResult, args: argparse.Namespace, description: str) -> None:
@@ -170,20 +193,21 @@ def _check_result(result: packing.BuildResult, args: argparse.Namespace, descrip
                          f"sample of --seq-len {args.seq_len}: add text or lower --seq-len")
 
 
-def _report(manifest: dict, result: packing.BuildResult, args: argparse.Namespace,
+def _report(manifest: dict, result: packing.BuildResult | None, args: argparse.Namespace,
             wall: float) -> None:
-    """The closing lines: warnings and notes, then what was written where, for a log."""
+    """The closing lines: warnings and notes, then what was written where, for a log. `result`
+    is None when this run only uploaded a build staged by an earlier one."""
     splits = manifest["splits"]
     if args.val_fraction > 0 and splits["val"]["samples"] == 0:
-        print(_empty_val_warning(splits, result.val_threshold, args))
+        print(_empty_val_warning(splits, result and result.val_threshold, args))
     note = replaced_bytes_note(splits)
     if note:
         print(note)
-    rate = result.tokenized / max(result.seconds, 1e-9)
+    rate = result.tokenized / max(result.seconds, 1e-9) if result else 0.0
+    how = (f"tokenized at {rate / 1e6:.2f}M tokens/s ({rate / args.workers / 1e6:.2f}M per "
+           f"worker, {args.workers} workers)" if result else "uploaded the staged build")
     print(f"done in {duration(wall)}: {sum(s['documents'] for s in splits.values()):,} documents, "
-          f"{sum(s['tokens'] for s in splits.values()):,} tokens -> {args.out}; tokenized at "
-          f"{rate / 1e6:.2f}M tokens/s ({rate / args.workers / 1e6:.2f}M per worker, "
-          f"{args.workers} workers)")
+          f"{sum(s['tokens'] for s in splits.values()):,} tokens -> {args.out}; {how}")
     print("\n".join(split_lines(args.out, manifest)), flush=True)
 
 
