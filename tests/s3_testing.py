@@ -8,6 +8,7 @@ accepts any). Nothing is mocked inside the processes under test.
 
 from __future__ import annotations
 
+import functools
 import os
 import signal
 import subprocess
@@ -49,6 +50,7 @@ class S3Server:
         except (urllib.error.URLError, ConnectionError, TimeoutError):
             return False
 
+    @functools.cached_property
     def client(self):
         return boto3.session.Session(
             aws_access_key_id=CREDENTIALS["AWS_ACCESS_KEY_ID"],
@@ -57,25 +59,25 @@ class S3Server:
 
     def bucket(self, name: str) -> str:
         """A new empty bucket; its s3:// URL."""
-        self.client().create_bucket(Bucket=name)
+        self.client.create_bucket(Bucket=name)
         return f"s3://{name}"
 
     def objects(self, url: str) -> dict[str, int]:
         """The objects below an s3:// URL, by key relative to it, with their sizes."""
         bucket, _, prefix = url.removeprefix("s3://").partition("/")
         prefix = prefix.rstrip("/") + "/" if prefix else ""
-        pages = self.client().get_paginator("list_objects_v2").paginate(Bucket=bucket,
+        pages = self.client.get_paginator("list_objects_v2").paginate(Bucket=bucket,
                                                                         Prefix=prefix)
         return {item["Key"][len(prefix):]: item["Size"]
                 for page in pages for item in page.get("Contents", [])}
 
     def read(self, url: str) -> bytes:
         bucket, _, key = url.removeprefix("s3://").partition("/")
-        return self.client().get_object(Bucket=bucket, Key=key)["Body"].read()
+        return self.client.get_object(Bucket=bucket, Key=key)["Body"].read()
 
     def write(self, url: str, data: bytes) -> None:
         bucket, _, key = url.removeprefix("s3://").partition("/")
-        self.client().put_object(Bucket=bucket, Key=key, Body=data)
+        self.client.put_object(Bucket=bucket, Key=key, Body=data)
 
     def stop(self) -> None:
         if self.process.poll() is None:

@@ -39,6 +39,7 @@ from aogpt import RunFailure, UsageError
 from aogpt.data_prep import mds, remote
 from aogpt.data_prep.manifest import COLUMN, check_compatible, read_manifest, split_path
 from aogpt.data_prep.streaming_compat import release_shared_memory, streaming
+from aogpt.files import write_text_atomic
 from aogpt.trainer.config import RunConfig
 from aogpt.trainer.dist_env import DistEnv
 from aogpt.trainer.failsafe import PreemptionFlag, silence_in_child
@@ -183,9 +184,15 @@ def loader_failure(err: Exception, dataset, which: str, locations: list[str]) ->
     last = text.splitlines()[-1].strip() if text else ""
     detail = last if "Original Traceback" in text else f"{type(err).__name__}: {last}"
     named = SAMPLE_NOT_PRESENT.search(text)
-    damaged = CHECKSUM_FAILURE.search(text)
-    if damaged:
-        return _damaged_copy(Path(damaged.group(1)), dataset, which, locations)
+    for stream in dataset.streams:  # a copy that failed in streaming's background thread
+        copying = CopiedStream.failure(stream)
+        if copying:
+            damaged = CHECKSUM_FAILURE.search(copying)
+            if damaged:
+                return _damaged_copy(Path(damaged.group(1)), dataset, which, locations)
+            return RunFailure(f"the {which} data loader cannot copy a shard from {stream.remote} "
+                              f"({copying}): check that the store is reachable, then re-run to "
+                              f"resume from the last checkpoint")
     for stream in dataset.streams:
         folder = Path(stream.local) / (stream.split or "")
         try:
@@ -238,6 +245,35 @@ def shut_down_workers(loader) -> None:
     loader._iterator = None
 
 
+class CopiedStream(streaming.Stream):
+    """A stream copied shard by shard into a cache, which says why a copy failed.
+
+    Streaming copies shards in a background thread (of a loader worker, or of the process), and
+    when that thread fails the loader only raises "Background thread failed. Check other
+    traceback.": the cause is printed to stderr, in another process. Here the cause is also left
+    in the cache folder (FAILURE, one line), where loader_failure reads it."""
+
+    FAILURE = ".aogpt-copy-failure"
+
+    def prepare_shard(self, shard) -> int:
+        try:
+            return super().prepare_shard(shard)
+        except Exception as err:
+            last = (str(err).strip().splitlines() or [""])[-1]
+            write_text_atomic(Path(self.local) / self.FAILURE, f"{type(err).__name__}: {last}")
+            raise
+
+    @classmethod
+    def failure(cls, stream) -> str | None:
+        """The cause a stream left, if it is one of these and failed (read once)."""
+        path = Path(stream.local) / cls.FAILURE
+        if not isinstance(stream, cls) or not path.is_file():
+            return None
+        cause = path.read_text()
+        path.unlink(missing_ok=True)
+        return cause
+
+
 def _stream(cfg: RunConfig, location: str, manifest: dict, split: str, dist_env: DistEnv,
             proportion: float | None = None):
     if is_remote(location) or cfg.data.local_cache:  # copied shard by shard into the cache
@@ -245,9 +281,10 @@ def _stream(cfg: RunConfig, location: str, manifest: dict, split: str, dist_env:
         # Every copy is checked against the hash its index records, where the builder wrote one
         # (a shard damaged in the bucket is named, not trained on).
         validate_hash = next(iter(manifest.get("shard_hashes", [])), None)
-        return streaming.Stream(remote=remote.join(location, relative),
-                                local=str(cache_dir(cfg, location, manifest, dist_env) / relative),
-                                proportion=proportion, validate_hash=validate_hash)
+        local = cache_dir(cfg, location, manifest, dist_env) / relative
+        (local / CopiedStream.FAILURE).unlink(missing_ok=True)  # an earlier run's
+        return CopiedStream(remote=remote.join(location, relative), local=str(local),
+                            proportion=proportion, validate_hash=validate_hash)
     return streaming.Stream(local=str(split_path(location, split)), proportion=proportion)
 
 
@@ -264,6 +301,31 @@ class IndexedStreamingDataset(streaming.StreamingDataset):
 
     def get_item(self, sample_id: int, retry: int = 7) -> dict:
         return {**super().get_item(sample_id, retry), SAMPLE_ID: sample_id}
+
+    # Streaming 0.13 copies shards in two background threads. When one fails (a store that went
+    # away, a damaged shard), the sample loop stops as if the epoch had ended (the loader would
+    # start the next one), and the thread never counts itself out, so the next epoch waits for
+    # it forever: a hang instead of an error. Here a failed thread counts itself out, and the
+    # sample loop raises (CopiedStream has left the cause where loader_failure reads it).
+
+    def _prepare_thread(self, it) -> None:
+        self._counted_out(super()._prepare_thread, it)
+
+    def _ready_thread(self, it) -> None:
+        self._counted_out(super()._ready_thread, it)
+
+    @staticmethod
+    def _counted_out(thread, it) -> None:
+        try:
+            thread(it)
+        except Exception:
+            it.on_exit()
+            raise
+
+    def _each_sample_id(self, it):
+        yield from super()._each_sample_id(it)
+        if self._event.is_set():
+            raise RuntimeError("copying a shard failed in streaming's background thread")
 
 
 def collate_tokens(samples: list[dict]) -> tuple[torch.Tensor, torch.Tensor]:

@@ -51,7 +51,8 @@ def real_documents() -> list[str]:
 
 
 def build_data(out: Path | str, documents: list[str], val_fraction: float = 0.05,
-               source_dir: Path | None = None, extra: list[str] = ()) -> Path | str:
+               source_dir: Path | None = None, extra: list[str] = (),
+               env: dict | None = None) -> Path | str:
     """A data folder (or s3:// URL) made by the real data_prep/owt_to_mds.py from these documents
     (written as a .jsonl next to `out`, or in `source_dir`)."""
     source = (source_dir or Path(out).parent) / f"{Path(str(out)).name}.jsonl"
@@ -59,7 +60,7 @@ def build_data(out: Path | str, documents: list[str], val_fraction: float = 0.05
     result = subprocess.run(
         [sys.executable, OWT_TO_MDS, "--out", str(out), "--source", str(source),
          "--seq-len", str(SEQ_LEN), "--val-fraction", str(val_fraction), "--workers", "1",
-         *extra], capture_output=True, text=True)
+         *extra], capture_output=True, text=True, env=env)
     assert result.returncode == 0, result.stderr
     return out
 
