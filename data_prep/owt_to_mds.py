@@ -29,10 +29,10 @@ from pathlib import Path
 
 import aogpt
 from aogpt import UsageError, check_counts, cli_entry
-from aogpt.data_prep import packing, sources
+from aogpt.data_prep import packing, slices, sources
 from aogpt.data_prep.cli import check_out, replaced_bytes_note, split_lines
 from aogpt.data_prep.manifest import new_manifest
-from aogpt.data_prep.remote import open_output
+from aogpt.data_prep.remote import is_remote, open_output
 from aogpt.data_prep.tokenizer import describe
 from aogpt.progress import duration
 
@@ -76,13 +76,25 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         help="documents per unit of work (default 1000); does not change the output")
     add("--samples-per-shard", type=int, default=None,
         help="samples per MDS shard (default: 64 MiB of tokens)")
+    add("--slice", default=None, metavar="I/N",
+        help="tokenize only slice I of N of the input files (0 <= I < N; one task of N, on any "
+             "node) into OUT/.slices; the same command with --merge-slices N then writes OUT")
+    add("--merge-slices", type=int, default=None, metavar="N",
+        help="write OUT from the N finished slices: the dataset a one-task build writes, byte "
+             "for byte")
     add("--hf-split", default="train", help="split of a hub dataset (default train)")
     add("--hf-config", default=None, help="config (subset) name of a hub dataset")
     add("--hf-revision", default=None,
         help=f"revision of a hub dataset (default: {sources.PARQUET_REVISION} for OpenWebText, "
              f"else the main branch)")
     args = parser.parse_args(argv)
-    check_counts(args, "seq_len", "workers", "docs_per_chunk")
+    check_counts(args, "seq_len", "workers", "docs_per_chunk", "merge_slices")
+    if args.slice is not None and args.merge_slices is not None:
+        raise UsageError("--slice tokenizes one slice, --merge-slices merges them all: give one")
+    args.slice = args.slice and slices.parse_slice(args.slice)
+    if (args.slice or args.merge_slices) and is_remote(args.out) and args.staging is None:
+        raise UsageError("--slice and --merge-slices with an s3:// --out need --staging: a "
+                         "folder that every task sees (the slices meet there before the upload)")
     if args.samples_per_shard is None:  # after --seq-len is checked: this divides by it
         args.samples_per_shard = packing.default_samples_per_shard(args.seq_len)
     if not 0.0 <= args.val_fraction < 1.0:
@@ -135,26 +147,40 @@ def main(argv: list[str] | None = None) -> int:
                 "docs_per_chunk": args.docs_per_chunk, "tokenizer": describe(encoding),
                 "spec": dataclasses.asdict(spec)}
     out = open_output(args.out, args.staging, SPLITS)
+    if args.slice:
+        if out.holds(settings):
+            print(f"{args.out} is complete already: nothing to do (--overwrite rebuilds it)")
+            return 0
+        slices.run_slice(out.staging_root, *args.slice, inputs, settings, spec,
+                         args.docs_per_chunk, encoding, args.workers)
+        return 0
     if not out.start(settings, args.overwrite):
         print(f"{args.out} is complete already: nothing to do (--overwrite rebuilds it)")
         print("\n".join(split_lines(args.out, out.finished_manifest())))
         return 0
-    result = None if out.built else _build(args, inputs, spec, encoding, out)
+    result = None if out.built else _build(args, inputs, spec, encoding, out, settings)
     manifest = out.publish(None if result is None else
                            _manifest(args, inputs, spec, encoding, result))
+    slices.remove(out.staging_root)  # merged and published: the slices have served
     _report(manifest, result, args, time.perf_counter() - wall_start)
     return 0
 
 
 def _build(args: argparse.Namespace, inputs: list[sources.Source], spec: packing.PackSpec,
-           encoding, out) -> packing.BuildResult:
-    """Tokenizes and packs the inputs into out's staging area; bad input leaves nothing."""
+           encoding, out, settings: dict) -> packing.BuildResult:
+    """Tokenizes and packs the inputs (or merges their finished slices) into out's staging area;
+    bad input leaves nothing."""
     is_owt = _is_openwebtext(inputs)
+    split_dirs = {name: out.out / name for name in SPLITS}
     try:
-        chunks = itertools.chain.from_iterable(
-            source.chunks(args.docs_per_chunk) for source in inputs)
-        result = packing.build(chunks, spec, out.work, {name: out.out / name for name in SPLITS},
-                               encoding, args.workers, OPENWEBTEXT_DOCUMENTS if is_owt else None)
+        if args.merge_slices:
+            metas = slices.finished_metas(out.staging_root, args.merge_slices, settings)
+            result = packing.write(metas, spec, out.work, split_dirs, encoding, args.workers)
+        else:
+            chunks = itertools.chain.from_iterable(
+                source.chunks(args.docs_per_chunk) for source in inputs)
+            result = packing.build(chunks, spec, out.work, split_dirs, encoding, args.workers,
+                                   OPENWEBTEXT_DOCUMENTS if is_owt else None)
         _check_result(result, args, _describe(inputs))
     except UsageError:
         out.discard()
@@ -205,7 +231,11 @@ def _report(manifest: dict, result: packing.BuildResult | None, args: argparse.N
         print(note)
     rate = result.tokenized / max(result.seconds, 1e-9) if result else 0.0
     how = (f"tokenized at {rate / 1e6:.2f}M tokens/s ({rate / args.workers / 1e6:.2f}M per "
-           f"worker, {args.workers} workers)" if result else "uploaded the staged build")
+           f"worker, {args.workers} workers)")
+    if args.merge_slices:
+        how = f"merged {args.merge_slices} slices"
+    if result is None:
+        how = "uploaded the staged build"
     print(f"done in {duration(wall)}: {sum(s['documents'] for s in splits.values()):,} documents, "
           f"{sum(s['tokens'] for s in splits.values()):,} tokens -> {args.out}; {how}")
     print("\n".join(split_lines(args.out, manifest)), flush=True)

@@ -310,6 +310,15 @@ class RemoteOutput:
     def finished_manifest(self) -> dict:
         return self.store.read_json(FILENAME)
 
+    @property
+    def staging_root(self) -> Path:
+        return self.local.root
+
+    def holds(self, settings: dict) -> bool:
+        """Whether the bucket holds the finished dataset of these settings."""
+        return (FILENAME in self.store.files() and UPLOAD_RECORD not in self.store.files()
+                and self.finished_manifest().get("settings") == json.loads(json.dumps(settings)))
+
     def discard(self) -> None:
         self.local.discard()
 
