@@ -13,6 +13,7 @@ import subprocess
 import sys
 import time
 
+import psutil
 import pytest
 import torch
 from s3_testing import S3Server
@@ -191,8 +192,11 @@ def kill_after_checkpoint(launcher, args: list[str], out, step: int, log) -> Non
         while not (latest.is_file() and int(latest.read_text()[5:]) >= step):
             assert proc.poll() is None and time.monotonic() < deadline, log.read_text()[-3000:]
             time.sleep(0.05)
+        group = [psutil.Process(proc.pid), *psutil.Process(proc.pid).children(recursive=True)]
         os.killpg(proc.pid, signal.SIGKILL)
         proc.wait(timeout=60)
+        _, alive = psutil.wait_procs(group, timeout=60)  # the trainers too, not only torchrun
+        assert not alive, alive
 
 
 @pytest.mark.slow
