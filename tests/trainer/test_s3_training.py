@@ -17,7 +17,16 @@ import psutil
 import pytest
 import torch
 from s3_testing import S3Server
-from trainer_testing import MAIN, REPO, SEQ_LEN, TINY_RUN, build_data, losses, real_documents
+from trainer_testing import (
+    MAIN,
+    REPO,
+    SEQ_LEN,
+    TINY_RUN,
+    as_one_process,
+    build_data,
+    losses,
+    real_documents,
+)
 
 from aogpt import RunFailure, UsageError
 from aogpt.trainer.config import load_config
@@ -29,9 +38,7 @@ CPU = torch.device("cpu")
 
 @pytest.fixture(autouse=True)
 def one_process(monkeypatch):
-    for name, value in {"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1", "LOCAL_WORLD_SIZE": "1",
-                        "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29400"}.items():
-        monkeypatch.setenv(name, value)
+    as_one_process(monkeypatch)
     yield
     gc.collect()  # streaming frees its shared memory when the dataset object goes
 

@@ -65,6 +65,13 @@ def build_data(out: Path | str, documents: list[str], val_fraction: float = 0.05
     return out
 
 
+def as_one_process(monkeypatch) -> None:
+    """The environment of rank 0 of a 1-process run, for tests that open the loader themselves."""
+    for name, value in {"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1", "LOCAL_WORLD_SIZE": "1",
+                        "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29400"}.items():
+        monkeypatch.setenv(name, value)
+
+
 class Launcher:
     """Starts trainer/main.py on 2 processes the way users do; remembers ports for cleanup.
 
