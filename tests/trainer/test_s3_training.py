@@ -147,6 +147,7 @@ def test_mixing_a_local_and_a_remote_stream_of_other_lengths_names_the_stream(
         check_data(config(s3_text_data, tmp_path, streams), setup_distributed_env())
 
 
+@pytest.mark.slow  # a server and a dataset of its own
 def test_the_server_going_away_mid_run_ends_with_an_error_not_a_hang(tmp_path, monkeypatch):
     """Its own server (the session's stays up), shards of 16 samples so that most are still in
     the bucket when it stops (streaming copies 64 samples ahead here)."""
@@ -202,10 +203,12 @@ def kill_after_checkpoint(launcher, args: list[str], out, step: int, log) -> Non
         while not (latest.is_file() and int(latest.read_text()[5:]) >= step):
             assert proc.poll() is None and time.monotonic() < deadline, log.read_text()[-3000:]
             time.sleep(0.05)
-        group = [psutil.Process(proc.pid), *psutil.Process(proc.pid).children(recursive=True)]
-        os.killpg(proc.pid, signal.SIGKILL)
+        # torchrun starts its trainers in sessions of their own: every process of the tree
+        tree = [psutil.Process(proc.pid), *psutil.Process(proc.pid).children(recursive=True)]
+        for process in tree:
+            process.send_signal(signal.SIGKILL)
         proc.wait(timeout=60)
-        _, alive = psutil.wait_procs(group, timeout=60)  # the trainers too, not only torchrun
+        _, alive = psutil.wait_procs(tree, timeout=60)
         assert not alive, alive
 
 
@@ -217,19 +220,24 @@ def test_training_from_the_bucket_killed_and_resumed_elsewhere_is_the_local_fold
     on 2 to the end."""
     local = tmp_path / "local"
     assert_ok(launcher.run("torchrun", run_args(text_data, local)))
-    out, cache = tmp_path / "bucket", tmp_path / "cache"
-    args = run_args(s3_text_data, out, "checkpoint.every=2", f"data.local_cache={cache}")
-    kill_after_checkpoint(launcher, args, out, 4, tmp_path / "killed.log")
-    assert list(cache.glob("node0/*/train/shard.*.mds"))  # copied to this node's cache
+    out = tmp_path / "bucket"
+    args = run_args(s3_text_data, out, "checkpoint.every=2")
+    # Each launch has a node cache of its own, as a job requeued onto other nodes has (and a
+    # killed run's shared-memory names for its cache would otherwise meet the next launch on
+    # this one host, where other tests' datasets keep streaming's cleanup from reaching them).
+    first = tmp_path / "cache1"
+    kill_after_checkpoint(launcher, [*args, f"data.local_cache={first}"], out, 4,
+                          tmp_path / "killed.log")
+    assert list(first.glob("node0/*/train/shard.*.mds"))  # copied to this node's cache
     killed_at = int((out / "checkpoints" / "latest").read_text()[5:])
     assert killed_at <= STEPS - 4, "killed too late to resume twice"
-    alone = subprocess.run([sys.executable, MAIN, *args, f"train.max_steps={killed_at + 2}"],
-                           cwd=REPO,
+    alone = subprocess.run([sys.executable, MAIN, *args, f"data.local_cache={tmp_path / 'c2'}",
+                            f"train.max_steps={killed_at + 2}"], cwd=REPO,
                            env=launcher.environment(), capture_output=True, text=True,
                            timeout=600)
     assert_ok(alone)
     assert "elastic resume: step_0000000" in alone.stdout
-    assert_ok(launcher.run("torchrun", args))
+    assert_ok(launcher.run("torchrun", [*args, f"data.local_cache={tmp_path / 'c3'}"]))
     expected, got = losses(local), losses(out)
     assert sorted(got) == list(range(1, STEPS + 1))
     for step in range(1, STEPS + 1):
