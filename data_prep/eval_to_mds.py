@@ -12,7 +12,8 @@ Examples, splits and packing follow the paper's protocol, described in data_prep
 --packing concat (default) cuts the examples' token stream into samples of --seq-len tokens,
 --reference-packing drops the remainder of every 1000 examples as the paper's pipeline did, and
 --packing per_example (LAMBADA) makes one EOS-padded sample per passage with its `length` and
-`last_word_start`. The split is recorded in the manifest.
+`last_word_start`. The split is recorded in the manifest. --out s3://BUCKET/PREFIX builds in a
+local --staging folder, then uploads (data_prep/remote.py).
 """
 
 import argparse

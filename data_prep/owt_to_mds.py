@@ -17,6 +17,10 @@ that leaves val/ without a sample (a small corpus), the run says which --val-fra
 The output does not depend on --workers. An interrupted run resumes where it stopped when re-run
 with the same arguments; a finished folder (manifest.json present) is left alone unless
 --overwrite. Disk: the work files in DIR/.partial need about as much space as the output.
+
+--out s3://BUCKET/PREFIX builds in a local --staging folder, then uploads (data_prep/remote.py).
+A corpus too large for one node is tokenized by N tasks with --slice I/N, then written by one
+with --merge-slices N: the same dataset, byte for byte (data_prep/slices.py).
 """
 
 import argparse

@@ -211,3 +211,26 @@ def test_verify_of_a_prefix_without_a_manifest_is_one_line(bucket):
     result = run("data_prep/verify.py", f"{bucket}/nothing-here")
     assert result.returncode == 2
     assert "has no manifest.json (not a finished aogpt data folder)" in one_error_line(result)
+
+
+def test_slices_merged_into_a_bucket_are_the_one_task_build(s3_server, bucket, tmp_path,
+                                                             corpus):
+    """A corpus of two files sliced over 2 tasks meeting in one --staging folder, merged and
+    uploaded: the objects of the local one-task build of the same files."""
+    parts = corpus.read_text().splitlines(keepends=True)
+    folder = tmp_path / "parts"
+    folder.mkdir()
+    (folder / "a.jsonl").write_text("".join(parts[:60]))
+    (folder / "b.jsonl").write_text("".join(parts[60:]))
+    url, staging = f"{bucket}/sliced", tmp_path / "shared-staging"
+    args = ["--out", url, "--source", str(folder), "--staging", str(staging), *FLAGS]
+    reference = tmp_path / "reference"
+    assert owt_to_mds(["--out", str(reference), "--source", str(folder), *FLAGS]) == 0
+    for index in range(2):
+        assert owt_to_mds([*args, "--slice", f"{index}/2"]) == 0
+    assert not s3_server.objects(url)  # nothing in the bucket before the merge
+    assert owt_to_mds([*args, "--merge-slices", "2"]) == 0
+    assert not staging.exists()  # slices and staged copy gone once uploaded
+    for name, data in files_of(reference).items():
+        assert s3_server.read(f"{url}/{name}") == data, name
+    assert set(s3_server.objects(url)) == set(files_of(reference)) | {"manifest.json"}
