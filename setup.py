@@ -31,6 +31,7 @@ setup(
         "matplotlib>=3.7",
         "datasets>=4",
         "pyarrow>=14",
+        "orjson>=3.9",  # data prep's JSON lines
         "xxhash>=3,<4",
         "zstd>=1.5,<2",
         "transformers>=4.40,<5",  # StreamingDataLoader imports it

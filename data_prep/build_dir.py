@@ -8,9 +8,10 @@ A run never leaves a mixed or duplicated dataset behind:
 - a re-run finds nothing (build), a manifest (complete: nothing to do unless --overwrite), or
   .partial: resumed when it was started with the same settings, else started over;
 - bad input found mid-build (a UsageError) deletes .partial, since a re-run would fail the same way.
-A run only ever deletes what this tool wrote: manifest.json, .partial, and in each MDS folder
-(train/ and val/, or an eval set's DIR itself) index.json and the shard files it lists. Anything
-else there is refused, before anything is deleted.
+A run only ever deletes what this tool wrote: manifest.json, .partial, .slices (the slices a
+merge was built from, once it is published), and in each MDS folder (train/ and val/, or an eval
+set's DIR itself) index.json and the shard files it lists. Anything else there is refused,
+before anything is deleted.
 """
 
 import json
@@ -26,6 +27,7 @@ from aogpt.data_prep.manifest import FILENAME, FORMAT, write_manifest
 PARTIAL = ".partial"
 SETTINGS = "settings.json"
 INDEX = "index.json"
+SLICES = ".slices"  # the slices of a build across many tasks (data_prep/slices.py)
 
 
 def _remove(path: Path) -> None:
@@ -45,6 +47,7 @@ class OutputDir:
         self.work = self.partial / "work"  # scratch files, deleted when published
         self.out = self.partial / "out"  # what publish() moves into DIR
         self.splits = splits
+        self.built = False  # a local build always builds (a remote --out may have it staged)
         self._created_root = False
 
     def start(self, settings: dict, overwrite: bool) -> bool:
@@ -58,7 +61,7 @@ class OutputDir:
             shutil.rmtree(self.partial)
             entries.remove(PARTIAL)
         has_manifest, has_partial = FILENAME in entries, PARTIAL in entries
-        ours = [name for name in entries if name not in (FILENAME, PARTIAL)]
+        ours = [name for name in entries if name not in (FILENAME, PARTIAL, SLICES)]
         if has_partial and not overwrite and self._saved_settings() == settings:
             if (self.partial / FILENAME).is_file():
                 print(f"finishing the interrupted publishing of {self.root}", flush=True)
@@ -86,20 +89,44 @@ class OutputDir:
         (self.partial / SETTINGS).write_text(json.dumps(settings, indent=2) + "\n")
         return True
 
-    def publish(self, manifest: dict) -> None:
-        """Moves the finished datasets into DIR and writes DIR/manifest.json last.
+    def publish(self, manifest: dict) -> dict:
+        """Moves the finished datasets into DIR and writes DIR/manifest.json last; returns it.
 
         The manifest keeps the build's settings, so that a later run can tell "already done"
         from "asked for something else".
         """
-        write_manifest(self.partial / FILENAME, {**manifest, "settings": self._saved_settings()})
+        manifest = {**manifest, "settings": self._saved_settings()}
+        write_manifest(self.partial / FILENAME, manifest)
         self._publish()
+        return manifest
+
+    def finished_manifest(self) -> dict:
+        return json.loads((self.root / FILENAME).read_text())
+
+    @property
+    def staging_root(self) -> Path:
+        """Where the build happens: DIR itself."""
+        return self.root
+
+    def holds(self, settings: dict) -> bool:
+        """Whether DIR holds the finished dataset of these settings."""
+        return ((self.root / FILENAME).is_file() and self._is_our_manifest(self.root / FILENAME)
+                and self.finished_manifest().get("settings") == json.loads(json.dumps(settings)))
 
     def discard(self) -> None:
         """Removes everything this run wrote (after bad input: no partial output is left)."""
         if self.partial.exists():
             shutil.rmtree(self.partial)
         if self._created_root and not any(self.root.iterdir()):
+            self.root.rmdir()
+
+    def remove(self) -> None:
+        """Deletes the dataset this tool wrote in DIR (a staging copy, once uploaded) and the
+        slices it was merged from, and DIR when nothing else is left in it."""
+        self._entries()  # refuses a DIR that holds anything else
+        self._clear()
+        shutil.rmtree(self.root / SLICES, ignore_errors=True)
+        if not any(self.root.iterdir()):
             self.root.rmdir()
 
     def _publish(self) -> None:
@@ -124,7 +151,7 @@ class OutputDir:
         if FILENAME in entries and not self._is_our_manifest(self.root / FILENAME):
             raise UsageError(f"output folder {self.root} holds a {FILENAME} that is not an aogpt "
                              f"data manifest: choose an empty or new folder")
-        ours = {FILENAME, PARTIAL, *self.splits}
+        ours = {FILENAME, PARTIAL, SLICES, *self.splits}
         for split in self.splits:
             if split == ".":
                 ours |= self._written(self.root)

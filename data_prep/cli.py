@@ -7,14 +7,24 @@ from __future__ import annotations
 from pathlib import Path
 
 from aogpt import UsageError
+from aogpt.data_prep.remote import check_url, is_remote, join
 from aogpt.files import check_writable_folder
 
 
-def check_out(folder: Path) -> None:
+def check_out(out: str, staging: Path | None = None) -> None:
     """--out is, or can be made, a folder this process can write in (tried, so /proc, /sys and a
-    read-only filesystem are found even by root)."""
+    read-only filesystem are found even by root); or a URL of a store the builders write to,
+    whose --staging folder is such a folder. The bucket itself is checked when opened."""
+    if is_remote(out):
+        check_url(out, "--out", writing=True)
+        if staging is not None:
+            check_writable_folder(staging, f"--staging {staging}")
+        return
+    if staging is not None:
+        raise UsageError(f"--staging is for an s3:// --out; --out {out} is a local folder, "
+                         f"where the build happens itself")
     try:
-        check_writable_folder(folder, f"--out {folder}")
+        check_writable_folder(out, f"--out {out}")
     except UsageError as err:
         raise UsageError(f"{err}: choose another --out") from None
 
@@ -33,4 +43,4 @@ def split_lines(folder: Path, manifest: dict, noun: str = "documents") -> list[s
     """One line per split of a data folder: its samples, what they were made of, where they are."""
     return [f"  {name}: {split['samples']:,} samples of {manifest['seq_len']} tokens from "
             f"{split['documents']:,} {noun} ({split['tokens']:,} tokens) in "
-            f"{folder / split['path']}" for name, split in manifest["splits"].items()]
+            f"{join(str(folder), split['path'])}" for name, split in manifest["splits"].items()]

@@ -12,7 +12,8 @@ Examples, splits and packing follow the paper's protocol, described in data_prep
 --packing concat (default) cuts the examples' token stream into samples of --seq-len tokens,
 --reference-packing drops the remainder of every 1000 examples as the paper's pipeline did, and
 --packing per_example (LAMBADA) makes one EOS-padded sample per passage with its `length` and
-`last_word_start`. The split is recorded in the manifest.
+`last_word_start`. The split is recorded in the manifest. --out s3://BUCKET/PREFIX builds in a
+local --staging folder, then uploads (data_prep/remote.py).
 """
 
 import argparse
@@ -23,7 +24,6 @@ from pathlib import Path
 import aogpt
 from aogpt import UsageError, check_counts, cli_entry
 from aogpt.data_prep import packing
-from aogpt.data_prep.build_dir import OutputDir
 from aogpt.data_prep.cli import check_out, replaced_bytes_note, split_lines
 from aogpt.data_prep.eval_sets import (
     EVAL_SETS,
@@ -35,7 +35,8 @@ from aogpt.data_prep.eval_sets import (
     read_examples,
     split_of,
 )
-from aogpt.data_prep.manifest import new_manifest, read_manifest
+from aogpt.data_prep.manifest import new_manifest
+from aogpt.data_prep.remote import open_output
 from aogpt.data_prep.tokenizer import EOS, describe
 from aogpt.progress import duration
 
@@ -47,7 +48,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                     "(one split), with OUT/manifest.json, following the paper's protocol.",
     )
     parser.add_argument("--dataset", required=True, choices=sorted(EVAL_SETS))
-    parser.add_argument("--out", type=Path, required=True, help="output folder")
+    parser.add_argument("--out", required=True,
+                        help="output folder, or s3://BUCKET/PREFIX (built in --staging, then "
+                             "uploaded)")
+    parser.add_argument("--staging", type=Path, default=None,
+                        help="with an s3:// --out: the local folder the set is built in before "
+                             "the upload (default: one per URL under $TMPDIR)")
     parser.add_argument("--source", nargs="+", action="extend", metavar="PATH",
                         help="local files/folders instead of the hub (.txt/.raw/.tokens lines, "
                              ".jsonl[.gz] field text, .parquet)")
@@ -79,7 +85,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         if not Path(spec).expanduser().exists():
             raise UsageError(f"source {spec} does not exist: check the path")
     args.split = split_of(EVAL_SETS[args.dataset], args.split, args.source)
-    check_out(args.out)
+    check_out(args.out, args.staging)
     return args
 
 
@@ -89,7 +95,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     encoding = packing.load_encoding(args.tokenizer_file)
     eval_set = EVAL_SETS[args.dataset]
-    out = OutputDir(args.out, splits=(".",))
+    out = open_output(args.out, args.staging, splits=(".",))
     examples, description = read_examples(eval_set, args.split, args.source)
     if not examples:
         raise UsageError(f"no examples in {description}: the input is empty")
@@ -99,8 +105,18 @@ def main(argv: list[str] | None = None) -> int:
                 "tokenizer": describe(encoding)}
     if not out.start(settings, args.overwrite):
         print(f"{args.out} is complete already: nothing to do (--overwrite rebuilds it)")
-        print("\n".join(split_lines(args.out, read_manifest(args.out), "examples")))
+        print("\n".join(split_lines(args.out, out.finished_manifest(), "examples")))
         return 0
+    manifest = out.publish(None if out.built else _build(args, eval_set, examples,
+                                                          description, encoding, out))
+    _report(manifest, args, time.perf_counter() - wall_start)
+    return 0
+
+
+def _build(args: argparse.Namespace, eval_set, examples: list, description: str, encoding,
+           out) -> dict:
+    """Packs the examples into out's staging area; returns the manifest (bad input: nothing
+    is left)."""
     try:
         if args.packing == "per_example":
             stats = pack_per_example(examples, eval_set, args.seq_len, out.out, encoding)
@@ -116,7 +132,7 @@ def main(argv: list[str] | None = None) -> int:
     extra = {}
     if args.packing == "per_example":
         extra = {"columns": per_example_columns(args.seq_len), "pad_id": EOS}
-    manifest = new_manifest(
+    return new_manifest(
         "eval", args.dataset, description, args.seq_len, describe(encoding),
         {args.split: {"path": ".", **stats}},
         split=args.split, detokenizer=eval_set.detokenizer, packing=args.packing,
@@ -124,9 +140,6 @@ def main(argv: list[str] | None = None) -> int:
         example=eval_set.example,
         **extra,
     )
-    out.publish(manifest)
-    _report(manifest, args, time.perf_counter() - wall_start)
-    return 0
 
 
 def _report(manifest: dict, args: argparse.Namespace, wall: float) -> None:

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import aogpt
 from aogpt import UsageError
-from aogpt.data_prep import synthetic, tokenizer
+from aogpt.data_prep import mds, synthetic, tokenizer
 from aogpt.files import write_text_atomic
 
 FORMAT = "aogpt-mds"
@@ -48,6 +48,7 @@ def new_manifest(kind: str, dataset: str, source: str, seq_len: int, tokenizer_i
         "dtype": DTYPE,
         "tokenizer": tokenizer_info,
         "splits": splits,
+        "shard_hashes": mds.HASHES,  # every shard's, in its index (absent: built before they were)
         "tool_version": aogpt.__version__,
         "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         **extra,

@@ -111,7 +111,7 @@ READ_CHUNK = 1 << 24
 
 @dataclass(frozen=True)
 class ShardProblem:
-    path: Path  # the shard file (or index.json)
+    path: Path | str  # the shard file (or index.json): a path, or an object's URL
     what: str  # what is wrong, e.g. "5,000 bytes, the index says 499,157 (truncated)"
     first_unreadable_sample: int | None = None  # within the shard, when the file is cut short
 

@@ -17,6 +17,10 @@ that leaves val/ without a sample (a small corpus), the run says which --val-fra
 The output does not depend on --workers. An interrupted run resumes where it stopped when re-run
 with the same arguments; a finished folder (manifest.json present) is left alone unless
 --overwrite. Disk: the work files in DIR/.partial need about as much space as the output.
+
+--out s3://BUCKET/PREFIX builds in a local --staging folder, then uploads (data_prep/remote.py).
+A corpus too large for one node is tokenized by N tasks with --slice I/N, then written by one
+with --merge-slices N: the same dataset, byte for byte (data_prep/slices.py).
 """
 
 import argparse
@@ -29,10 +33,10 @@ from pathlib import Path
 
 import aogpt
 from aogpt import UsageError, check_counts, cli_entry
-from aogpt.data_prep import packing, sources
-from aogpt.data_prep.build_dir import OutputDir
+from aogpt.data_prep import packing, slices, sources
 from aogpt.data_prep.cli import check_out, replaced_bytes_note, split_lines
-from aogpt.data_prep.manifest import new_manifest, read_manifest
+from aogpt.data_prep.manifest import new_manifest
+from aogpt.data_prep.remote import is_remote, open_output
 from aogpt.data_prep.tokenizer import describe
 from aogpt.progress import duration
 
@@ -48,7 +52,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                     "fixed-length MDS samples in OUT/train and OUT/val, with OUT/manifest.json.",
     )
     add = parser.add_argument
-    add("--out", type=Path, required=True, help="output folder")
+    add("--out", required=True,
+        help="output folder, or s3://BUCKET/PREFIX (built in --staging, then uploaded)")
+    add("--staging", type=Path, default=None,
+        help="with an s3:// --out: the local folder the dataset is built in before the upload "
+             "(default: one per URL under $TMPDIR); on a disk that outlives the job, an "
+             "interrupted run resumes its tokenizing too")
     add("--source", nargs="+", action="extend", metavar="SRC",
         help=f"Hugging Face dataset id (default: {sources.OPENWEBTEXT}) or local files/folders "
              f"({sources.SUPPORTED}); repeatable. A .txt file is one document (a folder of "
@@ -71,20 +80,32 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         help="documents per unit of work (default 1000); does not change the output")
     add("--samples-per-shard", type=int, default=None,
         help="samples per MDS shard (default: 64 MiB of tokens)")
+    add("--slice", default=None, metavar="I/N",
+        help="tokenize only slice I of N of the input files (0 <= I < N; one task of N, on any "
+             "node) into OUT/.slices; the same command with --merge-slices N then writes OUT")
+    add("--merge-slices", type=int, default=None, metavar="N",
+        help="write OUT from the N finished slices: the dataset a one-task build writes, byte "
+             "for byte")
     add("--hf-split", default="train", help="split of a hub dataset (default train)")
     add("--hf-config", default=None, help="config (subset) name of a hub dataset")
     add("--hf-revision", default=None,
         help=f"revision of a hub dataset (default: {sources.PARQUET_REVISION} for OpenWebText, "
              f"else the main branch)")
     args = parser.parse_args(argv)
-    check_counts(args, "seq_len", "workers", "docs_per_chunk")
+    check_counts(args, "seq_len", "workers", "docs_per_chunk", "merge_slices")
+    if args.slice is not None and args.merge_slices is not None:
+        raise UsageError("--slice tokenizes one slice, --merge-slices merges them all: give one")
+    args.slice = args.slice and slices.parse_slice(args.slice)
+    if (args.slice or args.merge_slices) and is_remote(args.out) and args.staging is None:
+        raise UsageError("--slice and --merge-slices with an s3:// --out need --staging: a "
+                         "folder that every task sees (the slices meet there before the upload)")
     if args.samples_per_shard is None:  # after --seq-len is checked: this divides by it
         args.samples_per_shard = packing.default_samples_per_shard(args.seq_len)
     if not 0.0 <= args.val_fraction < 1.0:
         raise UsageError(f"--val-fraction must be in [0, 1), got {args.val_fraction}")
     check_shard_size(args.samples_per_shard, args.seq_len)
     args.compression = parse_compression(args.compression)
-    check_out(args.out)
+    check_out(args.out, args.staging)
     return args
 
 
@@ -129,36 +150,68 @@ def main(argv: list[str] | None = None) -> int:
                 "sources": [source.fingerprint() for source in inputs],
                 "docs_per_chunk": args.docs_per_chunk, "tokenizer": describe(encoding),
                 "spec": dataclasses.asdict(spec)}
-    out = OutputDir(args.out, splits=SPLITS)
+    out = open_output(args.out, args.staging, SPLITS)
+    if args.slice:
+        if out.holds(settings):
+            print(f"{args.out} is complete already: nothing to do (--overwrite rebuilds it)")
+            return 0
+        slices.run_slice(out.staging_root, *args.slice, inputs, settings, spec,
+                         args.docs_per_chunk, encoding, args.workers)
+        return 0
     if not out.start(settings, args.overwrite):
         print(f"{args.out} is complete already: nothing to do (--overwrite rebuilds it)")
-        print("\n".join(split_lines(args.out, read_manifest(args.out))))
+        print("\n".join(split_lines(args.out, out.finished_manifest())))
         return 0
+    result = None if out.built else _build(args, inputs, spec, encoding, out, settings)
+    manifest = out.publish(None if result is None else
+                           _manifest(args, inputs, spec, encoding, result))
+    slices.remove(out.staging_root)  # merged and published: the slices have served
+    _report(manifest, result, args, time.perf_counter() - wall_start)
+    return 0
 
-    description = "; ".join(source.describe() for source in inputs)
-    is_owt = all(isinstance(source, sources.HubDataset) and source.repo_id == sources.OPENWEBTEXT
-                 for source in inputs)
+
+def _build(args: argparse.Namespace, inputs: list[sources.Source], spec: packing.PackSpec,
+           encoding, out, settings: dict) -> packing.BuildResult:
+    """Tokenizes and packs the inputs (or merges their finished slices) into out's staging area;
+    bad input leaves nothing."""
+    is_owt = _is_openwebtext(inputs)
+    split_dirs = {name: out.out / name for name in SPLITS}
     try:
-        chunks = itertools.chain.from_iterable(
-            source.chunks(args.docs_per_chunk) for source in inputs)
-        result = packing.build(chunks, spec, out.work, {name: out.out / name for name in SPLITS},
-                               encoding, args.workers, OPENWEBTEXT_DOCUMENTS if is_owt else None)
-        _check_result(result, args, description)
+        if args.merge_slices:
+            metas = slices.finished_metas(out.staging_root, args.merge_slices, settings)
+            result = packing.write(metas, spec, out.work, split_dirs, encoding, args.workers)
+        else:
+            chunks = itertools.chain.from_iterable(
+                source.chunks(args.docs_per_chunk) for source in inputs)
+            result = packing.build(chunks, spec, out.work, split_dirs, encoding, args.workers,
+                                   OPENWEBTEXT_DOCUMENTS if is_owt else None)
+        _check_result(result, args, _describe(inputs))
     except UsageError:
         out.discard()
         raise
-    manifest = new_manifest(
-        "pretrain", args.name or ("openwebtext" if is_owt else "custom"), description,
-        args.seq_len, describe(encoding),
+    return result
+
+
+def _is_openwebtext(inputs: list[sources.Source]) -> bool:
+    return all(isinstance(source, sources.HubDataset) and source.repo_id == sources.OPENWEBTEXT
+               for source in inputs)
+
+
+def _describe(inputs: list[sources.Source]) -> str:
+    return "; ".join(source.describe() for source in inputs)
+
+
+def _manifest(args: argparse.Namespace, inputs: list[sources.Source], spec: packing.PackSpec,
+              encoding, result: packing.BuildResult) -> dict:
+    return new_manifest(
+        "pretrain", args.name or ("openwebtext" if _is_openwebtext(inputs) else "custom"),
+        _describe(inputs), args.seq_len, describe(encoding),
         {name: {"path": name, **result.splits[name]} for name in SPLITS},
         val_fraction=args.val_fraction,
         split_rule="a document is in val when blake2b(text, 8 bytes) / 2**64 < val_fraction",
         samples_per_shard=args.samples_per_shard,
         compression=args.compression,
     )
-    out.publish(manifest)
-    _report(manifest, result, args, time.perf_counter() - wall_start)
-    return 0
 
 
 def _check_result(result: packing.BuildResult, args: argparse.Namespace, description: str) -> None:
@@ -170,20 +223,25 @@ def _check_result(result: packing.BuildResult, args: argparse.Namespace, descrip
                          f"sample of --seq-len {args.seq_len}: add text or lower --seq-len")
 
 
-def _report(manifest: dict, result: packing.BuildResult, args: argparse.Namespace,
+def _report(manifest: dict, result: packing.BuildResult | None, args: argparse.Namespace,
             wall: float) -> None:
-    """The closing lines: warnings and notes, then what was written where, for a log."""
+    """The closing lines: warnings and notes, then what was written where, for a log. `result`
+    is None when this run only uploaded a build staged by an earlier one."""
     splits = manifest["splits"]
     if args.val_fraction > 0 and splits["val"]["samples"] == 0:
-        print(_empty_val_warning(splits, result.val_threshold, args))
+        print(_empty_val_warning(splits, result and result.val_threshold, args))
     note = replaced_bytes_note(splits)
     if note:
         print(note)
-    rate = result.tokenized / max(result.seconds, 1e-9)
+    rate = result.tokenized / max(result.seconds, 1e-9) if result else 0.0
+    how = (f"tokenized at {rate / 1e6:.2f}M tokens/s ({rate / args.workers / 1e6:.2f}M per "
+           f"worker, {args.workers} workers)")
+    if args.merge_slices:
+        how = f"merged {args.merge_slices} slices"
+    if result is None:
+        how = "uploaded the staged build"
     print(f"done in {duration(wall)}: {sum(s['documents'] for s in splits.values()):,} documents, "
-          f"{sum(s['tokens'] for s in splits.values()):,} tokens -> {args.out}; tokenized at "
-          f"{rate / 1e6:.2f}M tokens/s ({rate / args.workers / 1e6:.2f}M per worker, "
-          f"{args.workers} workers)")
+          f"{sum(s['tokens'] for s in splits.values()):,} tokens -> {args.out}; {how}")
     print("\n".join(split_lines(args.out, manifest)), flush=True)
 
 

@@ -239,30 +239,51 @@ def build(chunks: Iterable[Chunk], spec: PackSpec, work_dir: Path, split_dirs: d
           total_documents: int | None = None) -> BuildResult:
     """Tokenizes `chunks`, writes each split's MDS into split_dirs[split]; resumes finished work."""
     check_fits_uint16(encoding)
-    chunk_dir = work_dir / "chunks"
-    chunk_dir.mkdir(parents=True, exist_ok=True)
-    start = time.perf_counter()
     with _worker_pool(workers, encoding) as pool:
-        metas, tokenized = _tokenize_all(pool, chunks, spec, chunk_dir, workers, total_documents)
-        seconds = time.perf_counter() - start
-        if spec.group_size:
-            assert all(meta[name]["documents"] % spec.group_size == 0
-                       for meta in metas[:-1] for name in spec.splits), "chunks of whole groups"
-        splits = {name: _write_split(pool, name, metas, spec, work_dir, split_dirs[name])
-                  for name in spec.splits}
+        metas, tokenized, seconds = _tokenize_all(pool, chunks, spec, work_dir / "chunks",
+                                                  workers, total_documents)
+        return _write_all(pool, metas, spec, work_dir, split_dirs, tokenized, seconds)
+
+
+def tokenize(chunks: Iterable[Chunk], spec: PackSpec, chunk_dir: Path,
+             encoding: tiktoken.Encoding, workers: int) -> tuple[list[dict], int, float]:
+    """Pass 1 alone (one slice of a corpus tokenized on many nodes, data_prep/slices.py): the
+    chunks' counts in order (each with "dir", its folder), the tokens tokenized by this run, and
+    its seconds."""
+    check_fits_uint16(encoding)
+    with _worker_pool(workers, encoding) as pool:
+        return _tokenize_all(pool, chunks, spec, chunk_dir, workers, None)
+
+
+def write(metas: list[dict], spec: PackSpec, work_dir: Path, split_dirs: dict[str, Path],
+          encoding: tiktoken.Encoding, workers: int) -> BuildResult:
+    """Pass 2 alone, over the chunks of `metas` in order, wherever their folders are (the slices
+    of a corpus, merged): the same shards as build() makes of the same documents."""
+    with _worker_pool(workers, encoding) as pool:
+        return _write_all(pool, metas, spec, work_dir, split_dirs, 0, 0.0)
+
+
+def _write_all(pool, metas: list[dict], spec: PackSpec, work_dir: Path,
+               split_dirs: dict[str, Path], tokenized: int, seconds: float) -> BuildResult:
+    if spec.group_size:
+        assert all(meta[name]["documents"] % spec.group_size == 0
+                   for meta in metas[:-1] for name in spec.splits), "chunks of whole groups"
+    splits = {name: _write_split(pool, name, metas, spec, work_dir, split_dirs[name])
+              for name in spec.splits}
     threshold = val_threshold(metas, spec.seq_len) if spec.splits_by_hash else None
     return BuildResult(splits, tokenized, seconds, threshold)
 
 
 def _tokenize_all(pool, chunks: Iterable[Chunk], spec: PackSpec, chunk_dir: Path, workers: int,
-                  total_documents: int | None) -> tuple[list[dict], int]:
+                  total_documents: int | None) -> tuple[list[dict], int, float]:
+    chunk_dir.mkdir(parents=True, exist_ok=True)
     metas: dict[int, dict] = {}
     tokenized, start = 0, time.perf_counter()
     bar = progress(total=total_documents, unit="doc", desc="tokenize")
 
     def record(meta: dict, fresh: bool) -> None:
         nonlocal tokenized
-        metas[meta["index"]] = meta
+        metas[meta["index"]] = {**meta, "dir": str(chunk_dir)}
         bar.update(sum(meta[name]["documents"] for name in spec.splits))
         if fresh:
             tokenized += sum(meta[name]["tokens"] for name in spec.splits)
@@ -283,13 +304,14 @@ def _tokenize_all(pool, chunks: Iterable[Chunk], spec: PackSpec, chunk_dir: Path
                     record(future.result(), fresh=True)
         for future in as_completed(in_flight):
             record(future.result(), fresh=True)
-    return [metas[index] for index in range(len(metas))], tokenized
+    return ([metas[index] for index in range(len(metas))], tokenized,
+            time.perf_counter() - start)
 
 
 def _write_split(pool, name: str, metas: list[dict], spec: PackSpec, work_dir: Path,
                  split_dir: Path) -> dict:
     counts = {key: sum(meta[name][key] for meta in metas) for key in COUNTS}
-    files = [str(work_dir / "chunks" / f"{meta['index']:08d}.{name}.u16") for meta in metas]
+    files = [str(Path(meta["dir"]) / f"{meta['index']:08d}.{name}.u16") for meta in metas]
     lengths = [meta[name]["tokens"] - meta[name]["group_dropped_tokens"] for meta in metas]
     entry_dir = work_dir / "shards" / name
     entry_dir.mkdir(parents=True, exist_ok=True)

@@ -23,11 +23,14 @@ import gzip
 import io
 import json
 import lzma
+import mmap
 import re
 import tarfile
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+
+import orjson
 
 from aogpt import UsageError
 
@@ -77,26 +80,50 @@ class TextFiles:
 
 @dataclass
 class JsonLines:
-    """Lines of a .jsonl file with their 1-based line numbers (for error messages)."""
+    """Lines of a .jsonl.gz file with their 1-based line numbers (for error messages)."""
     path: str
     lines: list[tuple[int, bytes]]
 
     def documents(self) -> list[Document]:
-        docs = []
-        for number, line in self.lines:
-            try:
-                record, replaced = _parse_json(line)
-            except json.JSONDecodeError as err:
-                raise UsageError(f"{self.path} line {number} is not valid JSON ({err.msg}): "
-                                 f"fix or delete that line") from None
-            if not isinstance(record, dict) or not isinstance(record.get(TEXT_FIELD), str):
-                raise UsageError(f"{self.path} line {number} has no string field "
-                                 f"{TEXT_FIELD!r}: each line must be like {{\"text\": \"...\"}}")
-            docs.append((record[TEXT_FIELD], replaced))
-        return docs
+        return [_json_document(self.path, number, line) for number, line in self.lines]
+
+
+@dataclass
+class JsonRange:
+    """Lines of a .jsonl file as a byte range of it, read by the worker that parses them: the
+    main process only finds where each chunk starts, and sends no text to the workers. The range
+    starts at line `first_line` (1-based, for error messages)."""
+    path: str
+    start: int
+    end: int
+    first_line: int
+
+    def documents(self) -> list[Document]:
+        with open(self.path, "rb") as file:
+            file.seek(self.start)
+            data = file.read(self.end - self.start)
+        return [_json_document(self.path, number, line)
+                for number, line in enumerate(data.split(b"\n"), start=self.first_line)
+                if line.strip()]
+
+
+def _json_document(path: str, number: int, line: bytes) -> Document:
+    try:
+        record, replaced = _parse_json(line)
+    except json.JSONDecodeError as err:
+        raise UsageError(f"{path} line {number} is not valid JSON ({err.msg}): fix or delete "
+                         f"that line") from None
+    if not isinstance(record, dict) or not isinstance(record.get(TEXT_FIELD), str):
+        raise UsageError(f"{path} line {number} has no string field {TEXT_FIELD!r}: each line "
+                         f"must be like {{\"text\": \"...\"}}")
+    return record[TEXT_FIELD], replaced
 
 
 def _parse_json(line: bytes) -> tuple[object, int]:
+    try:  # orjson parses ~10x faster than json: JSON parsing was ~5% of data prep's CPU
+        return orjson.loads(line), 0
+    except orjson.JSONDecodeError:  # strictly UTF-8 and no lone surrogates: json's rules then
+        pass
     try:
         return json.loads(line), 0  # json decodes UTF-8 bytes itself
     except UnicodeDecodeError:  # not UTF-8: replace and count the bad bytes
@@ -121,7 +148,7 @@ class XzSubset:
                              f".txt files): {err}") from None
 
 
-Chunk = Decoded | TextFiles | JsonLines | XzSubset
+Chunk = Decoded | TextFiles | JsonLines | JsonRange | XzSubset
 
 
 # ---- local files -------------------------------------------------------------------------------
@@ -205,10 +232,14 @@ def _batch_text_files(items: Iterator[bytes | Chunk], docs_per_chunk: int) -> It
         yield TextFiles(pending)
 
 
-def jsonl_chunks(path: Path, docs_per_chunk: int) -> Iterator[JsonLines]:
-    opener = gzip.open if path.name.lower().endswith(".gz") else open
+def jsonl_chunks(path: Path, docs_per_chunk: int) -> Iterator[JsonLines | JsonRange]:
+    """Chunks of docs_per_chunk non-blank lines: byte ranges of a .jsonl file, the lines
+    themselves of a .jsonl.gz."""
+    if not path.name.lower().endswith(".gz"):
+        yield from _jsonl_ranges(path, docs_per_chunk)
+        return
     lines: list[tuple[int, bytes]] = []
-    with opener(path, "rb") as stream:
+    with gzip.open(path, "rb") as stream:
         for number, line in enumerate(stream, start=1):
             if not line.strip():
                 continue
@@ -218,6 +249,33 @@ def jsonl_chunks(path: Path, docs_per_chunk: int) -> Iterator[JsonLines]:
                 lines = []
     if lines:
         yield JsonLines(str(path), lines)
+
+
+_WHITESPACE = frozenset(b" \t\n\r\x0b\x0c")
+
+
+def _jsonl_ranges(path: Path, docs_per_chunk: int) -> Iterator[JsonRange]:
+    """The byte ranges of docs_per_chunk non-blank lines each (the chunks jsonl_chunks made of
+    the lines themselves, so a build resumes on the same chunks): one memchr per line."""
+    size = path.stat().st_size
+    if size == 0:
+        return
+    with open(path, "rb") as file, mmap.mmap(file.fileno(), 0, access=mmap.ACCESS_READ) as data:
+        position, number, count, first, start = 0, 1, 0, 1, 0
+        while position < size:
+            end = data.find(b"\n", position)
+            end = size if end < 0 else end + 1
+            # blank: whitespace only (a JSON line starts with "{" almost always: one byte tells)
+            if data[position] not in _WHITESPACE or data[position:end].strip():
+                if count == 0:
+                    start, first = position, number
+                count += 1
+                if count == docs_per_chunk:
+                    yield JsonRange(str(path), start, end, first)
+                    count = 0
+            position, number = end, number + 1
+        if count:
+            yield JsonRange(str(path), start, size, first)
 
 
 def parquet_chunks(path: Path, docs_per_chunk: int, column: str = TEXT_FIELD) -> Iterator[Decoded]:

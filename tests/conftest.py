@@ -1,5 +1,5 @@
-"""Shared fixtures: the repository root, the real text of ../shared/data when present, and the
-data and launcher of the trainer's runs."""
+"""Shared fixtures: the repository root, the real text of ../shared/data when present, the data
+and launcher of the trainer's runs, and a real S3 server with that data in a bucket."""
 
 import subprocess
 import sys
@@ -46,6 +46,32 @@ def text_data(tmp_path_factory) -> Path:
     from trainer_testing import build_data, real_documents  # tests/trainer/, whose modules ask
 
     return build_data(tmp_path_factory.mktemp("data") / "text", real_documents())
+
+
+@pytest.fixture(scope="session")
+def s3_server():
+    """One S3 server (tests/s3_testing.py) for the whole session, reached through the
+    environment that every command under test inherits (S3_ENDPOINT_URL, credentials)."""
+    from s3_testing import S3Server
+
+    server = S3Server()
+    with pytest.MonkeyPatch.context() as patch:
+        for name, value in server.env.items():
+            patch.setenv(name, value)
+        yield server
+    server.stop()
+
+
+@pytest.fixture(scope="session")
+def s3_text_data(s3_server, tmp_path_factory) -> str:
+    """text_data's dataset built by owt_to_mds.py straight into a bucket (the same documents and
+    settings, so the same bytes as text_data's folder): its s3:// URL."""
+    from trainer_testing import build_data, real_documents  # tests/trainer/, whose modules ask
+
+    url = f"{s3_server.bucket('aogpt-text')}/text"
+    staging = tmp_path_factory.mktemp("s3_staging")
+    build_data(url, real_documents(), source_dir=staging, extra=["--staging", str(staging / "s")])
+    return url
 
 
 @pytest.fixture(scope="module")

@@ -26,25 +26,25 @@ Loader workers outlive SIGTERM and Ctrl-C so that a step can finish and save; cl
 from __future__ import annotations
 
 import hashlib
+import json
 import re
 import signal
+import tempfile
 from pathlib import Path
 
 import numpy as np
 import torch
 
 from aogpt import RunFailure, UsageError
-from aogpt.data_prep import mds
+from aogpt.data_prep import mds, remote
 from aogpt.data_prep.manifest import COLUMN, check_compatible, read_manifest, split_path
 from aogpt.data_prep.streaming_compat import release_shared_memory, streaming
-from aogpt.files import write_atomic
+from aogpt.files import write_text_atomic
 from aogpt.trainer.config import RunConfig
 from aogpt.trainer.dist_env import DistEnv
 from aogpt.trainer.failsafe import PreemptionFlag, silence_in_child
 
-
-def is_remote(location: str) -> bool:
-    return "://" in location
+is_remote = remote.is_remote
 
 
 def training_locations(cfg: RunConfig) -> list[tuple[str, float | None]]:
@@ -69,31 +69,39 @@ def validation_location(cfg: RunConfig) -> str:
     return cfg.data.path or cfg.data.streams[0].path
 
 
-def cache_dir(cfg: RunConfig, location: str, dist_env: DistEnv) -> Path:
-    """Where a remote dataset is cached on this node (streaming wants one local dir per node)."""
+def cache_dir(cfg: RunConfig, location: str, manifest: dict, dist_env: DistEnv) -> Path:
+    """Where a remote dataset is cached on this node (streaming wants one local dir per node).
+    The folder's name keys on the location and on the indexes the manifest records, so a dataset
+    rebuilt at the same URL is never read from the old one's cached shards."""
     root = Path(cfg.data.local_cache or Path(cfg.out_dir) / "data_cache")
     node = dist_env.rank // dist_env.local_world_size
-    digest = hashlib.sha256(location.encode()).hexdigest()[:12]
+    identity = [location, *(split.get("index_sha256") for split in manifest["splits"].values())]
+    digest = hashlib.sha256(json.dumps(identity).encode()).hexdigest()[:12]
     return root / f"node{node}" / digest
 
 
-def local_manifest_dir(cfg: RunConfig, location: str, dist_env: DistEnv) -> Path:
-    """A local folder holding the location's manifest.json (downloaded first when remote)."""
+def location_manifest(cfg: RunConfig, location: str, dist_env: DistEnv) -> dict:
+    """The manifest of a data location. An s3:// one is read and checked through aogpt's S3
+    client (no bucket, no credentials, no manifest: one line); other schemes' through
+    streaming's downloader, into a temporary folder."""
     if not is_remote(location):
-        return Path(location)
-    local = cache_dir(cfg, location, dist_env)
-    try:
-        write_atomic(local / "manifest.json", lambda partial: (
+        return read_manifest(location)
+    if remote.scheme(location) == "s3":
+        return remote.remote_manifest(location, "data location")
+    remote.check_url(location, "data location")
+    with tempfile.TemporaryDirectory(prefix="aogpt-manifest-") as tmp:
+        try:
             streaming.base.storage.CloudDownloader.direct_download(
-                f"{location.rstrip('/')}/manifest.json", str(partial))))
-    except Exception as err:  # each cloud SDK raises its own types
-        raise UsageError(f"cannot read {location}/manifest.json: {err}") from None
-    return local
+                remote.join(location, "manifest.json"), str(Path(tmp) / "manifest.json"))
+        except Exception as err:  # each cloud SDK raises its own types
+            raise UsageError(f"cannot read {location}/manifest.json: {err}") from None
+        return read_manifest(tmp)
 
 
 def check_data(cfg: RunConfig, dist_env: DistEnv) -> dict[str, dict]:
     """Every manifest used, by location; UsageError if one is missing, made for another model, or
-    too small to fill a micro-batch on every rank."""
+    too small to fill a micro-batch on every rank, or if a shard is missing or of another size
+    than its index records (a local folder's, or an s3:// location's by listing the bucket)."""
     needed: dict[str, list[str]] = {}
     for location, _ in training_locations(cfg):
         needed.setdefault(location, []).append("train")
@@ -101,15 +109,17 @@ def check_data(cfg: RunConfig, dist_env: DistEnv) -> dict[str, dict]:
         needed.setdefault(validation_location(cfg), []).append("val")
     manifests = {}
     for location, splits in needed.items():
-        manifest = read_manifest(local_manifest_dir(cfg, location, dist_env))
-        check_compatible(manifest, cfg.model.block_size, cfg.model.vocab_size)
+        manifest = location_manifest(cfg, location, dist_env)
+        try:  # named: with data.streams, several locations (local and remote) are checked
+            check_compatible(manifest, cfg.model.block_size, cfg.model.vocab_size)
+        except UsageError as err:
+            raise UsageError(f"{location}: {err}") from None
         for split in splits:
             if split not in manifest["splits"]:
                 raise UsageError(f"{location} has no {split!r} split (it has "
                                  f"{', '.join(manifest['splits']) or 'none'}): "
                                  "build it with data_prep/owt_to_mds.py")
-            if not is_remote(location):
-                check_shard_sizes(location, split)
+        check_shard_sizes(location, manifest, splits)
         manifests[location] = manifest
     per_step = cfg.train.micro_batch_size * dist_env.world_size
     train_samples = sum(manifests[loc]["splits"]["train"].get("samples", per_step)
@@ -124,24 +134,36 @@ def check_data(cfg: RunConfig, dist_env: DistEnv) -> dict[str, dict]:
 
 
 def how_to_fix(locations: list[str]) -> str:
-    local = [location for location in locations if not is_remote(location)]
-    check = f"; `python data_prep/verify.py {' '.join(local)}` checks every shard" if local else ""
+    checked = [location for location in locations
+               if not is_remote(location) or remote.scheme(location) in remote.WRITE_SCHEMES]
+    check = (f"; `python data_prep/verify.py {' '.join(checked)}` checks every shard"
+             if checked else "")
     return ("re-copy the file, or rebuild the dataset with data_prep/owt_to_mds.py --overwrite"
             + check)
 
 
-def check_shard_sizes(location: str, split: str) -> None:
-    """UsageError naming the first shard of a local split that is missing or not of the size its
-    index records (a truncated copy, a full disk): one stat per shard, before any heavy work.
-    Damage that keeps the size is for data_prep/verify.py, which reads every byte."""
-    folder = split_path(location, split)
-    try:
-        entries = mds.read_index(folder)
-    except (OSError, ValueError) as err:
-        raise UsageError(f"{folder / 'index.json'} is unreadable ({err}): "
-                         f"{how_to_fix([location])}") from None
-    problems = [problem for entry in entries
-                if (problem := mds.shard_problem(folder, entry, header=False, hashes=False))]
+def check_shard_sizes(location: str, manifest: dict, splits: list[str]) -> None:
+    """UsageError naming the first shard of these splits that is missing or not of the size its
+    index records (a truncated copy, a full disk, an interrupted upload): one stat per local
+    shard, one listing of an s3:// location, before any heavy work. Damage that keeps the size
+    is for data_prep/verify.py, which reads every byte (and for the loader's hash check of every
+    shard it downloads). Other remote schemes are checked by streaming as it downloads."""
+    if is_remote(location):
+        if remote.scheme(location) != "s3":
+            return
+        problems = remote.shard_size_problems(location, manifest, "data location", splits)
+    else:
+        problems = []
+        for split in splits:
+            folder = split_path(location, split)
+            try:
+                entries = mds.read_index(folder)
+            except (OSError, ValueError) as err:
+                raise UsageError(f"{folder / 'index.json'} is unreadable ({err}): "
+                                 f"{how_to_fix([location])}") from None
+            problems += [problem for entry in entries
+                         if (problem := mds.shard_problem(folder, entry, header=False,
+                                                          hashes=False))]
     if problems:
         more = f" (and {len(problems) - 1} more damaged shards)" if len(problems) > 1 else ""
         raise UsageError(f"shard {problems[0].path} is {problems[0].what}{more}: "
@@ -150,6 +172,8 @@ def check_shard_sizes(location: str, split: str) -> None:
 
 # streaming's own message when a sample's bytes are past the end of its shard file
 SAMPLE_NOT_PRESENT = re.compile(r"Relative sample index (\d+) is not present in the (\S+) file")
+# and when a shard it copied does not have the hash its index records (validate_hash)
+CHECKSUM_FAILURE = re.compile(r"Checksum failure: (\S+)")
 
 
 def loader_failure(err: Exception, dataset, which: str, locations: list[str]) -> RunFailure:
@@ -160,6 +184,15 @@ def loader_failure(err: Exception, dataset, which: str, locations: list[str]) ->
     last = text.splitlines()[-1].strip() if text else ""
     detail = last if "Original Traceback" in text else f"{type(err).__name__}: {last}"
     named = SAMPLE_NOT_PRESENT.search(text)
+    for stream in dataset.streams:  # a copy that failed in streaming's background thread
+        copying = CopiedStream.failure(stream)
+        if copying:
+            damaged = CHECKSUM_FAILURE.search(copying)
+            if damaged:
+                return _damaged_copy(Path(damaged.group(1)), dataset, which, locations)
+            return RunFailure(f"the {which} data loader cannot copy a shard from {stream.remote} "
+                              f"({copying}): check that the store is reachable, then re-run to "
+                              f"resume from the last checkpoint")
     for stream in dataset.streams:
         folder = Path(stream.local) / (stream.split or "")
         try:
@@ -182,6 +215,21 @@ def loader_failure(err: Exception, dataset, which: str, locations: list[str]) ->
     return RunFailure(f"the {which} data loader failed: {detail}: {how_to_fix(locations)}")
 
 
+def _damaged_copy(path: Path, dataset, which: str, locations: list[str]) -> RunFailure:
+    """A copied shard whose hash is not its index's: named by its source (the bucket's object),
+    and removed from the cache, where streaming would take it for a good copy on the next run."""
+    source = str(path)
+    for stream in dataset.streams:
+        folder = Path(stream.local) / (stream.split or "")
+        if stream.remote and path.parent == folder:
+            source = remote.join(stream.remote, stream.split or "", path.name)
+    path.unlink(missing_ok=True)
+    return RunFailure(f"the {which} data loader copied shard {source}, and its "
+                      f"{next(iter(mds.HASHES))} hash differs from the index's: its bytes are "
+                      f"damaged at the source (the copy was removed from the cache): "
+                      f"{how_to_fix(locations)}")
+
+
 def shut_down_workers(loader) -> None:
     """Ends a DataLoader's persistent worker processes now: asked to stop, then killed if they do
     not (they ignore SIGTERM, see _ignore_preemption_signals)."""
@@ -197,13 +245,46 @@ def shut_down_workers(loader) -> None:
     loader._iterator = None
 
 
+class CopiedStream(streaming.Stream):
+    """A stream copied shard by shard into a cache, which says why a copy failed.
+
+    Streaming copies shards in a background thread (of a loader worker, or of the process), and
+    when that thread fails the loader only raises "Background thread failed. Check other
+    traceback.": the cause is printed to stderr, in another process. Here the cause is also left
+    in the cache folder (FAILURE, one line), where loader_failure reads it."""
+
+    FAILURE = ".aogpt-copy-failure"
+
+    def prepare_shard(self, shard) -> int:
+        try:
+            return super().prepare_shard(shard)
+        except Exception as err:
+            last = (str(err).strip().splitlines() or [""])[-1]
+            write_text_atomic(Path(self.local) / self.FAILURE, f"{type(err).__name__}: {last}")
+            raise
+
+    @classmethod
+    def failure(cls, stream) -> str | None:
+        """The cause a stream left, if it is one of these and failed (read once)."""
+        path = Path(stream.local) / cls.FAILURE
+        if not isinstance(stream, cls) or not path.is_file():
+            return None
+        cause = path.read_text()
+        path.unlink(missing_ok=True)
+        return cause
+
+
 def _stream(cfg: RunConfig, location: str, manifest: dict, split: str, dist_env: DistEnv,
             proportion: float | None = None):
     if is_remote(location) or cfg.data.local_cache:  # copied shard by shard into the cache
         relative = manifest["splits"][split]["path"]
-        return streaming.Stream(remote=f"{location.rstrip('/')}/{relative}",
-                                local=str(cache_dir(cfg, location, dist_env) / relative),
-                                proportion=proportion)
+        # Every copy is checked against the hash its index records, where the builder wrote one
+        # (a shard damaged in the bucket is named, not trained on).
+        validate_hash = next(iter(manifest.get("shard_hashes", [])), None)
+        local = cache_dir(cfg, location, manifest, dist_env) / relative
+        (local / CopiedStream.FAILURE).unlink(missing_ok=True)  # an earlier run's
+        return CopiedStream(remote=remote.join(location, relative), local=str(local),
+                            proportion=proportion, validate_hash=validate_hash)
     return streaming.Stream(local=str(split_path(location, split)), proportion=proportion)
 
 
@@ -220,6 +301,31 @@ class IndexedStreamingDataset(streaming.StreamingDataset):
 
     def get_item(self, sample_id: int, retry: int = 7) -> dict:
         return {**super().get_item(sample_id, retry), SAMPLE_ID: sample_id}
+
+    # Streaming 0.13 copies shards in two background threads. When one fails (a store that went
+    # away, a damaged shard), the sample loop stops as if the epoch had ended (the loader would
+    # start the next one), and the thread never counts itself out, so the next epoch waits for
+    # it forever: a hang instead of an error. Here a failed thread counts itself out, and the
+    # sample loop raises (CopiedStream has left the cause where loader_failure reads it).
+
+    def _prepare_thread(self, it) -> None:
+        self._counted_out(super()._prepare_thread, it)
+
+    def _ready_thread(self, it) -> None:
+        self._counted_out(super()._ready_thread, it)
+
+    @staticmethod
+    def _counted_out(thread, it) -> None:
+        try:
+            thread(it)
+        except Exception:
+            it.on_exit()
+            raise
+
+    def _each_sample_id(self, it):
+        yield from super()._each_sample_id(it)
+        if self._event.is_set():
+            raise RuntimeError("copying a shard failed in streaming's background thread")
 
 
 def collate_tokens(samples: list[dict]) -> tuple[torch.Tensor, torch.Tensor]:

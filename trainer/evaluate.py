@@ -64,7 +64,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     add = parser.add_argument
     add("--ckpt", required=True, help="out_dir, checkpoint folder or model.safetensors")
     add("--data", required=True, action="append", metavar="DIR",
-        help="data folder made by data_prep; repeat for several")
+        help="data folder made by data_prep, or s3://BUCKET/PREFIX; repeat for several")
     add("--orders", default=None, help="comma list of "
         f"{', '.join(reading.spelled() for reading in READINGS)}; default: both "
         f"({LEFT_TO_RIGHT.word} for a left-to-right GPT); 'none' to run only the ensemble")
@@ -144,7 +144,7 @@ def report_costs(results: list[dict]) -> str:
 
 def open_data(folder: str, block_size: int, max_samples: int | None,
               vocab_size: int | None = None) -> EvalData:
-    data = EvalData(folder, block_size, max_samples, vocab_size)
+    data = EvalData(folder, block_size, max_samples, vocab_size=vocab_size)
     if data.num_samples == 0:
         raise UsageError(f"--data {folder}: its {data.split} split holds no samples, so there "
                          "is nothing to score: rebuild the folder from more text, or for a "

@@ -34,8 +34,10 @@ after them is never seen nor scored.
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import json
 import math
+import tempfile
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -46,6 +48,7 @@ import torch
 import torch.distributed as dist
 
 from aogpt import UsageError, check_counts
+from aogpt.data_prep import remote
 from aogpt.data_prep.manifest import check_compatible, read_manifest, split_path
 from aogpt.data_prep.streaming_compat import streaming
 from aogpt.model import AOGPT, OrderConfig, OrderSampler
@@ -127,12 +130,16 @@ class EvalSettings:
 
 class EvalData:
     """A data folder's evaluation split (a pretraining folder's val, an eval set's only split),
-    read by random access in sample order: no shuffle, no workers, no shared memory."""
+    read by random access in sample order: no shuffle, no workers. A bucket's dataset
+    (s3://BUCKET/PREFIX) is copied shard by shard into `cache` (default: a folder per dataset
+    under $TMPDIR, shared by the node's ranks), each copy checked against its index's hash."""
 
     def __init__(self, data_dir: str | Path, block_size: int, max_samples: int | None = None,
-                 vocab_size: int | None = None):
-        self.path = Path(data_dir)
-        self.manifest = read_manifest(data_dir)
+                 cache: str | Path | None = None, vocab_size: int | None = None):
+        self.remote = str(data_dir).rstrip("/") if remote.is_remote(data_dir) else None
+        self.path = self.remote or Path(data_dir)
+        self.manifest = (remote.remote_manifest(self.remote, "--data") if self.remote
+                         else read_manifest(data_dir))
         splits = self.manifest["splits"]
         self.split = "val" if self.manifest["kind"] == "pretrain" else next(iter(splits))
         self.seq_len = self.manifest["seq_len"]
@@ -142,7 +149,12 @@ class EvalData:
             raise UsageError(f"{data_dir} has samples of {self.seq_len} tokens, more than the "
                              f"model's block_size {block_size}: rebuild it with --seq-len "
                              f"{block_size}")
-        self.split_dir = split_path(data_dir, self.split)
+        if self.remote:
+            identity = f"{self.remote} {splits[self.split].get('index_sha256')}"
+            self.cache = Path(cache or Path(tempfile.gettempdir()) / "aogpt-eval-cache") / (
+                hashlib.sha256(identity.encode()).hexdigest()[:12])
+        else:
+            self.split_dir = split_path(data_dir, self.split)
         size = splits[self.split]["samples"]
         self.num_samples = size if max_samples is None else min(size, max_samples)
         self._dataset = None
@@ -150,6 +162,11 @@ class EvalData:
     @property
     def dataset(self):
         """Opened on first use, once the process group exists (streaming looks for it)."""
+        if self._dataset is None and self.remote:
+            self._dataset = streaming.StreamingDataset(
+                remote=remote.join(self.remote, self.manifest["splits"][self.split]["path"]),
+                local=str(self.cache), shuffle=False, batch_size=1,
+                validate_hash=next(iter(self.manifest.get("shard_hashes", [])), None))
         if self._dataset is None:
             shards = json.loads((self.split_dir / "index.json").read_text())["shards"]
             if all((self.split_dir / shard["raw_data"]["basename"]).is_file() for shard in shards):

@@ -52,7 +52,7 @@ def open_sets(folders: list[str], block_size: int, max_tokens: int | None,
         if not (Path(folder) / "manifest.json").is_file():
             raise UsageError(f"eval.sets: {folder} holds no manifest.json, it was not made by "
                              f"data_prep: {fix}")
-        data = EvalData(folder, block_size, max_samples, vocab_size)  # checks the tokenizer
+        data = EvalData(folder, block_size, max_samples, vocab_size=vocab_size)  # checks the tokenizer
         if data.manifest["kind"] != "eval":
             raise UsageError(f"eval.sets: {folder} is a {data.manifest['kind']} folder, not an "
                              f"eval set (its val split is scored by eval.batches): {fix}")

@@ -7,11 +7,21 @@ settings in the environment and sbatch flags, CPU-only (`--gpus-per-node=0`), gl
 
 import json
 import re
+import subprocess
+import sys
 import time
 from pathlib import Path
 
 import pytest
-from slurm_testing import Cluster, Job, log_tail, metrics_steps, start_cluster, write_documents
+from slurm_testing import (
+    REPO,
+    Cluster,
+    Job,
+    log_tail,
+    metrics_steps,
+    start_cluster,
+    write_documents,
+)
 
 from aogpt.data_prep.manifest import read_manifest
 from aogpt.model import load_checkpoint
@@ -47,6 +57,47 @@ def test_data_prep_job_builds_the_training_data(data_dir: Path):
     assert manifest["seq_len"] == 128
     assert manifest["splits"]["train"]["samples"] > 100
     assert manifest["splits"]["val"]["samples"] > 0
+
+
+def test_a_two_task_array_prepares_the_dataset_one_task_does(cluster: Cluster, tmp_path: Path):
+    """`sbatch --array=0-1 slurm/data_prep.sh`: two tasks (one per node when both are free)
+    tokenize a slice each of a corpus of four files, the first submits the merge, and the merged
+    folder is byte for byte what owt_to_mds.py writes from the same files in one task."""
+    lines = write_documents(tmp_path / "all.jsonl").read_text().splitlines(keepends=True)
+    corpus = tmp_path / "corpus"
+    corpus.mkdir()
+    for part in range(4):
+        (corpus / f"part{part}.jsonl").write_text("".join(lines[part * 15:(part + 1) * 15]))
+    flags = {"AOGPT_SEQ_LEN": "128", "AOGPT_DATA_ARGS": "--val-fraction 0.1",
+             "AOGPT_DATA_SOURCE": str(corpus)}
+    array = cluster.sbatch("slurm/data_prep.sh", tmp_path / "array-%a.out", "--array=0-1",
+                           "--cpus-per-task=2", "--mem=1G", AOGPT_DATA=str(tmp_path / "data"),
+                           **flags)
+    first = Job(array.id, tmp_path / "array-0.out")
+    deadline = time.monotonic() + 120
+    while "merge: job" not in (first.log.read_text() if first.log.exists() else ""):
+        assert time.monotonic() < deadline, f"no merge job submitted:\n{log_tail(first)}"
+        time.sleep(0.5)
+    merge_id = re.search(r"merge: job (\d+)", first.log.read_text()).group(1)
+    merge = Job(merge_id, tmp_path / f"aogpt-data-merge-{merge_id}.out")
+    info = cluster.wait_done(merge, timeout=300)
+    assert info["JobState"] == "COMPLETED", log_tail(merge) + log_tail(first)
+    assert "--merge-slices 2" in merge.log.read_text()
+    for task in range(2):
+        assert f"--slice {task}/2" in (tmp_path / f"array-{task}.out").read_text()
+    one_task = tmp_path / "one"
+    result = subprocess.run([sys.executable, "data_prep/owt_to_mds.py", "--out", str(one_task),
+                             "--source", str(corpus), "--seq-len", "128", "--val-fraction",
+                             "0.1", "--workers", "1"], cwd=REPO, capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr
+    merged = {str(path.relative_to(tmp_path / "data")): path.read_bytes()
+              for path in sorted((tmp_path / "data").rglob("*")) if path.is_file()}
+    expected = {str(path.relative_to(one_task)): path.read_bytes()
+                for path in sorted(one_task.rglob("*")) if path.is_file()}
+    assert sorted(merged) == sorted(expected)  # no .slices left
+    for name, data in expected.items():
+        if name != "manifest.json":  # which holds the time it was written
+            assert merged[name] == data, name
 
 
 @pytest.fixture(scope="module")

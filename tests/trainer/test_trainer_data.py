@@ -7,7 +7,7 @@ import shutil
 
 import pytest
 import torch
-from trainer_testing import SEQ_LEN, build_data, real_documents
+from trainer_testing import SEQ_LEN, as_one_process, build_data, real_documents
 
 from aogpt import UsageError
 from aogpt.trainer.config import StreamConfig, load_config
@@ -19,9 +19,7 @@ CPU = torch.device("cpu")
 
 @pytest.fixture(autouse=True)
 def one_process(monkeypatch):
-    for name, value in {"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1", "LOCAL_WORLD_SIZE": "1",
-                        "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29400"}.items():
-        monkeypatch.setenv(name, value)
+    as_one_process(monkeypatch)
     yield
     gc.collect()  # streaming frees its shared memory when the dataset object goes
 

@@ -50,16 +50,26 @@ def real_documents() -> list[str]:
         doc for doc in docs if doc]  # a module without a docstring has None
 
 
-def build_data(out: Path, documents: list[str], val_fraction: float = 0.05) -> Path:
-    """A data folder made by the real data_prep/owt_to_mds.py from these documents."""
-    source = out.parent / f"{out.name}.jsonl"
+def build_data(out: Path | str, documents: list[str], val_fraction: float = 0.05,
+               source_dir: Path | None = None, extra: list[str] = (),
+               env: dict | None = None) -> Path | str:
+    """A data folder (or s3:// URL) made by the real data_prep/owt_to_mds.py from these documents
+    (written as a .jsonl next to `out`, or in `source_dir`)."""
+    source = (source_dir or Path(out).parent) / f"{Path(str(out)).name}.jsonl"
     source.write_text("".join(json.dumps({"text": d}) + "\n" for d in documents))
     result = subprocess.run(
         [sys.executable, OWT_TO_MDS, "--out", str(out), "--source", str(source),
-         "--seq-len", str(SEQ_LEN), "--val-fraction", str(val_fraction), "--workers", "1"],
-        capture_output=True, text=True)
+         "--seq-len", str(SEQ_LEN), "--val-fraction", str(val_fraction), "--workers", "1",
+         *extra], capture_output=True, text=True, env=env)
     assert result.returncode == 0, result.stderr
     return out
+
+
+def as_one_process(monkeypatch) -> None:
+    """The environment of rank 0 of a 1-process run, for tests that open the loader themselves."""
+    for name, value in {"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1", "LOCAL_WORLD_SIZE": "1",
+                        "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29400"}.items():
+        monkeypatch.setenv(name, value)
 
 
 class Launcher:

@@ -1,0 +1,382 @@
+"""Data folders in object storage: a remote --out for the builders, and the checks of a remote
+dataset that verify.py and the trainer make before any work.
+
+A remote data folder is a URL whose objects are laid out like a local data folder:
+PREFIX/manifest.json, PREFIX/train/index.json, PREFIX/train/shard.00000.mds, ... Streaming reads
+every scheme it knows (s3, gs, oci, azure, azure-dl, hf, dbfs, sftp, alipan): the trainer passes
+those URLs on to it. Writing, listing and checking go through an S3 client, so the builders and
+verify.py take s3:// URLs: AWS, and every S3-compatible store through S3_ENDPOINT_URL (the variable
+streaming's own S3 client reads: MinIO, Ceph, Cloudflare R2, and the S3-compatible endpoints of
+GCS and OCI). The tests run them against a real S3 server on 127.0.0.1.
+
+How a remote build stays complete or absent, with no rename in object storage:
+- the dataset is built in a local staging folder exactly as a local build (build_dir.OutputDir:
+  resumable, bad input leaves nothing), then uploaded through streaming's S3 uploader;
+- before the first upload, PREFIX/.aogpt-upload.json records the build's settings and every object
+  the upload writes; the shards go first, then each index.json, then manifest.json, and the record
+  is deleted last. manifest.json in the bucket therefore means "complete";
+- a re-run with the same settings skips the objects already there with the size of the staged file
+  (an object is written whole or not at all, and the build is deterministic); other settings or
+  --overwrite delete the old dataset's objects first (the manifest first, so it never claims a
+  dataset that is half gone). Only objects that the record or the manifest's indexes list are ever
+  deleted: anything else under PREFIX is refused before any work, and nothing is deleted.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import tempfile
+import urllib.parse
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+from aogpt import UsageError
+from aogpt.data_prep import mds
+from aogpt.data_prep.build_dir import INDEX, OutputDir
+from aogpt.data_prep.manifest import FILENAME, FORMAT, read_manifest
+from aogpt.progress import progress
+
+# Streaming's download schemes (streaming.base.storage.download): the trainer reads these.
+READ_SCHEMES = ("s3", "gs", "oci", "azure", "azure-dl", "hf", "dbfs", "sftp", "alipan")
+WRITE_SCHEMES = ("s3",)
+UPLOAD_RECORD = ".aogpt-upload.json"
+UPLOAD_THREADS = 8  # objects in flight: uploads wait on the network, not the CPU
+
+
+def is_remote(location: str | os.PathLike) -> bool:
+    return "://" in str(location)
+
+
+def scheme(url: str) -> str:
+    return urllib.parse.urlparse(url).scheme
+
+
+def check_url(url: str, what: str, writing: bool = False) -> None:
+    """A URL of a scheme this command handles, with a bucket and a prefix: one line otherwise."""
+    schemes = WRITE_SCHEMES if writing else READ_SCHEMES
+    parsed = urllib.parse.urlparse(url)
+    if parsed.scheme not in schemes:
+        known = ", ".join(f"{name}://" for name in schemes)
+        also = ("; other stores: build into a local folder and copy it there, or use their "
+                "S3-compatible endpoint through S3_ENDPOINT_URL") if writing else ""
+        raise UsageError(f"{what} {url}: unknown scheme {parsed.scheme}:// (this command takes "
+                         f"a local folder or {known}){also}")
+    if not parsed.netloc:
+        raise UsageError(f"{what} {url} names no bucket: write {parsed.scheme}://BUCKET/PREFIX")
+    if parsed.scheme == "s3" and not parsed.path.strip("/"):
+        raise UsageError(f"{what} {url} names no prefix: a dataset takes a folder of its own, "
+                         f"e.g. {url.rstrip('/')}/owt")
+
+
+def join(base: str, *parts: str) -> str:
+    """Path parts joined with "/" onto a URL, a folder or "" (an object name relative to a
+    prefix); the "." of an eval set's split adds nothing."""
+    names = [base.rstrip("/")] if base else []
+    return "/".join(names + [part.strip("/") for part in parts if part not in ("", ".")])
+
+
+class S3Prefix:
+    """Objects under s3://BUCKET/PREFIX/, through one S3 client made as streaming makes its own
+    (endpoint from S3_ENDPOINT_URL, credentials from boto3's usual chain). Problems that stop a
+    command before its work (no bucket, no credentials, no endpoint) are one-line UsageErrors;
+    `what` names the URL's flag in them."""
+
+    def __init__(self, url: str, what: str, staging: Path | None = None):
+        import boto3
+        from botocore.config import Config
+
+        check_url(url, what)
+        self.url, self.what = url.rstrip("/"), what
+        parsed = urllib.parse.urlparse(self.url)
+        self.bucket, self.prefix = parsed.netloc, parsed.path.strip("/")
+        self.endpoint = os.environ.get("S3_ENDPOINT_URL")
+        self.client = boto3.session.Session().client(
+            "s3", endpoint_url=self.endpoint,
+            config=Config(retries={"mode": "standard", "max_attempts": 3}, connect_timeout=10))
+        self._uploader = None
+        self.staging = staging
+        self._call(self.client.head_bucket, Bucket=self.bucket)
+
+    def key(self, relative: str) -> str:
+        return f"{self.prefix}/{relative}" if self.prefix else relative
+
+    def _call(self, method, **kwargs):
+        """An S3 request, its failures that the user must fix as one line."""
+        from botocore.exceptions import (
+            ClientError,
+            EndpointConnectionError,
+            NoCredentialsError,
+            PartialCredentialsError,
+        )
+
+        try:
+            return method(**kwargs)
+        except (NoCredentialsError, PartialCredentialsError):
+            raise UsageError(f"{self.what} {self.url}: no S3 credentials found: set "
+                             f"AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY (or AWS_PROFILE)"
+                             ) from None
+        except EndpointConnectionError as err:
+            raise UsageError(f"{self.what} {self.url}: cannot reach the S3 endpoint "
+                             f"{err.kwargs.get('endpoint_url', self.endpoint)}: check "
+                             f"S3_ENDPOINT_URL and the network") from None
+        except ClientError as err:
+            code = str(err.response.get("Error", {}).get("Code"))
+            if code in ("404", "NoSuchBucket") and method == self.client.head_bucket:
+                raise UsageError(f"{self.what} {self.url}: the bucket {self.bucket} does not "
+                                 f"exist: create it, or check the name (and S3_ENDPOINT_URL)"
+                                 ) from None
+            if code in ("403", "AccessDenied", "InvalidAccessKeyId", "SignatureDoesNotMatch"):
+                raise UsageError(f"{self.what} {self.url}: access denied ({code}): check the "
+                                 f"credentials and the bucket's permissions") from None
+            raise
+
+    def files(self, under: str = "") -> dict[str, int]:
+        """Every object below the prefix (or below prefix/under), by path relative to the prefix,
+        with its size."""
+        start = self.key(under).rstrip("/") + "/" if self.key(under) else ""
+        found = {}
+        pages = self.client.get_paginator("list_objects_v2").paginate(Bucket=self.bucket,
+                                                                      Prefix=start)
+        for page in self._call(lambda: list(pages)):
+            for item in page.get("Contents", []):
+                found[item["Key"][len(self.prefix) + 1 if self.prefix else 0:]] = item["Size"]
+        return found
+
+    def read(self, relative: str) -> bytes:
+        return self._call(self.client.get_object, Bucket=self.bucket,
+                          Key=self.key(relative))["Body"].read()
+
+    def read_json(self, relative: str):
+        return json.loads(self.read(relative))
+
+    def download(self, relative: str, local: Path) -> None:
+        self._call(self.client.download_file, Bucket=self.bucket, Key=self.key(relative),
+                   Filename=str(local))
+
+    def write_json(self, relative: str, obj) -> None:
+        self._call(self.client.put_object, Bucket=self.bucket, Key=self.key(relative),
+                   Body=json.dumps(obj, indent=1).encode())
+
+    def upload(self, relative: str) -> None:
+        """staging/relative -> prefix/relative, through streaming's uploader (its retries, and
+        S3_CANNED_ACL where a bucket wants one). Thread-safe once open_uploader has run."""
+        self._call(self.open_uploader().upload_file, filename=relative)
+
+    def open_uploader(self):
+        if self._uploader is None:
+            from aogpt.data_prep.streaming_compat import streaming
+
+            upload = streaming.base.storage.upload
+            quiet = logging.getLogger(upload.__name__)
+            level = quiet.level  # it warns that staging is not empty, which is the point
+            quiet.setLevel(logging.ERROR)
+            try:
+                self._uploader = upload.CloudUploader.get((str(self.staging), self.url),
+                                                          keep_local=True, exist_ok=True)
+            finally:
+                quiet.setLevel(level)
+        return self._uploader
+
+    def delete(self, relatives: list[str]) -> None:
+        for start in range(0, len(relatives), 1000):  # S3's most per request
+            objects = [{"Key": self.key(name)} for name in relatives[start:start + 1000]]
+            self._call(self.client.delete_objects, Bucket=self.bucket,
+                       Delete={"Objects": objects, "Quiet": True})
+
+
+def dataset_objects(store: S3Prefix, manifest: dict) -> set[str]:
+    """The objects a remote dataset consists of: manifest.json, each split's index.json and the
+    shard files it lists (an index that cannot be read lists nothing)."""
+    names = {FILENAME}
+    for split in manifest.get("splits", {}).values():
+        folder = "" if split["path"] == "." else split["path"]
+        index = join("", folder, INDEX)
+        names.add(index)
+        try:
+            shards = store.read_json(index)["shards"]
+        except Exception:  # absent or damaged: its shards are found by no one's record
+            continue
+        names |= {join("", folder, entry[kind]["basename"]) for entry in shards
+                  for kind in ("raw_data", "zip_data") if entry.get(kind)}
+    return names
+
+
+def remote_manifest(url: str, what: str = "data") -> dict:
+    """The manifest of a finished remote data folder, checked like a local one's (read_manifest):
+    a missing bucket, missing credentials or a prefix without a manifest are one line."""
+    store = S3Prefix(url, what)
+    if FILENAME not in store.files():
+        raise UsageError(f"{what} {url} has no {FILENAME} (not a finished aogpt data folder): "
+                         f"build it with `python data_prep/owt_to_mds.py --out {url}`")
+    with tempfile.TemporaryDirectory(prefix="aogpt-manifest-") as tmp:
+        store.download(FILENAME, Path(tmp) / FILENAME)
+        return read_manifest(tmp)
+
+
+def shard_size_problems(url: str, manifest: dict, what: str = "data",
+                        splits: list[str] | None = None) -> list[mds.ShardProblem]:
+    """What a listing of the bucket shows wrong with a remote dataset's splits (default: all):
+    index.json files that are missing or unreadable and shard objects that are missing or not of
+    the size their index records (no shard is read). ShardProblem.path holds the URL."""
+    store = S3Prefix(url, what)
+    present = store.files()
+    problems = []
+    for name, split in manifest["splits"].items():
+        if splits is not None and name not in splits:
+            continue
+        folder = "" if split["path"] == "." else split["path"]
+        index = join("", folder, INDEX)
+        try:
+            entries = store.read_json(index)["shards"]
+        except UsageError:  # the store itself (credentials, endpoint): not this index's fault
+            raise
+        except Exception as err:
+            problems.append(mds.ShardProblem(join(url, index),
+                                             "missing" if index not in present else
+                                             f"unreadable ({err})"))
+            continue
+        for entry in entries:
+            info = entry.get("zip_data") or entry["raw_data"]
+            name = join("", folder, info["basename"])
+            size = present.get(name)
+            if size is None:
+                problems.append(mds.ShardProblem(join(url, name), "missing"))
+            elif size != info["bytes"]:
+                cut = "truncated" if size < info["bytes"] else "longer than written"
+                problems.append(mds.ShardProblem(
+                    join(url, name), f"{size:,} bytes, the index says {info['bytes']:,} "
+                                           f"({cut})"))
+    return problems
+
+
+def default_staging(url: str) -> Path:
+    """A node-local folder per URL (TMPDIR): --staging picks one that outlives a job."""
+    digest = hashlib.sha256(url.rstrip("/").encode()).hexdigest()[:12]
+    return Path(tempfile.gettempdir()) / "aogpt-staging" / digest
+
+
+class RemoteOutput:
+    """--out s3://BUCKET/PREFIX: built in `staging` (an OutputDir), then uploaded (see the module
+    docstring). The same calls as OutputDir: start, then the build into .work and .out, then
+    publish; `built` says whether staging holds the finished dataset already (an upload was
+    interrupted), so the build is skipped."""
+
+    def __init__(self, url: str, staging: Path, splits: tuple[str, ...]):
+        self.url = url.rstrip("/")
+        self.local = OutputDir(staging, splits)
+        self.store = S3Prefix(self.url, "--out", staging)
+        self.work, self.out = self.local.work, self.local.out
+        self.built = False
+        self._claimed: set[str] = set()  # objects of an earlier build that this run replaces
+        self._settings: dict | None = None
+
+    def start(self, settings: dict, overwrite: bool) -> bool:
+        """False when the bucket holds this build already; True when there is work (and staging
+        is ready for it). Refuses, before anything is written, a prefix that holds objects this
+        tool did not write, or a finished dataset of other settings without --overwrite."""
+        settings = json.loads(json.dumps(settings))
+        present = self.store.files()
+        record = self.store.read_json(UPLOAD_RECORD) if UPLOAD_RECORD in present else None
+        manifest = self.store.read_json(FILENAME) if FILENAME in present else None
+        if manifest is not None and (not isinstance(manifest, dict)
+                                     or manifest.get("format") != FORMAT):
+            raise UsageError(f"--out {self.url} holds a {FILENAME} that is not an aogpt data "
+                             f"manifest: choose an empty prefix (nothing was deleted)")
+        ours = {UPLOAD_RECORD, *(record or {}).get("files", [])}
+        if manifest is not None:
+            ours |= dataset_objects(self.store, manifest)
+        foreign = sorted(set(present) - ours)
+        if foreign:
+            raise UsageError(f"--out {self.url} holds {foreign[0]!r}, which this tool did not "
+                             f"write: move it elsewhere or choose another prefix (nothing was "
+                             f"deleted)")
+        if manifest is not None and record is None and not overwrite:
+            if manifest.get("settings") != settings:
+                raise UsageError(f"--out {self.url} holds a finished dataset built with other "
+                                 f"settings or inputs: pass --overwrite to rebuild it, or choose "
+                                 f"another prefix")
+            return False
+        resuming = record is not None and record.get("settings") == settings and not overwrite
+        self._claimed = set() if resuming else (set(present) & ours)
+        self._settings = settings
+        self.built = not self.local.start(settings, overwrite)
+        if resuming:
+            print(f"resuming the interrupted upload to {self.url}", flush=True)
+        return True
+
+    def finished_manifest(self) -> dict:
+        return self.store.read_json(FILENAME)
+
+    @property
+    def staging_root(self) -> Path:
+        return self.local.root
+
+    def holds(self, settings: dict) -> bool:
+        """Whether the bucket holds the finished dataset of these settings."""
+        return (FILENAME in self.store.files() and UPLOAD_RECORD not in self.store.files()
+                and self.finished_manifest().get("settings") == json.loads(json.dumps(settings)))
+
+    def discard(self) -> None:
+        self.local.discard()
+
+    def publish(self, manifest: dict | None) -> dict:
+        """Publishes the build in staging (skipped when `built`), uploads it and removes the
+        staging folder; returns the manifest."""
+        if not self.built:
+            self.local.publish(manifest)
+        manifest = read_manifest(self.local.root)
+        files = self._staged_files(manifest)
+        if self._claimed:  # an earlier build's objects: gone before any new one arrives
+            self.store.write_json(UPLOAD_RECORD, {"settings": None,
+                                                  "files": sorted(self._claimed | set(files))})
+            self.store.delete([FILENAME] if FILENAME in self._claimed else [])
+            self.store.delete(sorted(self._claimed - {FILENAME, UPLOAD_RECORD}))
+        self.store.write_json(UPLOAD_RECORD, {"settings": self._settings, "files": files})
+        self._upload(files)
+        self.store.delete([UPLOAD_RECORD])
+        self.local.remove()
+        return manifest
+
+    def _staged_files(self, manifest: dict) -> list[str]:
+        """What the upload writes, in order: shards, then each index.json, manifest.json last."""
+        shards, indexes = [], []
+        for split in manifest["splits"].values():
+            folder = "" if split["path"] == "." else split["path"]
+            indexes.append(join("", folder, INDEX))
+            shards += [join("", folder, entry[kind]["basename"])
+                       for entry in mds.read_index(self.local.root / folder)
+                       for kind in ("raw_data", "zip_data") if entry.get(kind)]
+        return [*shards, *indexes, FILENAME]
+
+    def _upload(self, files: list[str]) -> None:
+        present = self.store.files()
+        sizes = {name: (self.local.root / name).stat().st_size for name in files}
+        todo = [name for name in files if present.get(name) != sizes[name]]
+        total = sum(sizes.values())
+        last = [name for name in todo if name.rsplit("/", 1)[-1] in (INDEX, FILENAME)]
+        self.store.open_uploader()
+        pool = ThreadPoolExecutor(UPLOAD_THREADS)
+        with progress(total=total, initial=total - sum(sizes[name] for name in todo), unit="B",
+                      desc=f"upload to {self.url}") as bar:
+            try:
+                shards = [name for name in todo if name not in last]
+                for name, future in [(name, pool.submit(self.store.upload, name))
+                                     for name in shards]:
+                    future.result()
+                    bar.update(sizes[name])
+            finally:  # Ctrl-C or a failure: what is queued is not sent
+                pool.shutdown(wait=True, cancel_futures=True)
+            for name in last:  # the indexes, then the manifest, one after the other
+                self.store.upload(name)
+                bar.update(sizes[name])
+
+
+def open_output(out: str | Path, staging: Path | None, splits: tuple[str, ...]
+                ) -> OutputDir | RemoteOutput:
+    """The builders' --out: a local folder, or a remote URL built in `staging`."""
+    if is_remote(out):
+        return RemoteOutput(str(out), staging or default_staging(str(out)), splits)
+    return OutputDir(out, splits)

@@ -1,0 +1,89 @@
+"""A real S3 server for the tests: moto's standalone server (`python -m moto.server`, pinned in
+requirements/pinned.txt), a separate process on 127.0.0.1 that speaks the S3 protocol over HTTP.
+
+The commands under test reach it as they reach any S3-compatible store: S3_ENDPOINT_URL (read by
+streaming's S3 client and by aogpt's) and credentials in the environment (dummy ones: the server
+accepts any). Nothing is mocked inside the processes under test.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import signal
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+
+import boto3
+
+from aogpt.trainer.dist_env import free_port
+
+CREDENTIALS = {"AWS_ACCESS_KEY_ID": "aogpt-tests", "AWS_SECRET_ACCESS_KEY": "aogpt-tests",
+               "AWS_DEFAULT_REGION": "us-east-1"}
+START_TIMEOUT_S = 60
+
+
+class S3Server:
+    """One server process on a free port; `env` is what a client process needs to reach it."""
+
+    def __init__(self):
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.env = {"S3_ENDPOINT_URL": self.url, **CREDENTIALS}
+        self.process = subprocess.Popen(
+            [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(self.port)],
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+        deadline = time.monotonic() + START_TIMEOUT_S
+        while not self._answers():
+            if self.process.poll() is not None or time.monotonic() > deadline:
+                self.stop()
+                raise RuntimeError(f"the S3 test server did not start on {self.url}")
+            time.sleep(0.1)
+
+    def _answers(self) -> bool:
+        try:
+            urllib.request.urlopen(f"{self.url}/moto-api/", timeout=2).close()
+            return True
+        except (urllib.error.URLError, ConnectionError, TimeoutError):
+            return False
+
+    @functools.cached_property
+    def client(self):
+        return boto3.session.Session(
+            aws_access_key_id=CREDENTIALS["AWS_ACCESS_KEY_ID"],
+            aws_secret_access_key=CREDENTIALS["AWS_SECRET_ACCESS_KEY"],
+            region_name=CREDENTIALS["AWS_DEFAULT_REGION"]).client("s3", endpoint_url=self.url)
+
+    def bucket(self, name: str) -> str:
+        """A new empty bucket; its s3:// URL."""
+        self.client.create_bucket(Bucket=name)
+        return f"s3://{name}"
+
+    def objects(self, url: str) -> dict[str, int]:
+        """The objects below an s3:// URL, by key relative to it, with their sizes."""
+        bucket, _, prefix = url.removeprefix("s3://").partition("/")
+        prefix = prefix.rstrip("/") + "/" if prefix else ""
+        pages = self.client.get_paginator("list_objects_v2").paginate(Bucket=bucket,
+                                                                        Prefix=prefix)
+        return {item["Key"][len(prefix):]: item["Size"]
+                for page in pages for item in page.get("Contents", [])}
+
+    def read(self, url: str) -> bytes:
+        bucket, _, key = url.removeprefix("s3://").partition("/")
+        return self.client.get_object(Bucket=bucket, Key=key)["Body"].read()
+
+    def write(self, url: str, data: bytes) -> None:
+        bucket, _, key = url.removeprefix("s3://").partition("/")
+        self.client.put_object(Bucket=bucket, Key=key, Body=data)
+
+    def stop(self) -> None:
+        if self.process.poll() is None:
+            os.killpg(self.process.pid, signal.SIGTERM)
+            try:
+                self.process.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.process.pid, signal.SIGKILL)
+                self.process.wait()
