@@ -2,12 +2,13 @@
 language itself in the manifest, so that its exact probabilities judge what a model samples.
 
     python data_prep/synthetic_to_mds.py --out data/synthetic [--seq-len 128]
-        [--train-samples 40000] [--val-samples 512] [--vocab 128] [--topics 4]
-        [--successors 4] [--smoothing 0.01] [--concentration 1.0] [--seed 0] [--overwrite]
+        [--train-samples 40000] [--val-samples 512] [--vocab 128] [--topics 4] [--states 4]
+        [--emit 10] [--stay 0.95] [--smoothing 0.01] [--concentration 1.0] [--seed 0]
+        [--overwrite]
 
 Each sample is one sequence of --seq-len tokens of the language (data_prep/synthetic.py: a hidden
-topic per sequence, a sparse bigram per topic); train/ and val/ are drawn apart, from seeds of
-their own. The manifest records the language (every table, and its fingerprint) and the entropy
+Markov model, a topic per sequence and sticky states of that topic, each emitting a few token
+ids); train/ and val/ are drawn apart, from seeds of their own. The manifest records the language (every table, and its fingerprint) and the entropy
 per token of sequences of --seq-len tokens: the loss a perfect model reaches, in any order.
 Train a model on it with configs/synthetic.yaml; judge samples with
 `python trainer/genppl.py --samples FILE --judge DIR` (or sample.py --judge DIR).
@@ -50,12 +51,16 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     add("--val-samples", type=int, default=512, help="sequences in val/ (default 512)")
     add("--vocab", type=int, default=spec.vocab, help=f"token ids (default {spec.vocab})")
     add("--topics", type=int, default=spec.topics, help=f"hidden topics (default {spec.topics})")
-    add("--successors", type=int, default=spec.successors,
-        help=f"likely next tokens of each token in a topic (default {spec.successors})")
+    add("--states", type=int, default=spec.states,
+        help=f"hidden states per topic (default {spec.states})")
+    add("--emit", type=int, default=spec.emit,
+        help=f"likely token ids per state (default {spec.emit})")
+    add("--stay", type=float, default=spec.stay,
+        help=f"probability that the next token has the same state (default {spec.stay})")
     add("--smoothing", type=float, default=spec.smoothing,
         help=f"mass spread over every next token (default {spec.smoothing})")
     add("--concentration", type=float, default=spec.concentration,
-        help=f"Dirichlet concentration of the successors' weights (default {spec.concentration})")
+        help=f"Dirichlet concentration of a state's emission weights (default {spec.concentration})")
     add("--seed", type=int, default=spec.seed, help="the language's seed (default 0)")
     add("--overwrite", action="store_true", help="rebuild OUT even when it is complete")
     args = parser.parse_args(argv)
@@ -66,9 +71,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 
 def language_spec(args: argparse.Namespace) -> LanguageSpec:
-    return LanguageSpec(vocab=args.vocab, topics=args.topics, successors=args.successors,
-                        smoothing=args.smoothing, concentration=args.concentration,
-                        seed=args.seed)
+    return LanguageSpec(vocab=args.vocab, topics=args.topics, states=args.states, emit=args.emit,
+                        stay=args.stay, smoothing=args.smoothing,
+                        concentration=args.concentration, seed=args.seed)
 
 
 def write_split(language: SyntheticLanguage, folder: Path, count: int, seq_len: int,
@@ -102,8 +107,8 @@ def main(argv: list[str] | None = None) -> int:
         print("\n".join(split_lines(args.out, read_manifest(args.out), "sequences")))
         return 0
     print(f"drawing {sum(counts.values()):,} sequences of {args.seq_len} tokens from a synthetic "
-          f"language of {args.vocab} tokens, {args.topics} topics ({language.fingerprint[:12]})",
-          flush=True)
+          f"language of {args.vocab} tokens, {args.topics} topics x {args.states} states "
+          f"({language.fingerprint[:12]})", flush=True)
     splits = {name: {"path": name, **write_split(language, out.out / name, counts[name],
                                                  args.seq_len, seed)}
               for name, seed in SPLITS.items()}
@@ -113,8 +118,8 @@ def main(argv: list[str] | None = None) -> int:
         f"({dataclasses.asdict(language.spec)})", args.seq_len, language.describe(), splits,
         entropy_per_token=entropy, entropy_per_token_error=error, language=language.record())
     out.publish(manifest)
-    print(f"done in {duration(time.perf_counter() - wall_start)}: entropy {entropy:.4f} nats per "
-          f"token (+- {error:.1e}): the loss of a perfect model, in any order")
+    print(f"done in {duration(time.perf_counter() - wall_start)}: entropy {entropy:.4f} +- "
+          f"{error:.4f} nats per token, the loss of a perfect model in any order")
     print("\n".join(split_lines(args.out, manifest, "sequences")), flush=True)
     return 0
 
