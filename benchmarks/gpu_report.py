@@ -506,14 +506,16 @@ def _holds_paper(part: str) -> Callable[[dict], bool]:
 def plan(args: argparse.Namespace, existing: dict) -> list[Item]:
     """Every item the selected parts hold, in order of value: the checks; small's training, the
     decode step, the paper side and medium's training (promised: the plan must fit them); then
-    the rest. With --only, every item of the parts named is promised. With --merge alone, the
-    items `existing` (the report's JSON) holds are left out: a second call measures the rest."""
-    chosen = args.only is not None or bool(args.train_filter)
+    the rest. With --only, every item of the parts named is promised, and with --train-filter
+    every training row it selects. With --merge (and no --only), the items `existing` (the
+    report's JSON) holds are left out, save the rows --train-filter names: a second call
+    measures the rest."""
+    chosen, filtered = args.only is not None, bool(args.train_filter)
     grid = selected(train_grid(args.smoke), args.train_filter)
     first, rest = grid[:1 if args.smoke else 2], grid[1 if args.smoke else 2:]
     train = lambda settings, promised: [  # noqa: E731
-        Item("train", describe(s), ESTIMATE_S["train"], promised, train_row(s), _holds_row(s))
-        for s in settings]
+        Item("train", describe(s), ESTIMATE_S["train"], promised or filtered, train_row(s),
+             _holds_row(s)) for s in settings]
     items = [Item("checks", "checks: pytest -m gpu, correctness first", ESTIMATE_S["checks"], True,
                   checks, _holds("checks"))]
     items += train(first[:1], True)
@@ -533,7 +535,8 @@ def plan(args: argparse.Namespace, existing: dict) -> list[Item]:
     items = [Item(i.part, i.name, i.estimate_s, i.promised or chosen, i.run, i.measured)
              for i in items if i.part in args.parts]
     if args.merge and not chosen:
-        items = [item for item in items if not item.measured(existing)]
+        items = [item for item in items
+                 if not item.measured(existing) or (filtered and item.part == "train")]
     if any(item.part in ("train", "e2e") for item in items):  # before the first that needs it
         at = next(n for n, item in enumerate(items) if item.part in ("train", "e2e"))
         items.insert(at, Item("data", "data: Python's documentation, tokenized",
@@ -569,7 +572,7 @@ def plan_lines(items: list[Item], kept: list[Item], left: list[Item], budget: fl
     return lines
 
 
-def check_plan(args: argparse.Namespace, items: list[Item], left: list[Item]) -> None:
+def check_plan(args: argparse.Namespace, kept: list[Item], left: list[Item]) -> None:
     """Refuses a plan that would drop a promised item, or read the paper's code from nowhere."""
     dropped = [item for item in left if item.promised]
     if dropped:
@@ -577,7 +580,7 @@ def check_plan(args: argparse.Namespace, items: list[Item], left: list[Item]) ->
             f"the plan does not fit --budget {args.budget:.0f} s: it would drop "
             f"{'; '.join(f'{i.name} (~{i.estimate_s:.0f} s)' for i in dropped)}; raise --budget "
             "or name fewer parts with --only")
-    problem = paper_problem(args.paper) if any(i.part == "paper" for i in items) else None
+    problem = paper_problem(args.paper) if any(i.part == "paper" for i in kept) else None
     if problem and not args.dry_run:
         raise UsageError(f"{problem}: the paper's trainer and sampler cannot be measured; "
                          + PAPER_HOW)
@@ -846,7 +849,7 @@ def main(argv: list[str] | None = None) -> int:
         problem = paper_problem(args.paper) if any(i.part == "paper" for i in kept) else None
         if problem:
             print(f"note: {problem}: a run would refuse to start ({PAPER_HOW})")
-    check_plan(args, items, left)
+    check_plan(args, kept, left)
     if args.dry_run:
         return 0
     data = {"smoke": args.smoke, "environment": environment(),
