@@ -523,7 +523,7 @@ def plan(args: argparse.Namespace, existing: dict) -> list[Item]:
                    ESTIMATE_S["decode"], True, decode, _holds("decode")),
               Item("paper", "paper: both trainers' bare steps, compiled", ESTIMATE_S["paper train"],
                    True, paper_part("train"), _holds_paper("train")),
-              Item("paper", "paper: both samplers, 32 x 1024 tokens, S = 1024",
+              Item("paper", "paper: both samplers, fresh processes (32 x 1024 tokens, S = 1024)",
                    ESTIMATE_S["paper generation"], True, paper_part("generation"),
                    _holds_paper("generation"))]
     items += train(first[1:], True)
