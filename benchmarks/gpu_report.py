@@ -155,7 +155,7 @@ PAPER_HOW = ("export its files there: git -C AO-GPT-MDM show HEAD:FILE > .paper/
              "leave it out with --only")
 
 
-# ---- running a command, reading its rows as they come -----------------------------------------------
+# ---- running a command, reading its rows as they come ------------------------------------------
 
 
 def run(command: list[str], timeout: float, env: dict | None = None,
@@ -223,7 +223,7 @@ def benchmark(command: list[str], result: Path, timeout: float,
     return data
 
 
-# ---- the items ---------------------------------------------------------------------------------------
+# ---- the items ---------------------------------------------------------------------------------
 
 
 @dataclass
@@ -301,7 +301,8 @@ def checks(report: Report, timeout: float) -> None:
     data = report.data["checks"] = {"tests": []}
 
     def progress(output: str) -> None:
-        tests = [{"test": m[1], "outcome": m[2]} for m in map(outcome.match, output.splitlines()) if m]
+        found = map(outcome.match, output.splitlines())
+        tests = [{"test": m[1], "outcome": m[2]} for m in found if m]
         if len(tests) != len(data["tests"]):
             data["tests"] = tests
             report.save()
@@ -486,7 +487,7 @@ def _keep(report: Report, part: str, data: dict) -> None:
     report.save()
 
 
-# ---- the plan ------------------------------------------------------------------------------------------
+# ---- the plan ----------------------------------------------------------------------------------
 
 
 def _holds(part: str) -> Callable[[dict], bool]:
@@ -586,7 +587,7 @@ def check_plan(args: argparse.Namespace, kept: list[Item], left: list[Item]) -> 
                          + PAPER_HOW)
 
 
-# ---- the report ------------------------------------------------------------------------------------------
+# ---- the report --------------------------------------------------------------------------------
 
 
 def _pct(value: float | None) -> str:
@@ -686,7 +687,8 @@ def markdown(report: dict) -> str:
     for part, title, body in (
             ("decode", "One decoder step (`decode_step.py`)", decode_lines),
             ("paper", "The paper's code beside ours (`paper_baseline.py`)", paper_lines),
-            ("generation", "Generation: KV-cache decoder vs the encoder baseline", generation_lines)):
+            ("generation", "Generation: KV-cache decoder vs the encoder baseline",
+             generation_lines)):
         if part in report:
             error = report[part].get("error")
             lines += [f"## {title}", "", *([f"failed: {error}", ""] if error else []),
@@ -801,7 +803,8 @@ def generation_lines(g: dict) -> list[str]:
              "graphs on both (on a GPU); warm-up (compilation, capture, one generation) apart"
              + (f"; memory floor of a decoder call {floor:.3f} ms" if floor else "") + ".", "",
              "| steps S | compiled | decoder s | encoder s | ratio | ms per decoder call | goal | "
-             "ratio / goal | warm-up s (decoder / encoder) |", "|---|---|---|---|---|---|---|---|---|"]
+             "ratio / goal | warm-up s (decoder / encoder) |",
+             "|---|---|---|---|---|---|---|---|---|"]
     for r in g["results"]:
         at_goal = r["steps"] == g["seq_len"]  # the goal is set for S = n
         goal = f"{GENERATION_GOAL:.0f}x" if at_goal else ""
@@ -817,13 +820,15 @@ def generation_lines(g: dict) -> list[str]:
 
 def e2e_lines(e: dict) -> list[str]:
     if "steps" not in e:
-        return ["## End to end: `trainer/main.py`, the small recipe", "", f"failed: {e['error']}", ""]
+        return ["## End to end: `trainer/main.py`, the small recipe", "",
+                f"failed: {e['error']}", ""]
     return ["## End to end: `trainer/main.py`, the small recipe", "",
             f"{'OK' if e['ok'] else 'FAILED'}: {e['steps']} steps of {e['tokens_per_step']:,} "
             f"tokens in two launches ({e['first_launch_steps']} steps, then resumed to "
             f"{e['steps']}); loss {_num(e['first_loss'])} at step 1 -> {_num(e['last_loss'])} at "
             f"step {e['last_step']}; checkpoints {', '.join(e['checkpoints'])}; resumed: "
-            f"{e['resumed']}; final weights: {e['final_weights']}; {sum(e['seconds']):.0f} s in all."
+            f"{e['resumed']}; final weights: {e['final_weights']}; "
+            f"{sum(e['seconds']):.0f} s in all."
             + (f" Error: {e['error']}" if "error" in e else ""), ""]
 
 

@@ -14,8 +14,9 @@ step reads it at every optimizer step, in three helpers:
 the norm's inf/NaN is marked -1 in place with a Python scalar; clipping multiplies by DeepSpeed's
 own coefficient where it is below 1 and by exactly 1.0 elsewhere, decided on the device (so the
 gradients are bit for bit those of the original, whatever the norm); and DeepSpeed no longer
-decides on the host to skip a step whose gradient norm is not finite. Instead the trainer folds the norm's finiteness
-into its own check of the loss (Trainer's non-finite flag), which ends the run at the next
+decides on the host to skip a step whose gradient norm is not finite. Instead the trainer folds
+the norm's finiteness into its own check of the loss (Trainer's non-finite flag), which ends the
+run at the next
 boundary without saving anything past the last finite step, as it ends a run whose loss is not
 finite. (With bf16 or fp32 gradients, which do not overflow, a non-finite norm means a
 non-finite loss or a broken step: there is nothing to skip and go on from.)
@@ -98,7 +99,8 @@ def source_hash(function) -> str:
 
 def changed_since_pinned() -> list[str]:
     """The replaced functions whose source is not the one the replacements were written for."""
-    return [name for name, function in originals().items() if source_hash(function) != REPLACED[name]]
+    return [name for name, function in originals().items()
+            if source_hash(function) != REPLACED[name]]
 
 
 def install() -> None:

@@ -92,7 +92,7 @@ def test_an_item_cut_short_keeps_the_rows_it_finished(tmp_path):
     assert "| eager (as trainer/sample.py runs it) |" in out.read_text()
 
 
-@pytest.mark.slow  # trainer launches, both samplers, the paper's stand-in, pytest: ~5 min on 2 cores
+@pytest.mark.slow  # trainer launches, both samplers, the paper's stand-in, pytest: 5-12 min
 def test_smoke_report_runs_every_item_and_writes_markdown_and_json(tmp_path):
     out = tmp_path / "report.md"
     result = run_cli("benchmarks/gpu_report.py", "--smoke", "--out", str(out), "--paper", str(STANDIN))

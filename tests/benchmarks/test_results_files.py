@@ -1,7 +1,7 @@
 """Every benchmark with a --json writes it the moment a row is measured (benchmarks/results.py):
 a run cut short by a time limit (a device call's 10 minutes) keeps every row it finished. Each is
-stopped right after its first row, as a limit would stop it (the test-only AOGPT_TEST_STOP_AFTER_ROWS),
-and its JSON must hold that row, marked incomplete."""
+stopped right after its first row, as a limit would stop it (the test-only
+AOGPT_TEST_STOP_AFTER_ROWS), and its JSON must hold that row, marked incomplete."""
 
 import json
 import os

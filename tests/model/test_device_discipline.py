@@ -54,7 +54,7 @@ def meta_batch(b: int = B, n: int = N) -> tuple[torch.Tensor, torch.Tensor]:
     return torch.zeros(b, n, dtype=torch.long, device=META), orders
 
 
-# ---- the counter itself ----------------------------------------------------------------------------
+# ---- the counter itself --------------------------------------------------------------------------
 
 M = torch.ones(4, 3, device=META)
 MASK = torch.zeros(4, dtype=torch.bool, device=META)
@@ -81,7 +81,8 @@ WAITS = {
 NO_WAITS = {
     "masked_fill": lambda: M.masked_fill(MASK[:, None], 0.0),
     "torch.where with values": lambda: torch.where(MASK[:, None], M, 0.0),
-    "repeat_interleave with output_size": lambda: M.repeat_interleave(REPEATS, dim=0, output_size=4),
+    "repeat_interleave with output_size":
+        lambda: M.repeat_interleave(REPEATS, dim=0, output_size=4),
     "indexing with a device index": lambda: M[torch.arange(2, device=META)],
     "a 0-dim host tensor as a scalar": lambda: M * torch.tensor(2.0),
 }

@@ -73,8 +73,8 @@ def callers_in_deepspeed() -> dict[str, dict[str, set[str]]]:
             elif isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef)):
                 called = {c.func.id for c in ast.walk(child)
                           if isinstance(c, ast.Call) and isinstance(c.func, ast.Name)}
-                if called & set(sync_free.REPLACED):
-                    found.setdefault(path, {})[prefix + child.name] = called & set(sync_free.REPLACED)
+                if replaced := called & set(sync_free.REPLACED):
+                    found.setdefault(path, {})[prefix + child.name] = replaced
                 visit(child, f"{prefix}{child.name}.", path)
 
     for path in sorted(root.rglob("*.py")):
