@@ -12,6 +12,7 @@ import pytest
 import torch
 from deepspeed.runtime import bf16_optimizer, utils
 from deepspeed.runtime.zero import stage3, stage_1_and_2
+from device_syncs import SyncLog, _Reads
 
 from aogpt.trainer import sync_free
 from aogpt.trainer.recovery import FirstNonFinite
@@ -104,6 +105,29 @@ def test_install_replaces_the_names_in_every_module_of_a_zero_step():
     # what utils' own helpers still call, and the originals kept, are DeepSpeed's
     assert utils.is_invalid_grad_norm is sync_free.originals()["is_invalid_grad_norm"]
     assert sync_free.originals()["is_invalid_grad_norm"].__module__ == "deepspeed.runtime.utils"
+
+
+def test_the_originals_wait_for_the_device_and_the_replacements_never_do():
+    """What the patch is for, recorded as the CPU training runs record it (device_syncs.py):
+    each original reads the norm on the host or copies host data to the device; no
+    replacement does."""
+    def waits(name: str, function) -> list[str]:
+        log, norm = SyncLog(), torch.tensor(3.0)
+        with _Reads(log):
+            if name == "clip_tensors_by_global_norm":
+                function([torch.ones(3)], max_norm=1.0, global_norm=norm)
+            elif name == "mask_nan_or_inf_with_val_inplace":
+                function(norm, device=norm.device)
+            else:
+                function(norm)
+        return [event["kind"] for event in log.events]
+
+    ours = {"mask_nan_or_inf_with_val_inplace": sync_free._mask_nan_or_inf_with_val_inplace,
+            "is_invalid_grad_norm": sync_free._is_invalid_grad_norm_on_host,
+            "clip_tensors_by_global_norm": sync_free._clip_tensors_by_global_norm}
+    for name, original in sync_free.originals().items():
+        assert waits(name, original), name
+        assert waits(name, ours[name]) == [], name
 
 
 def norm_tensor(norm: float, dtype: torch.dtype) -> torch.Tensor:
