@@ -56,8 +56,10 @@ def test_a_plan_that_would_drop_a_promised_item_is_refused(args, dropped):
 
 
 def test_the_make_target_passes_the_papers_checkout_and_runs_without_the_venv_on_a_gpu_machine():
-    done = subprocess.run(["make", "-n", "gpu-report", "PY=python3"], cwd=REPO,
-                          capture_output=True, text=True)
+    outer_make = ("MAKEFLAGS", "MFLAGS", "MAKELEVEL")  # `make test` runs this test
+    env = {key: value for key, value in os.environ.items() if key not in outer_make}
+    done = subprocess.run(["make", "--no-print-directory", "-n", "gpu-report", "PY=python3"],
+                          cwd=REPO, capture_output=True, text=True, env=env)
     assert done.stdout.splitlines() == ["python3 benchmarks/gpu_report.py --paper .paper "]
 
 
