@@ -29,7 +29,7 @@ BENCHMARKS = {
     "eval_ensemble": (["--presets", "tiny,small", "--seq-len", "16", "--batch-size", "2",
                        "--targets", "3", "--members", "3", "--repeats", "1"], BY_MODEL),
 }
-SLOW = {"paper_baseline"}  # builds the paper's stand-in and our model for a training step: ~30 s
+SLOW = {"paper_baseline", "eval_ensemble"}  # ~30 s each: model builds, a training step
 
 
 @pytest.mark.parametrize("name", [pytest.param(name, marks=pytest.mark.slow) if name in SLOW
