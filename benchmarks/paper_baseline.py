@@ -32,8 +32,8 @@ generation  its generate() (a random order per sample, the linear schedule, top-
             never counts as generation). The paper's sampler runs in each of its configurations
             (its @torch.compile decorators on, as released, or off; bf16 autocast over fp32
             weights, as its script, or weights cast to the dtype) and its fastest generation
-            counts; ours runs as shipped (its sampler's defaults: eager on a CPU, compiled with
-            CUDA graphs on a GPU), in bf16 where the device has it.
+            counts; ours with its sampler's defaults, as trainer/sample.py runs so few calls
+            (CUDA graphs on a GPU, not compiled; eager on a CPU), in bf16 where the device has it.
 
 Its generate() makes sequences of 1024 tokens (a constant in its code): the models have a block
 of 1024. Runs are interleaved and the best of --repeats kept. Defaults: the small model, 32

@@ -91,7 +91,7 @@ def test_an_item_cut_short_keeps_the_rows_it_finished(tmp_path):
     assert result.returncode == 1, result.stdout[-3000:] + result.stderr[-3000:]
     decode = json.loads(out.with_suffix(".json").read_text())["decode"]
     assert [row["name"] for row in decode["results"]] == ["eager"] and "error" in decode
-    assert "| eager (as trainer/sample.py runs it) |" in out.read_text()
+    assert "| eager (trainer/sample.py on a CPU) |" in out.read_text()
 
 
 @pytest.mark.slow  # trainer launches, both samplers, the paper's stand-in, pytest: 5-12 min

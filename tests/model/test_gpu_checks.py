@@ -18,14 +18,10 @@ import torch
 
 from aogpt.model import AOGPT, ModelConfig, OrderConfig, OrderSampler
 from aogpt.model import loss as loss_module
-from aogpt.model.sampler import (
-    KVCacheSampler,
-    SamplingConfig,
-    draw_orders,
-    inverse_cdf,
-    reveal_counts,
-    token_uniforms,
-)
+from aogpt.model.sampler import KVCacheSampler, SamplingConfig, inverse_cdf
+from aogpt.model.sampler.draw import position_uniforms
+from aogpt.model.sampler.engine import draw_orders
+from aogpt.model.sampler.parallel import reveal_counts
 
 pytestmark = pytest.mark.gpu
 CUDA = torch.device("cuda")
@@ -70,8 +66,8 @@ def test_the_samplers_orders_counts_and_uniforms_on_the_gpu_are_those_of_the_cpu
                        draw_orders(config, given, ids))
     assert torch.equal(reveal_counts(config, given.sum(1).to(CUDA), N, ids.to(CUDA)),
                        reveal_counts(config, given.sum(1), N, ids))
-    uniforms = token_uniforms(config, ids, N)
-    assert torch.equal(token_uniforms(config, ids.to(CUDA), N).cpu(), uniforms)  # bitwise
+    uniforms = position_uniforms(config, ids, N)
+    assert torch.equal(position_uniforms(config, ids.to(CUDA), N).cpu(), uniforms)  # bitwise
 
 
 def test_the_float64_inverse_cdf_draws_on_the_gpu_what_it_draws_on_a_cpu():
@@ -139,5 +135,6 @@ def test_compiled_steps_replayed_as_cuda_graphs_draw_the_tokens_of_eager_steps(s
                 param.mul_(1.5 if "adaLN" in name or "wtpe" in name else 0.9)
         ids = torch.arange(4) + 7
         assert torch.equal(graphed.generate(ids).tokens, eager.generate(ids).tokens)
+        assert graphed.compiled and graphed.cuda_graphs  # no fall-back to eager on the way
     finally:
         torch.set_float32_matmul_precision(precision)
