@@ -38,9 +38,15 @@ test-all: $(STAMP) tokenizer lint
 demo: $(STAMP) tokenizer
 	$(PY) tools/demo.py
 
-# Every GPU measurement (training MFU, end-to-end run, generation, GPU tests) -> docs/gpu-report.md
-gpu-report: $(STAMP) tokenizer
-	$(PY) benchmarks/gpu_report.py
+# Every GPU check and measurement -> docs/gpu-report.md, in one 10-minute device call (the plan:
+# python benchmarks/gpu_report.py --dry-run). PAPER: the paper's code for the side-by-side, a
+# git-ignored folder of its files (the report says how to make it). REPORT_FLAGS=--merge measures
+# what an earlier call left out. On the lent GPU machine, which has no network for the virtual
+# environment: make gpu-report PY=python3
+PAPER ?= .paper
+REPORT_FLAGS ?=
+gpu-report: $(if $(filter $(VENV)/bin/python,$(PY)),$(STAMP) tokenizer)
+	$(PY) benchmarks/gpu_report.py --paper $(PAPER) $(REPORT_FLAGS)
 
 clean:
 	rm -rf $(VENV) build *.egg-info

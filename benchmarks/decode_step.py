@@ -1,23 +1,38 @@
-"""One network call of the KV-cache sampler, eager against compiled: operations and time.
+"""One network call of the KV-cache sampler, as trainer/sample.py runs it and in the other ways
+the sampler can run it: kernels per step and time.
 
     python benchmarks/decode_step.py [--preset small] [--batch-size B] [--seq-len N]
         [--known C] [--targets R] [--repeats K] [--json OUT]
 
 A decode step feeds a few rows per sequence through the whole network: its cost is the number
-of operations it launches more than their arithmetic (each eager op is a kernel launch on a GPU,
-~4 us even inside a CUDA graph). In one process, on the same model and sampler state (C tokens
-known, R targets drawn, keys padded as the sampler pads them), this runs model/sampler/'s step (parallel.py)
-eager and compiled (torch.compile with inductor, as the sampler does on a GPU) and prints
+of kernels it launches more than their arithmetic (an eager op is a kernel launch, ~5 us of the
+host's time; inside a CUDA graph a launch costs the GPU ~1-2 us and the host nothing). In one
+process, on the same model and sampler state (C tokens known, R targets drawn, keys padded as
+the sampler pads them), this runs model/sampler/'s step in each configuration of ROWS:
 
-- operations per step, as torch.profiler records them: eager, every aten op the Python code calls
-  (views, which launch nothing, left out); compiled, every kernel inductor generated and every
-  library call it kept (matmul, attention, cumsum);
-- the best of --repeats step times, and their ratio;
-- how far the compiled step's logits are from the eager ones (the rounding of the model's dtype:
-  inductor fuses and reorders the same arithmetic), and whether they drew the same tokens.
+    eager               KVCacheSampler(compile=False, cuda_graphs=False): sample.py on a CPU
+    compiled            compile=True: inductor's fused kernels, launched one by one
+    graphs              cuda_graphs=True (GPU): the eager step captured once and replayed, what
+                        trainer/sample.py runs on a GPU (--compile auto compiles only runs of
+                        many calls: its COMPILE_PAYS_CALLS, an estimate these rows measure)
+    compiled + graphs   compile=True, cuda_graphs=True (GPU): sample.py's long runs
 
-Defaults: the paper's small model, batch 32, n = 1024, C = 512, R = 1 on a GPU; the tiny model,
-batch 4, n = 128, C = 64 on a CPU (where inductor writes C++ and takes a minute to compile).
+and prints, for each,
+
+- kernels per step: on a GPU every kernel the profiler sees run on the device (inside a graph's
+  replay too; copies and memsets left out); on a CPU every operation launched, as torch.profiler
+  records it (eager: the top-level aten ops that are not views; compiled: each kernel inductor
+  generated and each library call it kept);
+- the best of --repeats step times, each the step alone (its inputs are reset outside the timing)
+  from the host's call until the device is done;
+- the warm-up: the first call, which compiles and captures (reported apart, never timed); a
+  configuration that fell back to eager (the sampler's one warning line) says so in its row;
+- how far its logits are from the eager ones (the rounding of the model's dtype: inductor fuses
+  and reorders the same arithmetic), and whether it drew the same tokens.
+
+The JSON is written after every configuration (benchmarks/results.py). Defaults: the paper's
+small model, batch 32, n = 1024, C = 512, R = 1 on a GPU; the tiny model, batch 4, n = 128,
+C = 64 on a CPU (where inductor writes C++ and takes a minute to compile).
 """
 
 from __future__ import annotations
@@ -29,10 +44,11 @@ from pathlib import Path
 
 import torch
 import torch._inductor.config
+from results import ResultsFile
+from torch.autograd import DeviceType
 from torch.profiler import ProfilerActivity, profile
 
 from aogpt import UsageError, check_counts, cli_entry
-from aogpt.files import write_json_atomic
 from aogpt.model import AOGPT
 from aogpt.model.config import medium, small, tiny
 from aogpt.model.precision import auto_dtype, resolve_device
@@ -42,6 +58,9 @@ from aogpt.model.sampler.parallel import KEY_BLOCK, WHOLE_CACHE_ROWS
 # Inductor's C++ kernels are then named in the profile (its GPU kernels are, always)
 torch._inductor.config.cpp.enable_kernel_profile = True
 PRESETS = {"tiny": tiny, "small": small, "medium": medium}
+# (name, compile, cuda_graphs): eager first, the reference of the others' logits and tokens
+ROWS = [("eager", False, False), ("compiled", True, False), ("graphs", False, True),
+        ("compiled + graphs", True, True)]
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -73,11 +92,19 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     return args
 
 
-def sampler_at_step(model: AOGPT, args: argparse.Namespace, compiled: bool) -> KVCacheSampler:
+def as_sample_py(row: str, device: torch.device) -> str:
+    """When trainer/sample.py runs this configuration ("": never)."""
+    if device.type == "cpu":
+        return "on a CPU" if row == "eager" else ""
+    return {"graphs": "on a GPU", "compiled + graphs": "on a GPU, long runs"}.get(row, "")
+
+
+def sampler_at_step(model: AOGPT, args: argparse.Namespace, compiled: bool,
+                    graphs: bool) -> KVCacheSampler:
     """A sampler whose state is that of a generation with `known` tokens revealed, all samples
     alike: the step's inputs are the same, whatever their values."""
     b, n, c, r = args.batch_size, args.seq_len, args.known, args.targets
-    sampler = KVCacheSampler(model, b, n, SamplingConfig(steps=n, seed=0), cuda_graphs=False,
+    sampler = KVCacheSampler(model, b, n, SamplingConfig(steps=n, seed=0), cuda_graphs=graphs,
                              compile=compiled)
     generator = torch.Generator().manual_seed(0)
     sampler.orders.copy_(torch.stack([torch.randperm(n, generator=generator) for _ in range(b)]))
@@ -107,13 +134,17 @@ def _is_view(name: str) -> bool:
     return packet is not None and any(getattr(packet, o).is_view for o in packet.overloads())
 
 
-def operations(run, device: torch.device) -> int:
-    """The operations of one run that launch work: top-level aten ops (not inside another aten
+def kernels(run, device: torch.device) -> int:
+    """What one run launches. On a GPU: the kernels the device ran (those of a graph's replay
+    too), copies and memsets left out. On a CPU: the top-level aten ops (not inside another aten
     op) that are not views, and the kernels inductor generated (recorded by name)."""
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
     with profile(activities=activities) as prof:
         run()
         synchronize(device)
+    if device.type == "cuda":
+        return sum(1 for event in prof.events() if event.device_type == DeviceType.CUDA
+                   and not event.name.startswith(("Memcpy", "Memset", "[memory]")))
     count = 0
     for event in prof.events():
         inside_op = event.cpu_parent is not None and event.cpu_parent.name.startswith("aten::")
@@ -124,30 +155,38 @@ def operations(run, device: torch.device) -> int:
     return count
 
 
-def measure(model: AOGPT, args: argparse.Namespace, compiled: bool) -> dict:
-    sampler = sampler_at_step(model, args, compiled)
+def measure(model: AOGPT, args: argparse.Namespace, compiled: bool, graphs: bool) -> dict:
+    sampler = sampler_at_step(model, args, compiled, graphs)
     shape = step_shape(args)
     ordered = sampler.ordered.clone()
     with torch.no_grad():
         def step():
-            sampler.ordered.copy_(ordered)  # the step writes its draws: start each run alike
             return sampler.call(*shape)
 
-        compile_start = time.perf_counter()
-        logits, target_slots, _ = step()  # warm-up (and compilation)
+        def reset():  # the step writes its draws: every run starts alike, outside the timing
+            sampler.ordered.copy_(ordered)
+            synchronize(args.device)
+
+        start = time.perf_counter()
+        logits, target_slots, _ = step()  # warm-up: compilation, capture
         synchronize(args.device)
-        warm_up_s = time.perf_counter() - compile_start
-        launched = operations(step, args.device)
+        warm_up_s = time.perf_counter() - start
+        drawn = sampler.ordered.gather(1, target_slots.clamp(max=args.seq_len - 1)).clone()
+        logits = logits.clone()
+        reset()
+        launched = kernels(step, args.device)
         best = float("inf")
         for _ in range(args.repeats):
-            synchronize(args.device)
+            reset()
             start = time.perf_counter()
             step()
             synchronize(args.device)
             best = min(best, time.perf_counter() - start)
-        drawn = sampler.ordered.gather(1, target_slots.clamp(max=args.seq_len - 1))
-    return {"compiled": compiled, "operations": launched, "step_ms": best * 1e3,
-            "warm_up_s": warm_up_s, "logits": logits.clone(), "drawn": drawn.clone()}
+    # the configuration that ran: a compiler or capture that failed left the sampler eager
+    fell_back = (sampler.compiled, sampler.cuda_graphs) != (compiled, graphs)
+    return {"compiled": sampler.compiled, "cuda_graphs": sampler.cuda_graphs,
+            "fell_back": fell_back, "kernels": launched, "step_ms": best * 1e3,
+            "warm_up_s": warm_up_s, "logits": logits, "drawn": drawn}
 
 
 @cli_entry
@@ -161,26 +200,36 @@ def main(argv: list[str] | None = None) -> int:
     print(f"{args.preset} on {name} ({dtype}), {torch.get_num_threads()} threads: batch "
           f"{args.batch_size}, n = {args.seq_len}, {args.known} known, {args.targets} drawn "
           f"(step shape: {rows} rows, {targets} targets, {keys} keys), best of {args.repeats}")
-    eager, compiled = measure(model, args, False), measure(model, args, True)
-    scale = eager["logits"].abs().max().item()
-    difference = (compiled["logits"] - eager["logits"]).abs().max().item()
-    same_tokens = torch.equal(compiled["drawn"], eager["drawn"])
-    print(f"{'':>10}{'operations':>12}{'ms/step':>10}{'warm-up s':>11}")
-    for row in (eager, compiled):
-        print(f"{'compiled' if row['compiled'] else 'eager':>10}{row['operations']:>12}"
-              f"{row['step_ms']:>10.3f}{row['warm_up_s']:>11.1f}")
-    print(f"compiled / eager: {eager['operations'] / compiled['operations']:.1f}x fewer "
-          f"operations, {eager['step_ms'] / compiled['step_ms']:.2f}x faster; logits differ by "
-          f"{difference:.2e} (max |logit| {scale:.2f}); same tokens: {same_tokens}")
-    if args.json:
-        rows_out = [{k: v for k, v in row.items() if k not in ("logits", "drawn")}
-                    for row in (eager, compiled)]
-        write_json_atomic({"preset": args.preset, "device": name, "dtype": str(dtype),
-                           "batch_size": args.batch_size, "seq_len": args.seq_len,
-                           "known": args.known, "targets": args.targets,
-                           "step_shape": [rows, targets, keys], "results": rows_out,
-                           "max_logit_difference": difference, "same_tokens": same_tokens},
-                          args.json, indent=2)
+    results = ResultsFile(args.json, {
+        "preset": args.preset, "device": name, "dtype": str(dtype), "batch_size": args.batch_size,
+        "seq_len": args.seq_len, "known": args.known, "targets": args.targets,
+        "step_shape": [rows, targets, keys],
+        "kernels_are": "GPU kernels" if args.device.type == "cuda" else "CPU operations",
+        "results": []})
+    print(f"{'':>18}{'kernels' if args.device.type == 'cuda' else 'operations':>12}"
+          f"{'ms/step':>10}{'warm-up s':>11}{'logits vs eager':>17}{'same tokens':>13}")
+    eager = None
+    for row_name, compiled, graphs in ROWS:
+        if graphs and args.device.type != "cuda":
+            continue
+        row = measure(model, args, compiled, graphs)
+        eager = eager or row
+        difference = (row["logits"] - eager["logits"]).abs().max().item()
+        same_tokens = torch.equal(row["drawn"], eager["drawn"])
+        print(f"{row_name:>18}{row['kernels']:>12}{row['step_ms']:>10.3f}{row['warm_up_s']:>11.1f}"
+              f"{difference:>17.2e}{str(same_tokens):>13}"
+              + ("  (fell back to eager: see the warning)" if row["fell_back"] else ""),
+              flush=True)
+        results.data["results"].append({
+            "name": row_name, **{k: v for k, v in row.items() if k not in ("logits", "drawn")},
+            "max_logit_difference": difference, "same_tokens": same_tokens,
+            "as_sample_py": as_sample_py(row_name, args.device)})
+        results.row_done()
+    first, last = results.data["results"][0], results.data["results"][-1]
+    print(f"{last['name']} / eager: {first['kernels'] / last['kernels']:.1f}x fewer kernels, "
+          f"{first['step_ms'] / last['step_ms']:.2f}x faster (max |logit| "
+          f"{eager['logits'].abs().max().item():.2f})")
+    results.finish()
     return 0
 
 

@@ -21,12 +21,12 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import json
 import sys
 import time
 from pathlib import Path
 
 import torch
+from results import ResultsFile
 
 from aogpt import UsageError, cli_entry
 from aogpt.model import AOGPT, OrderConfig, OrderSampler, load_checkpoint
@@ -159,15 +159,16 @@ def main(argv: list[str] | None = None) -> int:
     device = resolve_device(args.device)
     if args.precision == "fp32":
         torch.set_float32_matmul_precision("highest")  # as the evaluation: no TF32
-    results = {}
+    results = ResultsFile(args.json, {})  # by model, written after each
     if args.ckpt is not None:
-        results[args.ckpt] = bench(args.ckpt, load_checkpoint(args.ckpt), args, device)
+        results.data[args.ckpt] = bench(args.ckpt, load_checkpoint(args.ckpt), args, device)
+        results.row_done()
     else:
         for preset in args.presets.split(","):
             torch.manual_seed(SEED)
-            results[preset] = bench(preset, AOGPT(PRESETS[preset]()), args, device)
-    if args.json is not None:
-        args.json.write_text(json.dumps(results, indent=2) + "\n")
+            results.data[preset] = bench(preset, AOGPT(PRESETS[preset]()), args, device)
+            results.row_done()
+    results.finish()
     return 0
 
 

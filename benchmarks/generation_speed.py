@@ -16,14 +16,18 @@ same sampling code. Prints both times, their ratio and the token rows each pushe
 network per sequence (the decoder's stay near 2n at any S, the encoder's are S x n).
 Both run eager and compiled (torch.compile: the decoder's whole step, the encoder's network
 call), so the ratio is reported eager/eager and compiled/compiled (--compile both, the default
-on a GPU; a CPU compiles for longer than these runs take, so it defaults to eager). The
+on a GPU; a CPU compiles for longer than these runs take, so it defaults to eager). Compilation
+and graph capture never count as generation: each sampler first generates once on other samples
+(the same step shapes), and that warm-up is reported apart (decoder_warm_up_s,
+encoder_warm_up_s: compilation, capture and one generation). The
 decoder's milliseconds per network call are set against the floor of the device's memory
 bandwidth: every call must read the weights its matmuls use and the KV cache its attention
 sees (on average half of it over a generation of S = n steps).
 Defaults: the paper's setting on a GPU (small model, batch 32, n = 1024); a smaller one on a CPU
 (batch 8, n = 128); bf16 weights on a GPU and on CPUs with native bf16 (AVX512-BF16 or AMX),
 fp32 on others, where bf16 is emulated ~50x slower (--dtype overrides). Each sampler is warmed up before it is timed; their timed runs are
-interleaved so that load from other processes hits both alike.
+interleaved so that load from other processes hits both alike. The JSON is written after every
+row (benchmarks/results.py).
 """
 
 import argparse
@@ -32,9 +36,9 @@ import time
 from pathlib import Path
 
 import torch
+from results import ResultsFile
 
 from aogpt import UsageError, check_counts, cli_entry
-from aogpt.files import write_json_atomic
 from aogpt.model import AOGPT
 from aogpt.model.attention import BIDIRECTIONAL
 from aogpt.model.config import medium, small, tiny
@@ -150,10 +154,11 @@ def measure(model: AOGPT, steps: int, args: argparse.Namespace, device: torch.de
     ids = torch.arange(b, device=device)
     graphs = device.type == "cuda" and not args.no_cuda_graphs
     decoder = KVCacheSampler(model, b, n, config, cuda_graphs=graphs, compile=compiled)
-    decoder.generate(ids + b)  # warm-up: the same step shapes (compiled, captured) on other samples
+    # warm-up: the same step shapes (compiled, captured) on other samples
+    decoder_warm_up_s, _ = timed(lambda: decoder.generate(ids + b), device)
     encoder = EncoderSampler(model, b, n, config, cuda_graphs=graphs, compiled=compiled)
     with torch.no_grad():  # warm-up: its one network shape (compiled, captured), as generate runs it
-        encoder.hidden()
+        encoder_warm_up_s, _ = timed(encoder.hidden, device)
     # interleaved runs, the shortest of each kept: load from elsewhere only ever adds time
     decoder_s = encoder_s = float("inf")
     for _ in range(args.repeats):
@@ -164,7 +169,8 @@ def measure(model: AOGPT, steps: int, args: argparse.Namespace, device: torch.de
     return {"steps": steps, "compiled": compiled, "decoder_s": decoder_s, "encoder_s": encoder_s,
             "ratio": encoder_s / decoder_s, "decoder_rows": generation.rows,
             "encoder_rows": encoder_rows, "network_calls": generation.network_calls,
-            "decoder_ms_per_call": decoder_s / generation.network_calls * 1e3}
+            "decoder_ms_per_call": decoder_s / generation.network_calls * 1e3,
+            "decoder_warm_up_s": decoder_warm_up_s, "encoder_warm_up_s": encoder_warm_up_s}
 
 
 def floor_bytes_per_call(model: AOGPT, batch_size: int, seq_len: int) -> float:
@@ -212,25 +218,25 @@ def main(argv: list[str] | None = None) -> int:
     print(f"{args.preset}: {model.num_params() / 1e6:.1f}M params on {name} ({dtype}), batch "
           f"{args.batch_size}, n = {args.seq_len}, best of {args.repeats}"
           + (f"; memory floor {floor_ms:.3f} ms per decoder call" if floor_ms else ""))
+    results = ResultsFile(args.json, {
+        "preset": args.preset, "device": name, "dtype": str(dtype), "batch_size": args.batch_size,
+        "seq_len": args.seq_len, "memory_bandwidth": bandwidth, "hbm_floor_ms": floor_ms,
+        "key_block": KEY_BLOCK, "results": []})
     print(f"{'steps':>6}{'compiled':>10}{'decoder s':>11}{'encoder s':>11}{'ratio':>8}"
-          f"{'ms/call':>9}{'decoder rows':>14}{'encoder rows':>14}")
+          f"{'ms/call':>9}{'decoder rows':>14}{'encoder rows':>14}{'warm-up s':>11}")
     # The process's first generations run slower (allocator, kernel set-up: the first step count
     # measured ~2x its later time on one CPU thread) even after each sampler's own warm-up.
     measure(model, steps[0], argparse.Namespace(**vars(args) | {"repeats": 1}), device, modes[0])
-    results = []
     for compiled in modes:
         for s in steps:
             row = measure(model, s, args, device, compiled)
-            results.append(row)
             print(f"{s:>6}{'yes' if compiled else 'no':>10}{row['decoder_s']:>11.3f}"
                   f"{row['encoder_s']:>11.3f}{row['ratio']:>7.1f}x"
                   f"{row['decoder_ms_per_call']:>9.3f}{row['decoder_rows']:>14}"
-                  f"{row['encoder_rows']:>14}", flush=True)
-    if args.json:
-        write_json_atomic({"preset": args.preset, "device": name, "dtype": str(dtype),
-                           "batch_size": args.batch_size, "seq_len": args.seq_len,
-                           "memory_bandwidth": bandwidth, "hbm_floor_ms": floor_ms,
-                           "key_block": KEY_BLOCK, "results": results}, args.json, indent=2)
+                  f"{row['encoder_rows']:>14}{row['decoder_warm_up_s']:>11.1f}", flush=True)
+            results.data["results"].append(row)
+            results.row_done()
+    results.finish()
     return 0
 
 

@@ -11,13 +11,13 @@ peak) and the chunked/full ratios. On CPU it uses short sequences so it ends in 
 
 import argparse
 import contextlib
-import json
 import os
 import sys
 import time
 from pathlib import Path
 
 import torch
+from results import ResultsFile
 from torch.profiler import ProfilerActivity, profile
 
 from aogpt import UsageError, cli_entry
@@ -161,9 +161,11 @@ def main(argv: list[str] | None = None) -> int:
     if device.type == "cuda":
         torch.backends.cuda.matmul.allow_tf32 = True
         torch.backends.cudnn.allow_tf32 = True
-    results = {preset: run_preset(preset, args, device) for preset in presets}
-    if args.json:
-        args.json.write_text(json.dumps(results, indent=2))
+    results = ResultsFile(args.json, {})  # by preset, written after each
+    for preset in presets:
+        results.data[preset] = run_preset(preset, args, device)
+        results.row_done()
+    results.finish()
     return 0
 
 

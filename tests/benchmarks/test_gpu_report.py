@@ -1,38 +1,126 @@
-"""benchmarks/gpu_report.py: its --smoke run goes through every part on this machine (CI has no
-GPU), writes the markdown and JSON, and bad input is one line."""
+"""benchmarks/gpu_report.py: its plan fits one 10-minute device call with every promised item
+(--dry-run, on any machine), a plan that would drop one is refused, an item cut short keeps its
+finished rows, and its --smoke run goes through every item on this machine (CI has no GPU),
+writing the markdown and JSON. Bad input is one line."""
 
 import json
+import os
 import re
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 import torch
 from conftest import REPO, run_cli
 
+sys.path.insert(0, str(REPO / "benchmarks"))
+import gpu_report  # noqa: E402
+from results import STOP_VARIABLE  # noqa: E402
+
 STANDIN = REPO / "tests" / "benchmarks" / "paper_standin"
+PROMISED = ["checks: pytest -m gpu", "train small (default recipe)", "decode: one step",
+            "paper: both trainers", "paper: both samplers", "train medium (default recipe)"]
 
 
-@pytest.mark.slow  # trainer launches, both samplers, the paper's stand-in: ~3-5 min on 2 cores
-def test_smoke_report_runs_every_part_and_writes_markdown_and_json(tmp_path):
+def plan_of(stdout: str) -> list[tuple[float, float, str]]:
+    """(estimate, running total, item) of each planned line of --dry-run's output."""
+    return [(float(m[1]), float(m[2]), m[3]) for m in
+            re.finditer(r"^ +(\d+) +(\d+)  (.+)$", stdout, flags=re.MULTILINE)]
+
+
+def test_the_plan_fits_one_device_call_with_the_checks_first_and_every_promised_item():
+    result = run_cli("benchmarks/gpu_report.py", "--dry-run")
+    assert result.returncode == 0, result.stderr
+    planned = plan_of(result.stdout)
+    assert planned[-1][1] == sum(s for s, _, _ in planned) <= 560
+    names = [name for _, _, name in planned]
+    assert names[0].startswith("checks")  # correctness before any measurement
+    order = [next(n for n, name in enumerate(names) if name.startswith(p)) for p in PROMISED]
+    assert order == sorted(order)  # in order of value
+    # what does not fit is named, with the call that measures it
+    assert "left for a second call (make gpu-report REPORT_FLAGS=--merge" in result.stdout
+    for left in ("generation: decoder vs encoder", "e2e: trainer/main.py", "train small (zero 2)"):
+        assert left in result.stdout.split("left for a second call")[1]
+
+
+@pytest.mark.parametrize("args, dropped", [
+    (["--budget", "300"], "paper: both samplers"),  # the default plan, in too little time
+    (["--only", "train,generation,e2e"], "train medium (zero 2)"),  # with --only: every item
+])
+def test_a_plan_that_would_drop_a_promised_item_is_refused(args, dropped):
+    result = run_cli("benchmarks/gpu_report.py", "--dry-run", *args)
+    assert result.returncode == 2
+    (line,) = result.stderr.strip().splitlines()
+    assert line.startswith("error: the plan does not fit --budget") and dropped in line
+
+
+def test_the_make_target_passes_the_papers_checkout_and_runs_without_the_venv_on_a_gpu_machine():
+    outer_make = ("MAKEFLAGS", "MFLAGS", "MAKELEVEL")  # `make test` runs this test
+    env = {key: value for key, value in os.environ.items() if key not in outer_make}
+    done = subprocess.run(["make", "--no-print-directory", "-n", "gpu-report", "PY=python3"],
+                          cwd=REPO, capture_output=True, text=True, env=env)
+    assert done.stdout.splitlines() == ["python3 benchmarks/gpu_report.py --paper .paper "]
+
+
+def test_a_run_without_the_papers_code_is_refused_before_any_work(tmp_path):
+    out = tmp_path / "r.md"
+    result = run_cli("benchmarks/gpu_report.py", "--smoke", "--only", "paper", "--paper",
+                     str(tmp_path / "nowhere"), "--out", str(out))
+    assert result.returncode == 2
+    (line,) = result.stderr.strip().splitlines()
+    assert line.startswith(f"error: --paper {tmp_path / 'nowhere'} is not a folder: the paper's")
+    assert not out.exists()
+
+
+def test_a_command_past_its_time_is_ended_and_its_output_kept():
+    """What no item may do: run past the budget. Ended with its whole process group."""
+    code, output, seconds = gpu_report.run(
+        [sys.executable, "-c", "import time; print('a row', flush=True); time.sleep(600)"],
+        timeout=3)
+    assert code == 124 and "a row" in output and "timed out after 3 s" in output
+    assert seconds < 60
+
+
+def test_an_item_cut_short_keeps_the_rows_it_finished(tmp_path):
+    """decode_step stopped after its first row, as the budget would stop it: the report holds
+    that row, and says the item failed."""
+    out = tmp_path / "report.md"
+    result = run_cli("benchmarks/gpu_report.py", "--smoke", "--only", "decode", "--out", str(out),
+                     env={**os.environ, STOP_VARIABLE: "1"})
+    assert result.returncode == 1, result.stdout[-3000:] + result.stderr[-3000:]
+    decode = json.loads(out.with_suffix(".json").read_text())["decode"]
+    assert [row["name"] for row in decode["results"]] == ["eager"] and "error" in decode
+    assert "| eager (trainer/sample.py on a CPU) |" in out.read_text()
+
+
+@pytest.mark.slow  # trainer launches, both samplers, the paper's stand-in, pytest: 5-12 min
+def test_smoke_report_runs_every_item_and_writes_markdown_and_json(tmp_path):
     out = tmp_path / "report.md"
     result = run_cli("benchmarks/gpu_report.py", "--smoke", "--out", str(out), "--paper", str(STANDIN))
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     report = json.loads(out.with_suffix(".json").read_text())
+    assert [item["part"] for item in report["plan"]] == [
+        "checks", "data", "train", "decode", "paper", "paper", "generation", "e2e"]
+    assert report["skipped"] == [] and report["left"] == []
     (row,) = report["train"]
     assert row["tokens_per_s"] > 0 and row["precision"] == "fp32" and "error" not in row
     e2e = report["e2e"]
     assert e2e["ok"] and e2e["resumed"] and e2e["last_step"] == e2e["steps"]
     assert e2e["last_loss"] < e2e["first_loss"]
     assert [r["steps"] for r in report["generation"]["results"]] == [4, 32]
-    assert [r["compiled"] for r in report["decode"]["results"]] == [False, True]
-    assert report["paper"]["train"] and report["paper"]["generation"]
-    assert report["tests"]["exit_code"] == 0 and report["skipped"] == []
+    assert [r["name"] for r in report["decode"]["results"]] == ["eager", "compiled"]
+    paper = report["paper"]
+    assert paper["train"] and paper["train_best"] and paper["generation"]
+    checks = report["checks"]
+    assert checks["exit_code"] == 0 and checks["tests"]
+    assert checks["tests"][0]["test"].startswith("tests/model/test_gpu_checks.py")  # first
     if not torch.cuda.is_available():
-        assert "skipped" in report["tests"]["summary"]  # the GPU tests are collected, and skip
+        assert {t["outcome"] for t in checks["tests"]} == {"SKIPPED"}  # collected, and skip
     text = out.read_text()
-    for heading in ("# GPU report (smoke run", "## Goals", "## Training throughput",
-                    "## End to end", "## Generation", "## One decoder step",
-                    "## The paper's code beside ours", "## `pytest -m gpu`"):
+    for heading in ("# GPU report (smoke run", "## Goals", "## The call", "## Correctness checks",
+                    "## Training throughput", "## End to end", "## Generation",
+                    "## One decoder step", "## The paper's code beside ours"):
         assert heading in text
 
 
@@ -63,7 +151,8 @@ def test_bad_options_are_one_line_errors(tmp_path, args, message):
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="a GPU is here")
-def test_without_a_gpu_only_the_smoke_run_is_offered(tmp_path):
+def test_without_a_gpu_only_the_smoke_run_and_the_plan_are_offered(tmp_path):
     result = run_cli("benchmarks/gpu_report.py", "--out", str(tmp_path / "r.md"))
     assert result.returncode == 2
     assert "no CUDA GPU here" in result.stderr and "--smoke" in result.stderr
+    assert "--dry-run" in result.stderr

@@ -54,6 +54,57 @@ def meta_batch(b: int = B, n: int = N) -> tuple[torch.Tensor, torch.Tensor]:
     return torch.zeros(b, n, dtype=torch.long, device=META), orders
 
 
+# ---- the counter itself --------------------------------------------------------------------------
+
+M = torch.ones(4, 3, device=META)
+MASK = torch.zeros(4, dtype=torch.bool, device=META)
+REPEATS = torch.ones(4, dtype=torch.long, device=META)
+# what makes a CUDA device wait (or copy), each as a meta step might write it: every one must
+# be flagged, whether meta raises in it or runs it
+WAITS = {
+    "boolean-mask read": lambda: M[MASK],
+    "boolean-mask write": lambda: M.clone().__setitem__(MASK, 0.0),
+    "nonzero": lambda: MASK.nonzero(),
+    "where without values": lambda: torch.where(MASK),
+    "masked_select": lambda: M.masked_select(MASK[:, None]),
+    "repeat_interleave without output_size": lambda: M.repeat_interleave(REPEATS, dim=0),
+    "unique": lambda: REPEATS.unique(),
+    "bincount": lambda: REPEATS.bincount(),
+    ".item()": lambda: M.sum().item(),
+    "torch.equal": lambda: torch.equal(M, M),
+    "bool()": lambda: bool(M.sum()),
+    "copy to the device": lambda: torch.ones(3).to(META),
+    "copy to the host": lambda: M.cpu(),
+    "indexing with a host index": lambda: M[torch.tensor([0, 2])],
+}
+# their sync-free forms, which must not be
+NO_WAITS = {
+    "masked_fill": lambda: M.masked_fill(MASK[:, None], 0.0),
+    "torch.where with values": lambda: torch.where(MASK[:, None], M, 0.0),
+    "repeat_interleave with output_size":
+        lambda: M.repeat_interleave(REPEATS, dim=0, output_size=4),
+    "indexing with a device index": lambda: M[torch.arange(2, device=META)],
+    "a 0-dim host tensor as a scalar": lambda: M * torch.tensor(2.0),
+}
+
+
+@pytest.mark.parametrize("op", WAITS.values(), ids=WAITS.keys())
+def test_the_counter_flags_what_a_cuda_device_would_wait_in(op):
+    with DeviceCrossings() as crossings:
+        try:
+            op()
+        except (RuntimeError, NotImplementedError):  # meta refuses some: flagged before
+            pass
+    assert len(crossings) >= 1
+
+
+@pytest.mark.parametrize("op", NO_WAITS.values(), ids=NO_WAITS.keys())
+def test_the_counter_lets_the_sync_free_forms_pass(op):
+    with DeviceCrossings() as crossings:
+        op()
+    assert crossings.ops == []
+
+
 # ---- training orders -------------------------------------------------------------------------------
 
 

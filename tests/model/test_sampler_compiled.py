@@ -15,7 +15,7 @@ from torch._dynamo.utils import counters
 
 from aogpt.model import AOGPT, save_consolidated
 from aogpt.model.config import ModelConfig
-from aogpt.model.sampler import KVCacheSampler, SamplingConfig, filter_logits
+from aogpt.model.sampler import KVCacheSampler, SamplingConfig, filter_logits, sample_from_logits
 
 B, N = 3, 16
 
@@ -123,6 +123,54 @@ def test_the_tables_follow_the_weights_when_they_change_in_place():
                 p.mul_(-3.0)
     fresh = KVCacheSampler(model, B, N, config, compile=False).generate(torch.arange(B))
     assert torch.equal(sampler.generate(torch.arange(B)).tokens, fresh.tokens)
+
+
+# bf16's unit roundoff is 2^-9 ~ 2e-3. Eager rounds every op's output to bf16, inductor keeps
+# fused intermediates in fp32 and rounds once: each of the ~20 rounded ops of two layers (norms,
+# projections, attention, MLP, residual adds) may differ by an ulp, partly cancelling, ~1e-2 of
+# the logits' scale; 3e-2 leaves room. A missed term still moves them by O(1).
+BF16_LOGIT_BOUND = 3e-2
+
+
+@pytest.mark.slow  # inductor compiles C++ for a bf16 step: ~30-60 s on 2 cores
+def test_a_compiled_bf16_step_through_sdpa_with_a_bias_gives_the_eager_logits(monkeypatch):
+    """A GPU's decode step: bf16, the parallel generation mask as an additive bias, through
+    torch's SDPA, compiled. A CPU takes the plain computation for masked bf16 attention
+    (attention.attend: its SDPA kernel is slow there); here the CPU is sent down the GPU's
+    branch, the same call with the same arguments, so that inductor compiles what Triton gets."""
+    from aogpt.model import attention
+
+    plain, calls = attention.math_attention, []
+
+    def sdpa_with_bias(q, k, v, mask=None):
+        if isinstance(mask, torch.Tensor) and mask.dtype == q.dtype:  # attention_bias's bias
+            calls.append(mask.dtype)
+            return torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+        return plain(q, k, v, mask)
+
+    monkeypatch.setattr(attention, "math_attention", sdpa_with_bias)
+    model = peaked_model().to(torch.bfloat16)
+    known, targets = 5, 3
+    steps = {compiled: sampler_mid_generation(model, compiled, known, targets)
+             for compiled in (False, True)}
+    shape = (4, 4, N)
+    outputs = {}
+    with torch.no_grad():
+        for compiled, sampler in steps.items():
+            logits, slots, _ = sampler.call(*shape)
+            outputs[compiled] = logits.clone(), sampler.ordered.gather(1, slots.clamp(max=N - 1))
+    assert calls and set(calls) == {torch.bfloat16}  # both took the bias branch
+    (eager, _), (compiled, compiled_drawn) = outputs[False], outputs[True]
+    assert (compiled - eager).abs().max() <= BF16_LOGIT_BOUND * eager.abs().max()
+    # the compiled step drew what its own logits ask for, with the same uniforms: its sampling
+    # (fp32 softmax, float64 inverse CDF) fused into the graph, against eager code (a token can
+    # differ only within fp32 rounding of a tie, ~1e-6 here)
+    positions = steps[True].orders.gather(1, (known + torch.arange(4)).clamp(max=N - 1)[None]
+                                          .expand(B, -1))
+    u = steps[True].uniforms.gather(1, positions)
+    valid = (torch.arange(4) < targets).expand(B, -1)
+    expected = sample_from_logits(compiled, SamplingConfig(), u)
+    assert torch.equal(compiled_drawn[valid], expected[valid])
 
 
 # ---- CUDA graphs, emulated: what a replay does that an eager call does not -----------------------

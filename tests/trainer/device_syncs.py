@@ -10,7 +10,10 @@ be found all the same, by what it calls:
 - reading a tensor on the host: `.item()`, `bool()`, `float()` (all `aten._local_scalar_dense`),
   `.tolist()`, `.numpy()`, `.cpu()`;
 - making a tensor from host data, `torch.tensor(x, device=...)` (`aten.lift_fresh`): on a GPU a
-  copy from pageable memory that waits for the stream.
+  copy from pageable memory that waits for the stream;
+- the ops a CUDA device waits in although no host value appears in the code (boolean-mask
+  indexing, nonzero, repeat_interleave without output_size..., tests/device_testing.py's
+  cuda_sync), which a CPU runs without waiting.
 
 `SyncLog` records each of them with the training step it happened in and the code that called
 it (the innermost frames of this repository or of DeepSpeed). tests/trainer/run_counting_syncs.py
@@ -19,6 +22,7 @@ installs it in a real training run.
 
 from __future__ import annotations
 
+import sys
 import traceback
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -29,6 +33,9 @@ from deepspeed.runtime.utils import noop_context
 from torch.utils._python_dispatch import TorchDispatchMode
 
 REPO = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(REPO / "tests"))  # run_counting_syncs.py runs as a script
+from device_testing import cuda_sync  # noqa: E402
+
 HOST_READS = ("tolist", "numpy", "cpu")
 
 
@@ -62,11 +69,14 @@ class _Reads(TorchDispatchMode):
         self.log = log
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
         if func is torch.ops.aten._local_scalar_dense.default:
             self.log.record("item")
         elif func in (torch.ops.aten.lift_fresh.default, torch.ops.aten.lift_fresh_copy.default):
             self.log.record("tensor from host data")
-        return func(*args, **(kwargs or {}))
+        elif waits := cuda_sync(func, args, kwargs):
+            self.log.record(f"{func.name()}: {waits}")
+        return func(*args, **kwargs)
 
 
 def install(log: SyncLog) -> _Reads:

@@ -1,9 +1,13 @@
 """trainer/main.py with every wait for the device recorded (tests/trainer/device_syncs.py).
 
-    deepspeed --num_gpus 2 tests/trainer/run_counting_syncs.py --sync-log OUT <trainer/main.py's arguments>
+    deepspeed --num_gpus 2 tests/trainer/run_counting_syncs.py --sync-log OUT
+        [--bad-gradient-step K] <trainer/main.py's arguments>
 
 Each rank writes OUT.rank<r>.json: the events, each with the optimizer step it happened in (the
-step that train_step(update) completes, update + 1; 0 before the first).
+step that train_step(update) completes, update + 1; 0 before the first). With
+--bad-gradient-step, the gradient of the head's weight turns NaN in step K's backward passes
+while the loss stays finite: what DeepSpeed's step no longer checks on the host
+(trainer/sync_free.py), and the trainer's own check must find at its next boundary.
 """
 
 import json
@@ -18,20 +22,37 @@ reads = install(log)  # before the trainer is built: DeepSpeed makes its streams
 from aogpt.trainer import loop, main  # noqa: E402  (after the patches, on purpose)
 
 train_step = loop.Trainer.train_step
+bad_gradient_step = None
 
 
 def counted_train_step(self, update):
     log.step = update + 1
-    return train_step(self, update)
+    if log.step != bad_gradient_step:
+        return train_step(self, update)
+    hook = self.engine.module.lm_head.weight.register_hook(lambda grad: grad * float("nan"))
+    try:
+        return train_step(self, update)
+    finally:
+        hook.remove()
 
 
 loop.Trainer.train_step = counted_train_step
 
+
+def take(args: list[str], flag: str) -> str | None:
+    """The value of `flag` in args, removed from them (None where it is absent)."""
+    if flag not in args:
+        return None
+    at = args.index(flag)
+    value = args[at + 1]
+    del args[at:at + 2]
+    return value
+
+
 if __name__ == "__main__":
     args = sys.argv[1:]
-    at = args.index("--sync-log")
-    out = args[at + 1]
-    del args[at:at + 2]
+    out = take(args, "--sync-log")
+    bad_gradient_step = int(take(args, "--bad-gradient-step") or 0) or None
     with reads:
         status = main.main(args)
     with open(f"{out}.rank{os.environ.get('RANK', '0')}.json", "w") as file:

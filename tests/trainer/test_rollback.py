@@ -206,6 +206,30 @@ def test_a_loss_spike_is_rolled_back_like_a_non_finite_loss(text_data, one_proce
     assert max(losses(out).values()) < 11  # no spike left in the record of the run
 
 
+@pytest.mark.slow
+def test_the_heads_bf16_copy_is_never_stale_across_steps_or_a_rollback(text_data,
+                                                                       one_process_samples,
+                                                                       tmp_path):
+    """Under autocast_bf16 the head casts its weights once per step and reuses the copy for the
+    step's later micro-batches; a rollback reloads earlier weights. Every forward is checked
+    (tests/trainer/run_checking_head_cast.py): the copy it used is the weights it held, cast."""
+    out, log = tmp_path / "run", tmp_path / "casts.json"
+    command = [sys.executable, str(REPO / "tests" / "trainer" / "run_checking_head_cast.py"),
+               "--cast-log", str(log),
+               *run_args(text_data, out, *ONE_PROCESS, "train.precision=autocast_bf16",
+                         "train.micro_batch_size=4")]  # 2 micro-batches per step
+    result = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=600,
+                            env={**os.environ, POISON_VARIABLE: str(one_process_samples[6][0])})
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    assert [r["bad_step"] for r in record_of(out)[0]] == [6]  # rolled back to step 4
+    forwards = json.loads(log.read_text())
+    steps = [f["step"] for f in forwards]
+    assert steps.count(4) == 2 and steps.count(5) == steps.count(6) == 4  # 5, 6 ran twice
+    assert all(f["current"] for f in forwards), [f for f in forwards if not f["current"]]
+    # each step's second micro-batch reuses the copy its first one made
+    assert [f["reused"] for f in forwards] == [False, True] * (len(forwards) // 2)
+
+
 # ---- the rules ----------------------------------------------------------------------------------
 
 
