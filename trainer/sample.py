@@ -2,6 +2,8 @@
 
     python trainer/sample.py --ckpt PATH [--num-samples N] [--seq-len L]
         [--sampler parallel [--steps S] | --sampler speculative [--draft K]]
+        [--planner random|l2r|confidence|margin|entropy|threshold [--reveal R] [--threshold P]
+         [--candidates C] [--block B]]
         [--temperature T] [--top-p P] [--top-k K] [--prompt TEXT] [--infill JSON-or-file]
         [--seed X] [--out FILE.jsonl [--force]] [--schedule linear|cosine]
         [--counts deterministic|binomial] [--order random|l2r] [--weights ema|raw]
@@ -17,6 +19,14 @@ the rest in random or left-to-right order). Two samplers (model/sampler/):
                positions ahead from the model's own marginals and verifies the earlier drafts
                along the order (any-subset speculative decoding, arXiv 2504.20456). It decides
                its own number of calls: at most one per token, fewer as drafts are accepted.
+Or the model chooses the order as it goes (--planner, model/sampler/planners.py): each call
+scores candidate positions (every remaining one, --candidates C of them, or those of the current
+--block of B positions) against the exact cache and reveals the --reveal R best by confidence (top
+probability), margin (top-1 minus top-2) or entropy, or every candidate whose top probability
+reaches --threshold P (threshold, at least one). --planner random and l2r are the fixed orders
+(--order). A planner's sample records the order it took and its exact log-likelihood along it
+(with R = 1 each token comes from its exact conditional, so it is the sample's log-probability
+under the planner's own process).
 Sample i's order and tokens depend only on (--seed, i), not on the batch size.
 A model of a synthetic language (data_prep/synthetic_to_mds.py) writes and reads its text as
 token ids ("17 3 95"); judge its samples with --judge on its data folder (exact probabilities).
@@ -26,7 +36,7 @@ position to a string or a list of token ids, e.g. '{"0": "The city of", "40": [1
 --prompt TEXT is the same as '{"0": TEXT}'.
 --out writes one JSON object per sample (an existing file is replaced only with --force): sample,
 tokens, text, order, given_positions, network_calls (the sample's own), batch_network_calls,
-drafts_decided and drafts_accepted (speculative), time_s (seconds of its batch), the sampler's
+drafts_decided and drafts_accepted (speculative), log_likelihood (planners), time_s (seconds of its batch), the sampler's
 settings, and provenance: the checkpoint file read (a run that has not finished is read
 through its latest checkpoint, which a line on stderr says), its tag and step, the weights, every
 flag and the code's version and commit. --judge PATH also reports the
@@ -53,7 +63,14 @@ from aogpt.model import load_checkpoint
 from aogpt.model.checkpoint import describe_provenance, locate_checkpoint, provenance
 from aogpt.model.orders import ANY_ORDER, READINGS, reading_named
 from aogpt.model.precision import reproducible_dtype, resolve_device
-from aogpt.model.sampler import SAMPLERS, Generation, KVCacheSampler, SamplingConfig, given_tokens
+from aogpt.model.sampler import (
+    PLANNERS,
+    SAMPLERS,
+    Generation,
+    KVCacheSampler,
+    SamplingConfig,
+    given_tokens,
+)
 from aogpt.progress import progress
 from aogpt.trainer.genppl import (
     Judge,
@@ -87,6 +104,19 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     add("--draft", type=int, default=None,
         help=f"speculative: positions drafted ahead per call (default "
              f"{SamplingConfig.draft}); a call yields at most K + 1 tokens")
+    add("--planner", default=None, metavar="|".join(PLANNER_CHOICES),
+        help="who orders the positions: random or l2r (fixed up front, as --order), or the model "
+             "call by call: confidence, margin, entropy, threshold (default: --order)")
+    add("--reveal", type=int, default=None,
+        help=f"confidence, margin, entropy: positions revealed per call (default "
+             f"{SamplingConfig.reveal})")
+    add("--threshold", type=float, default=None,
+        help=f"threshold: reveal every candidate whose top probability reaches P, in (0, 1) "
+             f"(default {SamplingConfig.threshold})")
+    add("--candidates", type=int, default=None,
+        help="planners: score the next C positions of the sample's order per call (default all)")
+    add("--block", type=int, default=None,
+        help="planners: choose within blocks of B positions, left to right (default: one block)")
     add("--schedule", choices=("linear", "cosine"), default="linear")
     add("--counts", choices=("deterministic", "binomial"), default="deterministic",
         help="tokens revealed per step: the paper's fixed counts or Lemma 1's Binomial ones")
@@ -120,6 +150,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     add("--tokenizer-file", default=None, help="GPT-2 ranks file (offline tokenizer)")
     return parser.parse_args(argv)
 
+
+# --planner: the fixed orders by their reading's word, then the model's planners
+PLANNER_CHOICES = ("random", "l2r", *(p for p in PLANNERS if p != "order"))
 
 INFILL_EXAMPLE = '\'{"0": "Once upon a time"}\''
 
@@ -187,12 +220,42 @@ def check_args(args: argparse.Namespace) -> None:
         raise UsageError(f"--draft must be >= 1 (positions drafted ahead per call), got "
                          f"{args.draft}")
     args.order = reading_named(args.order, "--order").word  # records and provenance say the word
+    check_planner(args)
     if args.show < 0:
         raise UsageError(f"--show must be >= 0 (0 prints none), got {args.show}")
     if args.out is not None:
         check_output_file(args.out, "--out", args.force)
     if args.judge is not None:
         check_judge(args.judge)
+
+
+def check_planner(args: argparse.Namespace) -> None:
+    """--planner and its flags: --planner random|l2r becomes --order; a planner's flags without
+    it, or with one that does not read them, are refused."""
+    check_counts(args, "reveal", "candidates", "block")
+    if args.planner is not None and args.planner not in PLANNER_CHOICES:
+        raise UsageError(f"--planner {args.planner!r} is none of {', '.join(PLANNER_CHOICES)}")
+    if args.threshold is not None and not 0.0 < args.threshold < 1.0:
+        raise UsageError(f"--threshold must be in (0, 1) (a top probability), got {args.threshold}")
+    if args.planner in ("random", "l2r"):
+        word = reading_named(args.planner, "--planner").word
+        if args.order != ANY_ORDER.word and args.order != word:
+            raise UsageError(f"--planner {args.planner} contradicts --order {args.order}: give one")
+        args.order, args.planner = word, "order"
+    planner = args.planner or "order"
+    if planner != "order" and args.sampler == "speculative":
+        raise UsageError(f"--planner {planner} chooses positions call by call; the speculative "
+                         "sampler drafts along an order fixed up front: drop --sampler speculative")
+    if planner != "order" and args.steps is not None:
+        raise UsageError(f"--steps sets the parallel sampler's calls; --planner {planner} makes "
+                         "one call per --reveal positions (or per threshold pass): drop --steps")
+    needs = {"reveal": ("confidence", "margin", "entropy"), "threshold": ("threshold",),
+             "candidates": PLANNERS[1:], "block": PLANNERS[1:]}
+    for flag, planners in needs.items():
+        if getattr(args, flag) is not None and planner not in planners:
+            raise UsageError(f"--{flag} is read by --planner {' or '.join(planners)}, not by "
+                             f"{'--planner ' + planner if planner != 'order' else 'a fixed order'}")
+    args.planner = planner
 
 
 @cli_entry
@@ -228,12 +291,14 @@ def main(argv: list[str] | None = None) -> int:
         draft = max(1, to_generate - 1)
         print(f"note: --draft {args.draft} reaches past the {to_generate} positions to generate: "
               f"drafting {draft}", file=sys.stderr, flush=True)
-    config = SamplingConfig(sampler=args.sampler, steps=steps, draft=draft,
-                            schedule=args.schedule, counts=args.counts, order=args.order,
+    planned = {flag: getattr(args, flag) for flag in ("reveal", "threshold", "candidates", "block")
+               if getattr(args, flag) is not None}
+    config = SamplingConfig(sampler=args.sampler, steps=steps, draft=draft, planner=args.planner,
+                            **planned, schedule=args.schedule, counts=args.counts, order=args.order,
                             temperature=args.temperature, top_p=args.top_p,
                             top_p_rule=args.top_p_rule, top_k=args.top_k, seed=args.seed)
-    calls = -(-args.num_samples // batch_size) * (steps if args.sampler == "parallel"
-                                                    else to_generate)  # at most
+    calls = -(-args.num_samples // batch_size) * (
+        steps if args.sampler == "parallel" and args.planner == "order" else to_generate)  # at most
     sampler = KVCacheSampler(model, batch_size, seq_len, config,
                              cuda_graphs=switch(args.cuda_graphs, device.type == "cuda"),
                              compile=switch(args.compile, device.type == "cuda"
@@ -282,7 +347,13 @@ def switch(choice: str, auto: bool) -> bool:
 
 
 def calls_summary(records: list[dict], config: SamplingConfig, to_generate: int) -> str:
-    """'256 steps', or for the speculative sampler its calls per token and acceptance."""
+    """'256 steps', for the speculative sampler its calls per token and acceptance, for a planner
+    its calls per sample and the samples' mean log-likelihood per token."""
+    if config.planner != "order":
+        calls = sum(r["network_calls"] for r in records) / len(records)
+        nll = -sum(r["log_likelihood"] for r in records) / len(records) / to_generate
+        return (f"{config.planner} planner: {calls:.1f} network calls per sample, "
+                f"{nll:.4f} nats per generated token along the orders taken")
     if config.sampler == "parallel":
         return f"{config.steps} steps"
     calls = sum(r["network_calls"] for r in records)

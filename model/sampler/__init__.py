@@ -3,6 +3,7 @@
     engine.py       KVCacheSampler: the order, the cache and the network call every sampler shares
     parallel.py     the paper's sampler: S calls, several positions revealed independently per call
     speculative.py  any-subset speculative decoding: the exact joint of one token per call, fewer calls
+    planners.py     adaptive order: the model picks the next positions by confidence, margin, entropy
     draw.py         temperature, top-k, top-p and inverse-CDF draws keyed by position
     given.py        a prompt and infill as given tokens
     config.py       SamplingConfig, every setting
@@ -11,11 +12,11 @@ SamplingConfig.sampler picks the way tokens are chosen and accepted (engine.STRA
 way is a module here with the interface of parallel.ParallelSampling and an entry in that table.
 """
 
-from aogpt.model.sampler.config import SAMPLERS, SamplingConfig
+from aogpt.model.sampler.config import PLANNERS, SAMPLERS, SamplingConfig
 from aogpt.model.sampler.draw import filter_logits, inverse_cdf, sample_from_logits, token_probs
 from aogpt.model.sampler.engine import STRATEGIES, KVCacheSampler
 from aogpt.model.sampler.given import given_tokens
 from aogpt.model.sampler.outputs import Generation, StepOutput
 
-__all__ = ["SAMPLERS", "STRATEGIES", "Generation", "KVCacheSampler", "SamplingConfig", "StepOutput",
+__all__ = ["PLANNERS", "SAMPLERS", "STRATEGIES", "Generation", "KVCacheSampler", "SamplingConfig", "StepOutput",
            "filter_logits", "given_tokens", "inverse_cdf", "sample_from_logits", "token_probs"]

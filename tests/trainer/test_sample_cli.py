@@ -139,6 +139,67 @@ def test_an_order_alias_draws_the_tokens_of_its_word(checkpoint, tmp_path, alias
     assert drawn(word)[0][2]["order"] == word
 
 
+def planned(checkpoint, tmp_path, *flags):
+    out = tmp_path / "planned.jsonl"
+    code = main(["--ckpt", str(checkpoint), "--seq-len", str(N), "--out", str(out), "--force",
+                 *flags])
+    return code, [json.loads(line) for line in out.read_text().splitlines()] if code == 0 else []
+
+
+@pytest.mark.parametrize("flags, calls", [
+    (["--planner", "confidence"], N - 1),  # one call per token, the prompt's first included
+    # 3 per call, and a last call that scores the last call's other two reveals
+    (["--planner", "margin", "--reveal", "3"], -(-(N - 1) // 3) + 1),
+    (["--planner", "entropy", "--block", "4", "--candidates", "2"], N - 1),
+    (["--planner", "threshold", "--threshold", "0.5"], None),  # its own number of calls
+])
+def test_a_planners_samples_record_the_order_taken_and_its_log_likelihood(
+        checkpoint, tmp_path, capsys, flags, calls):
+    code, records = planned(checkpoint, tmp_path, "--num-samples", "3", "--prompt", "Once", *flags)
+    assert code == 0
+    for r in records:
+        assert r["settings"]["planner"] == flags[1] and sorted(r["order"]) == list(range(N))
+        assert r["order"][0] == 0  # the prompt's position comes first
+        assert r["log_likelihood"] < 0
+        assert r["network_calls"] == calls if calls else 1 <= r["network_calls"] <= N - 1
+    # (batch invariance: tests/model/test_planners.py, on a model whose scores differ by more
+    # than rounding; this random model's near-uniform rows tie within it)
+    assert f"{flags[1]} planner:" in capsys.readouterr().out
+
+
+def test_planner_l2r_is_the_left_to_right_order(checkpoint, tmp_path):
+    _, planned_l2r = planned(checkpoint, tmp_path, "--planner", "l2r")
+    _, ordered = planned(checkpoint, tmp_path, "--order", "l2r")
+    assert [r["tokens"] for r in planned_l2r] == [r["tokens"] for r in ordered]
+    assert all(r["order"] == list(range(N)) for r in planned_l2r)
+
+
+@pytest.mark.parametrize("flags, message", [
+    (["--planner", "sideways"], "error: --planner 'sideways' is none of random, l2r, confidence, "
+                                "margin, entropy, threshold"),
+    (["--planner", "margin", "--candidates", "0"], "error: --candidates must be at least 1, got 0"),
+    (["--planner", "margin", "--reveal", "0"], "error: --reveal must be at least 1, got 0"),
+    (["--planner", "threshold", "--threshold", "1"], "error: --threshold must be in (0, 1)"),
+    (["--planner", "threshold", "--threshold", "0"], "error: --threshold must be in (0, 1)"),
+    (["--threshold", "0.5"], "error: --threshold is read by --planner threshold, not by a fixed"),
+    (["--planner", "threshold", "--reveal", "2"], "error: --reveal is read by --planner confidence "
+                                                  "or margin or entropy, not by --planner threshold"),
+    (["--planner", "l2r", "--order", "random"], ""),  # random is --order's default: no conflict
+    (["--planner", "confidence", "--steps", "4"], "error: --steps sets the parallel sampler's "
+                                                  "calls; --planner confidence makes one call per"),
+    (["--planner", "margin", "--sampler", "speculative"], "error: --planner margin chooses "
+                                                          "positions call by call"),
+])
+def test_a_planners_bad_input_is_one_line(checkpoint, tmp_path, capsys, flags, message):
+    code = main(["--ckpt", str(checkpoint), "--seq-len", str(N), "--out",
+                 str(tmp_path / "x.jsonl"), *flags])
+    err = capsys.readouterr().err
+    if not message:
+        assert code == 0
+        return
+    assert code == 2 and message in err and err.strip().count("\n") <= 1, err
+
+
 @pytest.mark.parametrize("flags, message", [
     # model/sampler/given.py's given_tokens says what is wrong, in positions; sample.py names the flags
     (["--infill", '{"14": "a b c d e f"}'], "error: --infill (--seq-len 16): given text at 14..19 "
