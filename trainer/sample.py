@@ -1,6 +1,7 @@
 """Generate text with an AO-GPT checkpoint: any-order sampling with a KV cache.
 
-    python trainer/sample.py --ckpt PATH [--num-samples N] [--seq-len L]
+    python trainer/sample.py --ckpt PATH [--num-samples N] [--seq-len L | --length L [--window W]]
+        [--stop-at-eos] [--stop-entropy H]
         [--sampler parallel [--steps S] | --sampler speculative [--draft K]]
         [--planner random|l2r|confidence|margin|entropy|threshold [--reveal R] [--threshold P]
          [--candidates C] [--block B]]
@@ -28,6 +29,11 @@ reaches --threshold P (threshold, at least one). --planner random and l2r are th
 (with R = 1 each token comes from its exact conditional, so it is the sample's log-probability
 under the planner's own process).
 Sample i's order and tokens depend only on (--seed, i), not on the batch size.
+--length L past the block size slides a window (model/sampler/window.py): each chunk after the
+first keeps the last --window W tokens (default half the block) as given tokens and generates the
+next block - W positions, until L. --stop-at-eos ends a text after its second end-of-text token,
+--stop-entropy H when the unigram entropy of its last 256 tokens falls below H nats (repetition);
+records then carry length, seams (where each chunk began generating) and stopped (why).
 A model of a synthetic language (data_prep/synthetic_to_mds.py) writes and reads its text as
 token ids ("17 3 95"); judge its samples with --judge on its data folder (exact probabilities).
 
@@ -71,6 +77,13 @@ from aogpt.model.sampler import (
     SamplingConfig,
     given_tokens,
 )
+from aogpt.model.sampler.window import (
+    STOP_ENTROPY_TOKENS,
+    LongGeneration,
+    StopRules,
+    check_window,
+    generate_long,
+)
 from aogpt.progress import progress
 from aogpt.trainer.genppl import (
     Judge,
@@ -96,6 +109,15 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     add("--num-samples", type=int, default=4, help="how many sequences (default 4)")
     add("--batch-size", type=int, default=None, help="sequences per batch (default: all, at most 32)")
     add("--seq-len", type=int, default=None, help="tokens per sequence (default: the block size)")
+    add("--length", type=int, default=None,
+        help="tokens per text, past the block size too (a sliding window; default --seq-len)")
+    add("--window", type=int, default=None,
+        help="--length past the block: tokens each chunk keeps from the text so far (default "
+             "half the block)")
+    add("--stop-at-eos", action="store_true", help="end each text after its second end-of-text")
+    add("--stop-entropy", type=float, default=None, metavar="H",
+        help=f"end a text when the unigram entropy of its last {STOP_ENTROPY_TOKENS} tokens "
+             "falls below H nats")
     add("--sampler", choices=SAMPLERS, default="parallel",
         help="parallel (default, the paper's) or speculative (exact, fewer calls)")
     add("--steps", type=int, default=None,
@@ -174,16 +196,16 @@ def read_infill(spec: str) -> dict:
     return value
 
 
-def given_by_flags(encoding, seq_len: int, prompt: str | None,
-                   infill: dict | None) -> tuple[torch.Tensor, torch.Tensor]:
-    """The tokens and mask that --prompt and --infill give in a sequence of --seq-len tokens
+def given_by_flags(encoding, length: int, prompt: str | None, infill: dict | None,
+                   length_flag: str = "--seq-len") -> tuple[torch.Tensor, torch.Tensor]:
+    """The tokens and mask that --prompt and --infill give in a text of `length` tokens
     (given_tokens); what is wrong with them is said naming those flags."""
     try:
-        return given_tokens(seq_len, prompt, infill, encoding)
+        return given_tokens(length, prompt, infill, encoding)
     except UsageError as err:
         flags = " and ".join(flag for flag, value in (("--prompt", prompt), ("--infill", infill))
                              if value is not None)
-        raise UsageError(f"{flags} (--seq-len {seq_len}): {err}") from None
+        raise UsageError(f"{flags} ({length_flag} {length}): {err}") from None
 
 
 def sample_records(sample_ids: list[int], out: Generation, encoding, config: SamplingConfig,
@@ -202,6 +224,30 @@ def sample_records(sample_ids: list[int], out: Generation, encoding, config: Sam
                 strict=True))]
 
 
+def long_records(sample_ids: list[int], out: LongGeneration, encoding, config: SamplingConfig,
+                 **fields) -> list[dict]:
+    """sample_records' fields for texts made by the sliding window or cut by a stop rule: order
+    lists the positions generated, in the order generated; length, seams and stopped too."""
+    settings = dataclasses.asdict(config)
+    return [{"sample": i, "tokens": tokens, "text": encoding.decode(tokens), "order": order,
+             "length": len(tokens), "seams": [p for p in out.seams if p < len(tokens)],
+             "stopped": stopped, "steps": config.steps if config.sampler == "parallel" else None,
+             "network_calls": calls, "batch_network_calls": out.network_calls,
+             **{name: values[k] for name, values in out.stats.items()},
+             "settings": settings, **fields}
+            for k, (i, tokens, order, calls, stopped) in enumerate(zip(
+                sample_ids, out.texts, out.orders, out.sample_calls, out.stopped, strict=True))]
+
+
+def window_summary(records: list[dict], length: int, window: int | None) -> str:
+    stopped = [r["stopped"] for r in records if r["stopped"]]
+    lengths = [r["length"] for r in records]
+    return (f"{'sliding window of ' + str(window) + ' tokens, ' if window else ''}"
+            f"lengths {min(lengths)}..{max(lengths)} of {length}"
+            + (f"; {len(stopped)} stopped early ({', '.join(sorted(set(stopped)))})"
+               if stopped else ""))
+
+
 def readable(text: str) -> str:
     return text.replace("<|endoftext|>", "\n<|endoftext|>\n")
 
@@ -209,7 +255,12 @@ def readable(text: str) -> str:
 def check_args(args: argparse.Namespace) -> None:
     """The checks that need no checkpoint, before any work: counts, the order, the output file,
     the judge."""
-    check_counts(args, "num_samples", "batch_size", "seq_len", "steps", "judge_batch_size")
+    check_counts(args, "num_samples", "batch_size", "seq_len", "steps", "judge_batch_size",
+                 "length", "window")
+    if args.length is not None and args.seq_len is not None:
+        raise UsageError("--length and --seq-len both set the text's length: give one")
+    if args.stop_entropy is not None and args.stop_entropy <= 0:
+        raise UsageError(f"--stop-entropy must be above 0 nats, got {args.stop_entropy}")
     if args.sampler == "speculative" and args.steps is not None:
         raise UsageError("--steps sets the parallel sampler's network calls; the speculative "
                          "sampler decides its own (one per token at most, fewer as drafts are "
@@ -273,67 +324,99 @@ def main(argv: list[str] | None = None) -> int:
     origin = provenance(source, args.weights, vars(args))
     if args.judge is not None:
         check_judge_matches(args.judge, origin)
-    seq_len = args.seq_len if args.seq_len is not None else model.config.block_size
-    if not 1 <= seq_len <= model.config.block_size:
-        raise UsageError(f"--seq-len must be in 1..{model.config.block_size} (the model's block "
-                         f"size), got {seq_len}")
+    block = model.config.block_size
+    length = next((v for v in (args.length, args.seq_len) if v is not None), block)
+    if args.seq_len is not None and not 1 <= args.seq_len <= block:
+        raise UsageError(f"--seq-len must be in 1..{block} (the model's block size), got "
+                         f"{args.seq_len}: --length L generates past it")
+    window = None
+    if length > block:
+        window = args.window if args.window is not None else block // 2
+        check_window(block, window)
+    elif args.window is not None:
+        raise UsageError(f"--window slides past the block size ({block}): --length {length} "
+                         "fits in one block")
+    seq_len = min(length, block)  # positions of one network sequence
     infill = read_infill(args.infill) if args.infill else None
-    tokens, mask = given_by_flags(encoding, seq_len, args.prompt, infill)
-    to_generate = seq_len - int(mask.sum())
+    tokens, mask = given_by_flags(encoding, length, args.prompt, infill,
+                                  "--length" if args.length is not None else "--seq-len")
+    to_generate = length - int(mask.sum())  # in the whole text
     if to_generate == 0:
         raise UsageError("the prompt and infill already fill every position: nothing to generate")
-    steps = args.steps if args.steps is not None else to_generate
-    if not 1 <= steps <= to_generate:
-        raise UsageError(f"--steps must be in 1..{to_generate} (the positions to generate), "
-                         f"got {steps}")
+    per_chunk = to_generate if window is None else block - window  # at most, after the first
+    steps = args.steps if args.steps is not None else (to_generate if window is None else block)
+    if args.steps is not None and not 1 <= steps <= per_chunk:
+        raise UsageError(f"--steps must be in 1..{per_chunk} (the positions to generate"
+                         f"{' per chunk' if window else ''}), got {steps}")
     draft = args.draft if args.draft is not None else SamplingConfig.draft
-    if args.sampler == "speculative" and draft >= to_generate:
-        draft = max(1, to_generate - 1)
-        print(f"note: --draft {args.draft} reaches past the {to_generate} positions to generate: "
-              f"drafting {draft}", file=sys.stderr, flush=True)
+    if args.sampler == "speculative" and draft >= per_chunk:
+        draft = max(1, per_chunk - 1)
+        print(f"note: --draft {args.draft} reaches past the {per_chunk} positions to generate"
+              f"{' per chunk' if window else ''}: drafting {draft}", file=sys.stderr, flush=True)
     planned = {flag: getattr(args, flag) for flag in ("reveal", "threshold", "candidates", "block")
                if getattr(args, flag) is not None}
     config = SamplingConfig(sampler=args.sampler, steps=steps, draft=draft, planner=args.planner,
                             **planned, schedule=args.schedule, counts=args.counts, order=args.order,
                             temperature=args.temperature, top_p=args.top_p,
                             top_p_rule=args.top_p_rule, top_k=args.top_k, seed=args.seed)
-    calls = -(-args.num_samples // batch_size) * (
-        steps if args.sampler == "parallel" and args.planner == "order" else to_generate)  # at most
-    sampler = KVCacheSampler(model, batch_size, seq_len, config,
-                             cuda_graphs=switch(args.cuda_graphs, device.type == "cuda"),
-                             compile=switch(args.compile, device.type == "cuda"
-                                            and calls >= COMPILE_PAYS_CALLS))
+    calls = -(-args.num_samples // batch_size) * (  # at most
+        steps if args.sampler == "parallel" and args.planner == "order" and window is None
+        else to_generate)
+    samplers: dict[int, KVCacheSampler] = {}
+
+    def sampler_for(positions: int) -> KVCacheSampler:  # a window's last chunk may be shorter
+        if positions not in samplers:
+            samplers[positions] = KVCacheSampler(
+                model, batch_size, positions, config,
+                cuda_graphs=switch(args.cuda_graphs, device.type == "cuda"),
+                compile=switch(args.compile, device.type == "cuda" and calls >= COMPILE_PAYS_CALLS))
+        return samplers[positions]
+
+    if args.stop_at_eos and not model.config.reads_gpt2:
+        raise UsageError("--stop-at-eos: this model's token ids have no end-of-text token (it "
+                         "reads no GPT-2 text): use --stop-entropy H or a fixed --length")
+    stop = StopRules(eos=EOS if args.stop_at_eos else None, entropy_below=args.stop_entropy)
+    long = window is not None or args.stop_at_eos or args.stop_entropy is not None
     print(f"sampling from {source.file} ({describe_provenance(origin)})", flush=True)
     records, started = [], time.perf_counter()
+    given_positions = mask.nonzero().flatten().tolist()
     with progress(range(0, args.num_samples, batch_size), desc="sampling", unit="batch") as bar:
         for first in bar:
             ids = torch.arange(first, min(first + batch_size, args.num_samples))
             batch_start = time.perf_counter()
-            out = sampler.generate(ids, tokens.expand(len(ids), -1), mask.expand(len(ids), -1))
+            given = tokens.expand(len(ids), -1), mask.expand(len(ids), -1)
+            if long:
+                out = generate_long(sampler_for, block, ids, length, window or block, *given, stop)
+            else:
+                out = sampler_for(seq_len).generate(ids, *given)
             if device.type == "cuda":
                 torch.cuda.synchronize(device)
             seconds = time.perf_counter() - batch_start
-            records += sample_records(ids.tolist(), out, encoding, config, time_s=seconds,
-                                      given_positions=mask.nonzero().flatten().tolist(),
-                                      provenance=origin)
-    elapsed = time.perf_counter() - started - sampler.setup_seconds
+            made = long_records if long else sample_records
+            records += made(ids.tolist(), out, encoding, config, time_s=seconds,
+                            given_positions=given_positions, provenance=origin)
+    setup = sum(s.setup_seconds for s in samplers.values())
+    elapsed = time.perf_counter() - started - setup
     for record in records[:args.show]:
-        print(f"\n=== sample {record['sample']} ({seq_len} tokens, {record['network_calls']} "
-              f"network calls) ===\n{readable(record['text'])}")
-    print(f"\n{len(records)} samples of {seq_len} tokens in {elapsed:.2f} s "
-          f"({len(records) * to_generate / elapsed:,.0f} generated tokens/s), "
+        print(f"\n=== sample {record['sample']} ({len(record['tokens'])} tokens, "
+              f"{record['network_calls']} network calls) ===\n{readable(record['text'])}")
+    generated = sum(len(r["tokens"]) for r in records) - len(records) * len(given_positions)
+    print(f"\n{len(records)} samples of {length} tokens in {elapsed:.2f} s "
+          f"({generated / elapsed:,.0f} generated tokens/s), "
           f"{calls_summary(records, config, to_generate)}"
           + (f", {sum(r['tokens'].count(EOS) for r in records)} end-of-text tokens"
              if model.config.reads_gpt2 else ""))
-    if sampler.setup_seconds:
-        print(f"compiling and capturing {len(sampler.prepared_shapes)} call shapes: "
-              f"{sampler.setup_seconds:.1f} s, apart from the generation time above; the first "
-              f"batch took {records[0]['time_s']:.1f} s with it")
+    if long:
+        print(window_summary(records, length, window))
+    if setup:
+        shapes = sum(len(s.prepared_shapes) for s in samplers.values())
+        print(f"compiling and capturing {shapes} call shapes: {setup:.1f} s, apart from the "
+              f"generation time above; the first batch took {records[0]['time_s']:.1f} s with it")
     if args.out:
         write_text_atomic(args.out, "".join(json.dumps(r) + "\n" for r in records))
         print(f"wrote {args.out}")
     if args.judge:
-        del model, sampler  # make room for the judge
+        del model, samplers  # make room for the judge
         judge = Judge(args.judge, device, args.judge_weights)
         report = generative_perplexity([r["tokens"] for r in records], judge,
                                        args.judge_batch_size)
@@ -355,7 +438,9 @@ def calls_summary(records: list[dict], config: SamplingConfig, to_generate: int)
         return (f"{config.planner} planner: {calls:.1f} network calls per sample, "
                 f"{nll:.4f} nats per generated token along the orders taken")
     if config.sampler == "parallel":
-        return f"{config.steps} steps"
+        return (f"{config.steps} steps" if "seams" not in records[0] else
+                f"{sum(r['network_calls'] for r in records) / len(records):.1f} network calls "
+                "per sample")
     calls = sum(r["network_calls"] for r in records)
     decided = sum(r["drafts_decided"] for r in records)
     accepted = sum(r["drafts_accepted"] for r in records)

@@ -141,8 +141,8 @@ def test_an_order_alias_draws_the_tokens_of_its_word(checkpoint, tmp_path, alias
 
 def planned(checkpoint, tmp_path, *flags):
     out = tmp_path / "planned.jsonl"
-    code = main(["--ckpt", str(checkpoint), "--seq-len", str(N), "--out", str(out), "--force",
-                 *flags])
+    length = [] if "--length" in flags else ["--seq-len", str(N)]
+    code = main(["--ckpt", str(checkpoint), *length, "--out", str(out), "--force", *flags])
     return code, [json.loads(line) for line in out.read_text().splitlines()] if code == 0 else []
 
 
@@ -198,6 +198,35 @@ def test_a_planners_bad_input_is_one_line(checkpoint, tmp_path, capsys, flags, m
         assert code == 0
         return
     assert code == 2 and message in err and err.strip().count("\n") <= 1, err
+
+
+def test_a_text_past_the_block_slides_a_window_and_records_its_seams(checkpoint, tmp_path, capsys):
+    code, records = planned(checkpoint, tmp_path, "--length", "40", "--window", "8",
+                            "--num-samples", "2", "--sampler", "speculative")
+    assert code == 0
+    for r in records:
+        assert r["length"] == len(r["tokens"]) == 40 and r["seams"] == [24]
+        assert sorted(r["order"]) == list(range(40)) and r["stopped"] is None
+        assert r["network_calls"] < 40  # drafts accepted across chunks
+    assert "sliding window of 8 tokens, lengths 40..40 of 40" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("flags, message", [
+    (["--length", "30", "--seq-len", "16"], "error: --length and --seq-len both set the text's"),
+    (["--length", "40", "--window", "24"], "error: --window must be in 1..23"),
+    (["--length", "40", "--window", "0"], "error: --window must be at least 1, got 0"),
+    (["--length", "20", "--window", "4"], "error: --window slides past the block size (24): "
+                                          "--length 20 fits in one block"),
+    (["--length", "3", "--prompt", "a b c d e"], "error: --prompt (--length 3): given text at 0..4 "
+                                                 "does not fit in a sequence of 3 tokens"),
+    (["--length", "40", "--infill", '{"39": "a b"}'], "error: --infill (--length 40): given text "
+                                                      "at 39..40 does not fit"),
+    (["--stop-entropy", "0"], "error: --stop-entropy must be above 0 nats, got 0.0"),
+])
+def test_a_long_texts_bad_input_is_one_line(checkpoint, tmp_path, capsys, flags, message):
+    code = main(["--ckpt", str(checkpoint), "--out", str(tmp_path / "x.jsonl"), *flags])
+    err = capsys.readouterr().err
+    assert code == 2 and message in err and err.strip().count("\n") == 0, err
 
 
 @pytest.mark.parametrize("flags, message", [
