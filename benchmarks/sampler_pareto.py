@@ -2,13 +2,20 @@
 
     python benchmarks/sampler_pareto.py --ckpt RUN [--judge DATA-or-MODEL] [--num-samples 256]
         [--batch-sizes 1,32] [--steps 8,16,32,64,N] [--drafts 1,2,4,8,16] [--seq-len N]
+        [--planners confidence,margin,entropy] [--thresholds 0.9,0.7,0.5,0.3]
         [--json OUT] [--plot docs/sampler-pareto.png] [--table docs/sampler-pareto.md]
 
 In one process, on the same model, weights and device, every sampler and setting draws the same
 sample ids (so each sample's order is the same for all of them):
 - parallel, the paper's sampler, at S network calls (--steps), with the deterministic counts and
   with the binomial ones; S = n (one token per call) is exact ancestral sampling, the reference;
-- speculative at each draft length K (--drafts): exactly S = n's distribution, in fewer calls.
+- speculative at each draft length K (--drafts): exactly S = n's distribution, in fewer calls;
+- left to right at S = n, and the planners (model/sampler/planners.py), which choose each next
+  position by the model's own scores: confidence, margin and entropy at one position per call,
+  threshold at each --thresholds (every position whose top probability reaches it per call).
+  A planner does not draw from the model's joint: it prefers what the model is sure of, so its
+  true NLL is not the whole story: the unigram entropy and repetition beside it say what it
+  costs in diversity.
 For each it reports network calls per token (each sample's own calls; and the batch's, which
 runs until its slowest sample is done), seconds per generated token at each batch size (every
 sampler warmed up first, the timed runs of all samplers interleaved so that load from other
@@ -36,7 +43,7 @@ from aogpt.files import check_output_file, write_json_atomic, write_text_atomic
 from aogpt.model import load_checkpoint
 from aogpt.model.checkpoint import locate_checkpoint, provenance
 from aogpt.model.precision import device_name, reproducible_dtype, resolve_device
-from aogpt.model.sampler import KVCacheSampler, SamplingConfig
+from aogpt.model.sampler import PLANNERS, KVCacheSampler, SamplingConfig
 from aogpt.trainer.genppl import Judge, check_judge_matches, diversity, generative_perplexity
 
 
@@ -52,6 +59,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     add("--timed-batches", type=int, default=2, help="batches timed per batch size (default 2)")
     add("--steps", help="the parallel sampler's network calls (default n/16, n/8, n/4, n/2, n)")
     add("--drafts", default="1,2,4,8,16", help="the speculative sampler's K (default 1,2,4,8,16)")
+    add("--planners", default="confidence,margin,entropy",
+        help="planners at one position per call (default confidence,margin,entropy; '' none)")
+    add("--thresholds", default="0.9,0.7,0.5,0.3",
+        help="the threshold planner's thresholds (default 0.9,0.7,0.5,0.3; '' none)")
     add("--seq-len", type=int, help="tokens per sample (default the model's block size)")
     add("--seed", type=int, default=0)
     add("--device", default="auto", help="auto (cuda if available), cpu, cuda")
@@ -64,6 +75,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     args.batch_sizes = numbers(args.batch_sizes, "--batch-sizes")
     args.drafts = numbers(args.drafts, "--drafts")
     args.steps = numbers(args.steps, "--steps") if args.steps else None
+    args.planners = [p for p in args.planners.split(",") if p]
+    unknown = sorted(set(args.planners) - set(PLANNERS) - {"threshold", "order"})
+    if unknown or "order" in args.planners or "threshold" in args.planners:
+        raise UsageError(f"--planners takes {', '.join(p for p in PLANNERS[1:-1])}, got "
+                         f"{args.planners}: the threshold planner's rows come from --thresholds")
+    args.thresholds = fractions(args.thresholds, "--thresholds")
     for flag in ("json", "plot", "table"):
         if getattr(args, flag) is not None:
             check_output_file(getattr(args, flag), f"--{flag}", args.force)
@@ -80,7 +97,18 @@ def numbers(text: str, flag: str) -> list[int]:
     return values
 
 
-def settings(n: int, steps: list[int] | None, drafts: list[int]) -> list[tuple[str, dict]]:
+def fractions(text: str, flag: str) -> list[float]:
+    try:
+        values = [float(value) for value in text.split(",") if value]
+    except ValueError:
+        raise UsageError(f"{flag} takes a comma list of numbers, got {text!r}") from None
+    if any(not 0.0 < value < 1.0 for value in values):
+        raise UsageError(f"{flag} values must be in (0, 1), got {text!r}")
+    return values
+
+
+def settings(n: int, steps: list[int] | None, drafts: list[int], planners: list[str] = (),
+             thresholds: list[float] = ()) -> list[tuple[str, dict]]:
     """(label, SamplingConfig fields) of every sampler measured; S = n first, the reference."""
     steps = sorted({s for s in steps or [n // 16, n // 8, n // 4, n // 2, n] if 1 <= s <= n},
                    reverse=True)
@@ -90,6 +118,11 @@ def settings(n: int, steps: list[int] | None, drafts: list[int]) -> list[tuple[s
              for s in steps if s < n]
     rows += [(f"speculative K={k}", {"sampler": "speculative", "draft": min(k, n - 1)})
              for k in drafts]
+    if planners or thresholds:
+        rows.append(("left to right S=n", {"sampler": "parallel", "steps": n, "order": "l2r"}))
+    rows += [(f"planner {p}", {"planner": p}) for p in planners]
+    rows += [(f"planner threshold {t:g}", {"planner": "threshold", "threshold": t})
+             for t in thresholds]
     return rows
 
 
@@ -184,9 +217,13 @@ def plot(rows: list[dict], header: dict, path: Path) -> None:
     figure, axes = plt.subplots(figsize=(7, 4.5))
     families = {"parallel S=": ("the paper's sampler, deterministic counts", "o-"),
                 "parallel binomial": ("the paper's sampler, binomial counts", "s--"),
-                "speculative": ("speculative (exact), draft K", "D-")}
+                "speculative": ("speculative (exact), draft K", "D-"),
+                "planner threshold": ("threshold planner (not the joint)", "v-"),
+                "planner ": ("confidence, margin, entropy planners (not the joint)", "^"),
+                "left to right": ("left to right, S = n", "x")}
     for prefix, (name, style) in families.items():
-        members = [row for row in rows if row["label"].startswith(prefix)]
+        members = [row for row in rows if row["label"].startswith(prefix)
+                   and not (prefix == "planner " and "threshold" in row["label"])]
         if not members:
             continue
         x = [row["calls_per_token"] for row in members]
@@ -227,7 +264,7 @@ def main(argv: list[str] | None = None) -> int:
               "exact_judge": judge is not None and judge.language is not None,
               "provenance": origin}
     rows = []
-    for label, fields in settings(n, args.steps, args.drafts):
+    for label, fields in settings(n, args.steps, args.drafts, args.planners, args.thresholds):
         row = measure(model, label, fields, args, n, judge, device)
         rows.append(row)
         value, error = quality(row)
