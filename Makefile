@@ -33,7 +33,7 @@ test: $(STAMP) tokenizer lint
 	$(PY) -m pytest -m "not slow"
 
 test-all: $(STAMP) tokenizer lint
-	$(PY) -m pytest
+	$(PY) -m pytest --durations=40
 
 demo: $(STAMP) tokenizer
 	$(PY) tools/demo.py

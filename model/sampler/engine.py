@@ -143,9 +143,13 @@ class KVCacheSampler:
     @torch.no_grad()
     def generate(self, sample_ids: torch.Tensor, given_tokens: torch.Tensor | None = None,
                  given_mask: torch.Tensor | None = None,
-                 on_step: Callable[[StepOutput], None] | None = None) -> Generation:
+                 on_step: Callable[[StepOutput], None] | None = None,
+                 forced_tokens: torch.Tensor | None = None) -> Generation:
         """Samples (b,) ids (b <= batch_size; they key the randomness). given_tokens and
-        given_mask (b, n) fix tokens at chosen positions (a prompt, or any infill pattern)."""
+        given_mask (b, n) fix tokens at chosen positions (a prompt, or any infill pattern).
+        forced_tokens (b, n), planners only: teacher forcing, each revealed position takes its
+        token from there instead of drawing it, so the planner's order and the exact
+        log-likelihood along it score that text (evaluation; eager calls only)."""
         b, n, full = len(sample_ids), self.seq_len, self.batch_size
         if not 1 <= b <= full:
             raise UsageError(f"generate takes 1..{full} sample ids, got {b}")
@@ -163,6 +167,11 @@ class KVCacheSampler:
         self._refresh_tables()
         self.orders.copy_(draw_orders(self.config, given_mask, sample_ids))
         self.ordered[:, :n].copy_(shuffle(given_tokens.long(), self.orders))
+        if forced_tokens is not None:
+            if not isinstance(self.strategy, PlannerSampling) or self.bucketed:
+                raise UsageError("forced tokens score a text along a planner's order: they need "
+                                 "a planner and eager calls (no CUDA graphs, not compiled)")
+            self.strategy.forced = forced_tokens.to(self.device)[pad]
         done = self.strategy.generate(sample_ids, given_mask, on_step)
         tokens = unshuffle(self.ordered[:, :n], self.orders)
         return Generation(tokens[:b].clone(), self.orders[:b].clone(), done["network_calls"],

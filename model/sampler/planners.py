@@ -25,6 +25,15 @@ from those rows (stats["log_likelihood"]; a last call with no candidates scores 
 reveals). With reveal = 1 each token is drawn from its exact conditional: the log-likelihood is
 then that of the sample under the planner's own generative process.
 
+Scoring a text along a planner's order (teacher forcing, generate's forced_tokens): each revealed
+position takes the text's token instead of a drawn one. The planner still decides from the
+revealed tokens only, so every text has exactly one path and the product of the conditionals
+along it is a normalised distribution over texts: the log-likelihood is an exact likelihood (of
+the model read in the planner's order), not a bound like the random-order average, whose exp is
+an upper bound on the perplexity of the mixture over orders. With reveal = 1 it is exactly the
+likelihood of what the planner's sampler draws; with reveal > 1 the sampler draws a call's
+positions independently, and the likelihood is that of drawing them one after the other.
+
 Candidates: every remaining position (about n^2 / 2 rows over a generation at reveal 1), or a
 budget of the next `candidates` positions of the sample's order (random or left to right), or,
 with `block`, the remaining positions of the current block of `block` positions, left to right
@@ -71,6 +80,7 @@ class PlannerSampling:
         self.log_likelihood = torch.zeros(b, dtype=torch.float64, device=device)
         self.calls = torch.zeros(b, **state)
         self.tie_breaks = torch.zeros(b, n, dtype=torch.float64, device=device)
+        self.forced: torch.Tensor | None = None  # teacher forcing: (b, n) tokens, one generate
 
     def state(self) -> list[torch.Tensor]:
         return [self.final, self.fed_from, self.log_likelihood, self.calls, self.sampler.orders]
@@ -103,6 +113,7 @@ class PlannerSampling:
                 bounds = torch.stack([fed_from, final, final + left]).to(sampler.device)
                 on_step(StepOutput(calls, logits, target_slots, valid, bounds))
             calls, rows = calls + 1, rows + shape[0]
+        self.forced = None
         return {"network_calls": calls, "rows": rows, "sample_calls": self.calls.cpu(),
                 "stats": {"log_likelihood": self.log_likelihood.cpu()}}
 
@@ -162,8 +173,9 @@ class PlannerSampling:
         # their tokens, each from its own row with its position's uniform
         positions = tail.gather(1, best)
         chosen_logits = cand_logits.gather(1, best[..., None].expand(-1, -1, logits.size(-1)))
-        drawn = inverse_cdf(token_probs(chosen_logits, config),
-                            sampler.uniforms.gather(1, positions))
+        drawn = (inverse_cdf(token_probs(chosen_logits, config),
+                             sampler.uniforms.gather(1, positions)) if self.forced is None
+                 else self.forced.gather(1, positions))
         first_logp = model_logp.gather(1, (final - fed_from + best[:, :1]).clamp(
             max=targets - 1)[..., None].expand(-1, -1, model_logp.size(-1)))[:, 0]
         self.log_likelihood += torch.where(reveal > 0, first_logp.gather(

@@ -160,3 +160,41 @@ def test_bad_planner_settings_are_usage_errors(settings, message):
     with pytest.raises(UsageError) as err:
         KVCacheSampler(model(), B, N, SamplingConfig(**settings))
     assert message in str(err.value)
+
+
+@pytest.mark.parametrize("settings", PLANNED.values(), ids=PLANNED.keys())
+def test_a_text_scored_along_a_planners_order_is_its_exact_likelihood_there(settings):
+    """Teacher forcing (forced_tokens): the planner reveals the text's own tokens, and the
+    log-likelihood recorded is a teacher-forced pass along the order it took."""
+    network = model()
+    text = torch.randint(0, 50, (B, N))
+    sampler = KVCacheSampler(network, B, N, SamplingConfig(seed=1, **settings))
+    out = sampler.generate(torch.arange(B), forced_tokens=text)
+    assert torch.equal(out.tokens, text)
+    forced = -network.token_nll(text, out.orders).sum(dim=1)
+    torch.testing.assert_close(out.stats["log_likelihood"], forced, rtol=0, atol=1e-9)
+
+
+@pytest.mark.parametrize("settings", [{"planner": "margin"}, {"planner": "entropy", "candidates": 3},
+                                      {"planner": "threshold", "threshold": 0.7}],
+                         ids=["margin", "entropy-budget-3", "threshold"])
+def test_the_planners_likelihood_sums_to_one_over_every_text(settings):
+    """A likelihood, not a bound: the order depends on the revealed tokens only, so each text
+    has one path and the probabilities of all texts of a tiny vocabulary add up to one."""
+    vocab, n = 3, 4
+    config = ModelConfig(n_layer=1, n_head=2, n_embd=16, block_size=n, cond_dim=8,
+                         vocab_size=vocab)
+    network = perturbed_float64_model(config)
+    with torch.no_grad():
+        network.lm_head.weight.mul_(10.0)  # scores that move with the tokens revealed
+    texts = torch.cartesian_prod(*[torch.arange(vocab)] * n)  # (81, 4): every text
+    sampler = KVCacheSampler(network, len(texts), n, SamplingConfig(seed=1, **settings))
+    out = sampler.generate(torch.zeros(len(texts), dtype=torch.long), forced_tokens=texts)
+    assert out.stats["log_likelihood"].exp().sum().item() == pytest.approx(1.0, abs=1e-12)
+    assert len({tuple(order) for order in out.orders.tolist()}) > 1  # the order does depend on x
+
+
+def test_forced_tokens_need_a_planner():
+    sampler = KVCacheSampler(model(), B, N, SamplingConfig(seed=1))
+    with pytest.raises(UsageError, match="forced tokens score a text along a planner's order"):
+        sampler.generate(torch.arange(B), forced_tokens=torch.zeros(B, N, dtype=torch.long))
