@@ -3,7 +3,7 @@
     python trainer/evaluate.py --ckpt PATH --data DIR [--data DIR2 ...] [--orders l2r,random]
         [--num-orders K] [--ensemble M[,M2,...]] [--ensemble-targets N] [--weights ema|raw]
         [--json OUT [--force]] [--batch-size B] [--max-samples N] [--seed S]
-        [--precision fp32|bf16] [--unigram-from PRETRAIN_DIR]
+        [--precision fp32|bf16] [--unigram-from PRETRAIN_DIR] [--planners margin,confidence]
     torchrun --nproc_per_node 8 trainer/evaluate.py ...      (or deepspeed, or srun)
 
 --ckpt is a training out_dir (its final/ weights; a run that has not finished is read through its
@@ -78,6 +78,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     add("--ensemble-base", default=ANY_ORDER.word,
         help=f"the order whose contexts are re-permuted: {' or '.join(READING_WORDS)} "
         f"(default {ANY_ORDER.word}, as the paper; aliases as for --orders)")
+    add("--planners", default="", metavar="P[,P2,...]",
+        help="also score each text along the order a planner takes revealing its own tokens "
+             "(confidence, margin, entropy, threshold): an exact likelihood, at about n^2/2 rows "
+             "per sequence")
     add("--weights", choices=("ema", "raw"), default="ema", help="default ema (as the paper)")
     add("--unigram-from", type=Path, default=None, metavar="DIR",
         help="also score a context-free reference: the token frequencies of this pretraining "
@@ -120,7 +124,8 @@ def settings_from_args(args: argparse.Namespace, any_order: bool) -> EvalSetting
                         ensemble=parse_sizes(args.ensemble),
                         ensemble_targets=args.ensemble_targets, ensemble_base=args.ensemble_base,
                         batch_size=args.batch_size, max_samples=args.max_samples, seed=args.seed,
-                        precision=args.precision)
+                        precision=args.precision,
+                        planners=tuple(p for p in args.planners.split(",") if p))
 
 
 def describe_model(model, weights: str) -> str:
@@ -164,6 +169,12 @@ def preflight(args: argparse.Namespace, dist_env: DistEnv):
     data = [open_data(folder, model.config.block_size, settings.max_samples,
                       model.config.vocab_size)
             for folder in args.data]
+    per_example = [d.name for d in data if d.manifest.get("settings", {}).get("packing")
+                   == "per_example"]
+    if settings.planners and per_example:
+        raise UsageError(f"--planners scores whole sequences; {', '.join(per_example)} holds "
+                         "padded per-example samples (a planner would read the padding, and with "
+                         "it each text's length, first): score them with --orders")
     unigrams = [None if args.unigram_from is None else unigram_reference(args.unigram_from, folder)
                 for folder in data]
     return device, source, model.to(device), settings, data, unigrams

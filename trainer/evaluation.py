@@ -6,6 +6,12 @@ For each sequence x of n tokens (a data folder's samples in order, split over ra
     random     -log p(x | σ) for K seeded uniform orders σ per sequence. Its mean over σ is the
                AO-AR loss, the masked diffusion model's negative ELBO, so exp() of it bounds the
                perplexity from above ("<= PPL"). Reported with the std over the K.
+    planner    -log p(x) along the order a planner (model/sampler/planners.py: confidence,
+               margin, entropy, threshold) takes while it reveals x's own tokens: the planner
+               decides from the tokens revealed so far only, so each x has one path and these are
+               a normalised distribution over texts. An exact likelihood (of the model read in
+               the planner's order), not a bound. Costs about n^2/2 rows per sequence (every
+               remaining position is a candidate at each of its n calls).
     ensemble   the paper's context-order ensemble (Finding 5): for the i-th target of a base order
                σ, p_ens = mean over M members of p(x[σ_i] | the context σ_<i re-permuted), member 0
                being σ itself; the NLL of p_ens per token. One run reports every size M' <= M
@@ -60,6 +66,7 @@ from aogpt.model.orders import (
     counter_uniform,
     reading_named,
 )
+from aogpt.model.sampler import PLANNERS, KVCacheSampler, SamplingConfig
 from aogpt.progress import progress as progress_bar
 
 PRECISIONS = {
@@ -96,6 +103,7 @@ class EvalSettings:
     max_samples: int | None = None  # the first N samples of each data folder
     seed: int = 0
     precision: str = "fp32"
+    planners: tuple[str, ...] = ()  # planners whose orders score the text (planners.py)
 
     def __post_init__(self):
         # an alias names its reading by its word, the key of the results
@@ -106,7 +114,7 @@ class EvalSettings:
 
     def validate(self, model: AOGPT) -> None:
         """UsageError for settings that cannot run, or cannot run on this model."""
-        if not (self.orders or self.ensemble):
+        if not (self.orders or self.ensemble or self.planners):
             raise UsageError(f"--orders: give a comma list of {', '.join(READING_WORDS)} (or "
                              "an --ensemble)")
         check_counts(self, "num_orders", "batch_size", "ensemble_targets", "max_samples")
@@ -117,7 +125,11 @@ class EvalSettings:
             raise UsageError(f"--ensemble sizes must be positive, got {list(self.ensemble)}")
         if self.precision not in PRECISIONS:
             raise UsageError(f"--precision must be one of {', '.join(PRECISIONS)}")
-        if ANY_ORDER.word in self.orders or self.ensemble:
+        unknown = [p for p in self.planners if p not in PLANNERS or p == "order"]
+        if unknown:
+            raise UsageError(f"--planners {','.join(unknown)}: each must be one of "
+                             f"{', '.join(PLANNERS[1:])}")
+        if ANY_ORDER.word in self.orders or self.ensemble or self.planners:
             model.config.require_any_order("it cannot score other orders; use --orders "
                                            f"{LEFT_TO_RIGHT.word} and no --ensemble")
 
@@ -383,6 +395,11 @@ def ensemble_sums(unit_nll: torch.Tensor, unit_sample: torch.Tensor, counts: tor
     return torch.stack(out)
 
 
+def planner_kind(planner: str) -> str:
+    """A planner's key in the results: "planner margin"."""
+    return f"planner {planner}"
+
+
 # ---- tallies and the evaluator --------------------------------------------------------------------
 
 @dataclass
@@ -456,7 +473,8 @@ class Evaluator:
                 self.score_batch(sampler, tallies, *(t.to(self.device) for t in
                                                      (sample_indices, idx, lengths)))
         summarize = {LEFT_TO_RIGHT.word: self.summarize_l2r,
-                     ANY_ORDER.word: self.summarize_random, "ensemble": self.summarize_ensemble}
+                     ANY_ORDER.word: self.summarize_random, "ensemble": self.summarize_ensemble,
+                     **{planner_kind(p): self.summarize_planner for p in self.settings.planners}}
         return {"data": str(data.path), "dataset": data.name, "split": data.split,
                 "samples": data.num_samples, "seq_len": data.seq_len,
                 **{kind: summarize[kind](tally.reduced()) for kind, tally in tallies.items()}}
@@ -477,6 +495,8 @@ class Evaluator:
         if s.ensemble:
             tallies["ensemble"] = Tally(sums(len(s.ensemble), 2),
                                         extra={"tokens": 0, "scored_targets": 0})
+        for planner in s.planners:
+            tallies[planner_kind(planner)] = Tally(sums(2), extra={"network_calls": 0})
         return tallies
 
     def order_sampler(self, seq_len: int) -> OrderSampler:
@@ -516,6 +536,27 @@ class Evaluator:
                         scored[ANY_ORDER.word] = orders, nll
         if "ensemble" in tallies:
             self.score_ensemble(tallies["ensemble"], sampler, scored, sample_indices, idx, lengths)
+        for planner in s.planners:
+            self.score_planner(tallies[planner_kind(planner)], planner, sample_indices, idx,
+                               lengths)
+
+    def score_planner(self, tally: Tally, planner: str, sample_indices: torch.Tensor,
+                      idx: torch.Tensor, lengths: torch.Tensor) -> None:
+        """The text's log-likelihood along the order the planner takes revealing its tokens
+        (teacher forcing). Padding past a sample's length is given (read first, not scored)."""
+        b, n = idx.shape
+        with self.timed(tally):
+            padding = torch.arange(n, device=idx.device) >= lengths[:, None]
+            sampler = KVCacheSampler(self.model, b, n, SamplingConfig(planner=planner,
+                                                                      seed=self.settings.seed),
+                                     cuda_graphs=False, compile=False)
+            out = sampler.generate(sample_indices, idx, padding, forced_tokens=idx)
+            tally.sums += torch.tensor([-out.stats["log_likelihood"].sum().item(),
+                                        float(lengths.sum())], dtype=torch.float64,
+                                       device=tally.sums.device)
+            tally.forwards += out.network_calls * b
+            tally.slot_forwards += out.rows * b
+            tally.extra["network_calls"] += int(out.sample_calls.sum())
 
     def score_ensemble(self, tally: Tally, sampler: OrderSampler, scored: dict,
                        sample_indices: torch.Tensor, idx: torch.Tensor, lengths: torch.Tensor) -> None:
@@ -558,6 +599,11 @@ class Evaluator:
         nll_sum, tokens = tally.sums.tolist()
         return {**_score(nll_sum / tokens), "tokens": round(tokens), **self._cost(tally)}
 
+    def summarize_planner(self, tally: Tally) -> dict:
+        nll_sum, tokens = tally.sums.tolist()
+        return {**_score(nll_sum / tokens), "tokens": round(tokens), "likelihood": "exact",
+                "network_calls": tally.extra["network_calls"], **self._cost(tally)}
+
     def summarize_random(self, tally: Tally) -> dict:
         per_order = (tally.sums[:, 0] / tally.sums[:, 1]).tolist()
         sums = tally.sums.sum(dim=0).tolist()
@@ -587,7 +633,8 @@ def format_table(results: list[dict]) -> str:
     lines = [header, "-" * len(header)]
     for result in results:
         name = result["dataset"]
-        for kind in ("unigram", *READING_WORDS, "ensemble"):
+        planned = [kind for kind in result if kind.startswith("planner ")]
+        for kind in ("unigram", *READING_WORDS, *planned, "ensemble"):
             if kind not in result:
                 continue
             row = result[kind]
@@ -608,7 +655,8 @@ def format_table(results: list[dict]) -> str:
     lines.append(f"nll: nats per token. {ANY_ORDER.word} and ensemble average over orders: their "
                  f"ppl is an upper bound. ±: std over the orders ({ANY_ORDER.word}), standard "
                  "error of the target sampling (ensemble). unigram (ref): token frequencies of the "
-                 "training data, no context")
+                 "training data, no context. planner: the exact likelihood along the order the "
+                 "planner takes, revealing the text's own tokens")
     return "\n".join(lines)
 
 

@@ -16,13 +16,15 @@ from eval_testing import build_wikitext, read_folder, save_checkpoint, wikitext_
 
 import aogpt
 from aogpt.data_prep.owt_to_mds import main as owt_to_mds
-from aogpt.model import AOGPT, save_consolidated
-from aogpt.model.checkpoint import model_config_from_dict, read_consolidated
+from aogpt.model import AOGPT, load_checkpoint, save_consolidated
+from aogpt.model.checkpoint import locate_checkpoint, model_config_from_dict, read_consolidated
 from aogpt.model.config import ModelConfig
 from aogpt.model.official import convert_official
 from aogpt.model.run_folder import RunFolder, tag_for
+from aogpt.model.sampler import KVCacheSampler, SamplingConfig
 from aogpt.trainer.dist_env import free_port
 from aogpt.trainer.evaluate import main
+from aogpt.trainer.evaluation import EvalData
 
 EVALUATE = str(REPO / "trainer" / "evaluate.py")
 COMMIT = r"[0-9a-f]{40}(\+dirty)?"  # git_sha()'s form; its value moves with each commit
@@ -115,6 +117,26 @@ def test_sigma_gpt_is_scored_in_every_order_kind(folders, tmp_path, evaluate):
                             "--ensemble", "2", "--max-samples", "2", "--json", tmp_path / "r.json")
     assert code == 0 and "sigma-GPT" in out
     assert {"l2r", "random", "ensemble"} <= set(results(tmp_path / "r.json"))
+
+
+def test_planners_score_each_text_along_the_order_they_take(folders, tmp_path, evaluate):
+    code, out, _ = evaluate("--ckpt", folders["adaln"], "--data", folders["data"], "--orders",
+                            "l2r", "--planners", "margin,threshold", "--max-samples", "2",
+                            "--batch-size", "2", "--json", tmp_path / "r.json")
+    assert code == 0 and "planner margin" in out and "planner threshold" in out
+    scored = results(tmp_path / "r.json")
+    margin = scored["planner margin"]
+    assert margin["likelihood"] == "exact" and margin["tokens"] == scored["l2r"]["tokens"]
+    # the same texts through the sampler's teacher forcing: the same likelihood
+    model = load_checkpoint(locate_checkpoint(folders["adaln"]).file, weights="ema")
+    data = EvalData(folders["data"], model.config.block_size, max_samples=2)
+    (sample_indices, idx, lengths), = data.batches(0, 1, 2)
+    sampler = KVCacheSampler(model, 2, idx.size(1), SamplingConfig(planner="margin"))
+    with torch.no_grad():
+        forced = sampler.generate(sample_indices, forced_tokens=idx)
+    expected = -forced.stats["log_likelihood"].sum().item() / lengths.sum().item()
+    assert margin["nll"] == pytest.approx(expected, rel=1e-9)
+    assert margin["network_calls"] == forced.sample_calls.sum().item()
 
 
 def without_wall_times(value):
@@ -233,6 +255,10 @@ BAD_INPUTS = {
                                  'weights="raw"'),
     "zero orders": (lambda f, t: ["--ckpt", f["adaln"], "--data", f["data"], "--num-orders", "0"],
                     "--num-orders must be at least 1"),
+    "unknown planner": (lambda f, t: ["--ckpt", f["adaln"], "--data", f["data"], "--planners",
+                                      "margin,sideways"],
+                        "--planners sideways: each must be one of confidence, margin, entropy, "
+                        "threshold"),
     "one ensemble target": (lambda f, t: ["--ckpt", f["adaln"], "--data", f["data"], "--ensemble",
                                           "2", "--ensemble-targets", "1"],
                             "--ensemble-targets must be at least 2"),
