@@ -56,7 +56,6 @@ RUN_STATE = "suite_run.json"
 PREEMPTED = 75  # the trainer's exit status after saving a checkpoint on SIGTERM
 STOP_GRACE_S = 300  # how long stopped runs get to write their checkpoint
 POLL_S = 2.0
-START_UP_LIMIT_S = 300  # a training counts as started up once it logs a step, or after this
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -150,11 +149,6 @@ class Job:
     exclusive: bool = False  # runs alone (timings)
     progress: Callable[[], str] | None = None  # a short status while it runs
     finished: Callable[[int, float], None] | None = None  # (exit status, seconds)
-    started_up: Callable[[float], bool] | None = None  # (launch time) -> past its start-up?
-
-    def settled(self, launched: float) -> bool:
-        return (self.started_up is None or self.started_up(launched)
-                or time.time() - launched > START_UP_LIMIT_S)
 
 
 def raise_interrupted(signum, frame) -> None:
@@ -165,11 +159,8 @@ def run_jobs(jobs: list[Job], parallel: int, env: dict[str, str]) -> dict[str, i
     """Runs the jobs, at most `parallel` at a time, in list order as their dependencies allow.
     Returns each job's exit status (None: skipped because a dependency failed). On Ctrl-C or
     SIGTERM, the running jobs get SIGTERM (the trainer saves a checkpoint) before it re-raises.
-
-    A job starts only once the running trainings are past their start-up: every trainer unlinks
-    the streaming shared memory it finds when it starts (clean_stale_shared_memory), and two
-    datasets registering at the same moment can take the same name (mosaicml/streaming#884); a
-    run whose loader is up has attached to its own blocks and no longer looks them up."""
+    Trainings start side by side at once: their streaming datasets keep out of each other's
+    shared memory (data_prep/shared_memory.py)."""
     status: dict[str, int | None] = {}
     pending, running = list(jobs), {}
     bar = tqdm(total=len(jobs), desc="suite", unit="job", dynamic_ncols=True)
@@ -183,8 +174,7 @@ def run_jobs(jobs: list[Job], parallel: int, env: dict[str, str]) -> dict[str, i
                 bar.update(1)
                 bar.write(f"skipped {job.name}: {', '.join(job.after)} did not finish")
             for job in list(pending):
-                if len(running) >= parallel or any(
-                        j.exclusive or not j.settled(launched) for j, _, launched in running.values()):
+                if len(running) >= parallel or any(j.exclusive for j, _, _ in running.values()):
                     break
                 if any(d not in status for d in job.after) or (job.exclusive and running):
                     continue
@@ -276,14 +266,6 @@ def record_launch(run: plan.Run, exit_status: int, seconds: float) -> None:
     write_json_atomic(state, run.out_dir / RUN_STATE)
 
 
-def logged_since(run: plan.Run) -> Callable[[float], bool]:
-    """Whether the run has logged a step since it was launched (its loader is up by then)."""
-    def started_up(launched: float) -> bool:
-        metrics = RunFolder(run.out_dir).metrics_file
-        return metrics.is_file() and metrics.stat().st_mtime > launched
-    return started_up
-
-
 def training_progress(run: plan.Run) -> Callable[[], str]:
     def progress() -> str:
         metrics = RunFolder(run.out_dir).metrics_file
@@ -358,8 +340,7 @@ class Suite:
             else:
                 trains.append(Job(run.name, plan.train_command(self.scale, run),
                                   run.out_dir / "train.log", progress=training_progress(run),
-                                  finished=lambda code, s, run=run: record_launch(run, code, s),
-                                  started_up=logged_since(run)))
+                                  finished=lambda code, s, run=run: record_launch(run, code, s)))
             for kind, command, expected, result_keys in self.eval_commands(run):
                 if trained and eval_is_current(self.eval_path(run, kind), run, expected, result_keys):
                     cached += 1

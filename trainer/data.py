@@ -450,8 +450,3 @@ def validation_loader(cfg: RunConfig, manifests: dict[str, dict], dist_env: Dist
                       device: torch.device) -> ValidationBatches:
     return ValidationBatches(cfg, manifests, dist_env, device)
 
-
-def clean_stale_shared_memory() -> None:
-    """Unlinks shared memory leaked by a killed run. Collective: every rank calls it, local rank 0
-    cleans while the others wait at a barrier inside."""
-    streaming.base.util.clean_stale_shared_memory()

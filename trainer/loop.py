@@ -38,7 +38,7 @@ from aogpt.model.warm_start import warm_start
 from aogpt.trainer import zero_shot
 from aogpt.trainer.checkpoint import Checkpointer, Progress
 from aogpt.trainer.config import RunConfig, config_to_dict
-from aogpt.trainer.data import TrainBatches, clean_stale_shared_memory
+from aogpt.trainer.data import TrainBatches
 from aogpt.trainer.dist_env import DistEnv, all_reduce_sum, any_rank, host_group, init_process_group
 from aogpt.trainer.ds_config import zero_stage
 from aogpt.trainer.ema import ShardedEMA
@@ -86,7 +86,6 @@ class Trainer:
         init_process_group(cfg.train.collective_timeout_s)  # a hung rank fails the others
         self.host_group = host_group()
         make_deepspeed_steps_sync_free()
-        clean_stale_shared_memory()  # a killed run's leftovers would break the loader
         self.accum = cfg.gradient_accumulation_steps(dist_env.world_size)
 
         torch.manual_seed(cfg.train.seed)  # the same initial weights on every rank

@@ -10,7 +10,6 @@ from conftest import SHARED_DATA, run_cli
 from mds_testing import (
     EVAL_TO_MDS,
     FakeHub,
-    no_stale_shared_memory,  # noqa: F401 (an autouse fixture)
     read_column,
     read_samples,
 )

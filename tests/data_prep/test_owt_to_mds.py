@@ -23,7 +23,6 @@ from mds_testing import (
     generated_documents,
     in_val,
     manifest_of,
-    no_stale_shared_memory,  # noqa: F401 (an autouse fixture)
     read_samples,
     real_or_generated_documents,
     token_stream,
