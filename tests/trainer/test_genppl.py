@@ -123,17 +123,27 @@ def test_a_judge_folder_of_another_model_is_refused_not_loaded_as_a_random_gpt2(
         "give a GPT-2 folder saved with save_pretrained, e.g. gpt2-large")
 
 
-def test_an_existing_report_is_replaced_only_with_force(hf_judge_dir, tmp_path, capsys):
+def test_an_existing_report_is_replaced_only_with_force_and_only_an_earlier_report(
+        hf_judge_dir, tmp_path, capsys):
     path = tmp_path / "samples.jsonl"
     path.write_text("".join(json.dumps({"tokens": s}) + "\n" for s in samples(2)))
     out = tmp_path / "report.json"
     out.write_text("my earlier report")
     args = ["--samples", str(path), "--judge", str(hf_judge_dir), "--json", str(out)]
-    assert main(args) == 2
+    assert main([*args, "--force"]) == 2
     captured = capsys.readouterr()
     assert captured.out == "" and captured.err == (  # refused before any scoring
-        f"error: --json {out} exists: pass --force to replace it, or choose another name\n")
+        f"error: --json {out} is a file that trainer/genppl.py did not write: choose another "
+        "name (--force replaces only an earlier generative-perplexity report of "
+        "trainer/genppl.py)\n")
     assert out.read_text() == "my earlier report"
+    out.unlink()
+    assert main(args) == 0
+    assert capsys.readouterr().out.endswith(f"wrote {out}\n")
+    assert main(args) == 2
+    assert capsys.readouterr().err == (
+        f"error: --json {out} holds an earlier generative-perplexity report of trainer/genppl.py: "
+        "pass --force to replace it, or choose another name\n")
     assert main([*args, "--force"]) == 0
     assert json.loads(out.read_text())["samples"] == 2
 
