@@ -46,7 +46,7 @@ from tqdm import tqdm
 from aogpt import UsageError, check_counts, cli_entry
 from aogpt.data_prep.corpora import shakespeare_plays
 from aogpt.data_prep.manifest import read_manifest
-from aogpt.files import git_sha, write_bytes_atomic, write_json_atomic
+from aogpt.files import check_writable_folder, git_sha, write_bytes_atomic, write_json_atomic
 from aogpt.model.orders import READING_WORDS
 from aogpt.model.run_folder import RunFolder
 from aogpt.trainer.config import config_to_dict, load_config
@@ -113,6 +113,9 @@ def validate(args: argparse.Namespace) -> None:
                          "like 16,64,128")
     if args.publish is not None and args.publish.resolve() == args.out.resolve():
         raise UsageError(f"--publish {args.publish} is --out itself: give another folder")
+    for flag, folder in (("--out", args.out), ("--publish", args.publish)):
+        if folder is not None:  # folders the suite writes into: not a file, nor below one
+            check_writable_folder(folder, f"{flag} {folder}")
     for setting in args.settings:
         if "=" not in setting:
             raise UsageError(f"--set {setting!r} is not of the form key.sub=value")
@@ -236,22 +239,24 @@ def last_line(path: Path) -> str:
 
 
 def run_state(run: plan.Run) -> dict:
-    """DIR/runs/NAME/suite_run.json: the settings the run was started with, its launches, done."""
+    """DIR/runs/NAME/suite_run.json: the settings the run was started with, its launches, done,
+    and which command wrote it (the trainer finds it in the run's out_dir before the run's own
+    files, and lets it be there: trainer/out_dir.py)."""
     path = run.out_dir / RUN_STATE
-    return json.loads(path.read_text()) if path.is_file() else {
+    state = json.loads(path.read_text()) if path.is_file() else {
         "overrides": run.overrides, "launches": [], "done": False}
+    return {**state, "provenance": {"made_by": "experiments/run.py"}}
 
 
 def claim_run_dir(run: plan.Run) -> None:
     """Records the run's settings in its folder, or checks that they are the ones recorded there:
     resuming a run with other settings would mix two experiments in one curve."""
     state = run_state(run)
-    if not (run.out_dir / RUN_STATE).is_file():
-        write_json_atomic(state, run.out_dir / RUN_STATE)
-    elif state["overrides"] != run.overrides:
+    if state["overrides"] != run.overrides:
         changed = sorted(set(state["overrides"]) ^ set(run.overrides))
         raise UsageError(f"{run.out_dir} was started with other settings ({', '.join(changed)}): "
                          f"use another --out, or delete {run.out_dir} to train it again")
+    write_json_atomic(state, run.out_dir / RUN_STATE)  # a state of an earlier version: made_by
 
 
 def is_trained(run: plan.Run) -> bool:

@@ -4,6 +4,7 @@ Hugging Face GPT-2 folder or by a checkpoint of this project."""
 import json
 import math
 import re
+import shutil
 
 import pytest
 import torch
@@ -13,6 +14,7 @@ import aogpt
 from aogpt import UsageError
 from aogpt.model import AOGPT, save_consolidated
 from aogpt.model.config import ModelConfig
+from aogpt.model.run_folder import RunFolder, tag_for
 from aogpt.trainer import sample
 from aogpt.trainer.genppl import Judge, generative_perplexity, main, unigram_entropy
 
@@ -100,6 +102,19 @@ def test_cli_reads_sample_jsonl_and_writes_the_report(hf_judge_dir, tmp_path, ca
     report = json.loads(out.read_text())
     assert report["samples"] == 3 and report["mean_ppl"] > 1
     assert "generative perplexity" in capsys.readouterr().out
+
+
+def test_a_judge_that_is_an_unfinished_run_says_which_checkpoint_judges(project_ckpt, tmp_path,
+                                                                         capsys):
+    run = RunFolder(tmp_path / "run")  # as the trainer leaves it before final/
+    shutil.copytree(project_ckpt.parent, run.tag_dir(tag_for(4)))
+    run.latest_file.write_text(tag_for(4))
+    path = tmp_path / "samples.jsonl"
+    path.write_text("".join(json.dumps({"tokens": s}) + "\n" for s in samples(2)))
+    assert main(["--samples", str(path), "--judge", str(run.root), "--weights", "raw"]) == 0
+    assert capsys.readouterr().err.splitlines()[0] == (
+        f"note: {run.root} has no final/ (the run has not finished): reading its latest "
+        f"checkpoint, {tag_for(4)}")
 
 
 def test_cli_refuses_a_file_without_tokens(hf_judge_dir, tmp_path, capsys):
