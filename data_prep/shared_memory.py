@@ -4,15 +4,16 @@
 
 MosaicML Streaming 0.13 gives every StreamingDataset a number, its prefix, and keeps the dataset's
 state between the ranks and loader workers of a node in shared-memory blocks named
-/dev/shm/<prefix:06>_<name> (locals, barrier, next_epoch, resume, ...), with two lock files
-<tmp>/<prefix:06>_{barrier,cache}_filelock. A new dataset looks for the lowest prefix none of whose
-blocks exist (streaming/base/shared/prefix.py), and its local leader then creates that prefix's
-`locals` block. On a host that runs more than one training (two experiments on one 8-GPU node, a
-CPU job beside a GPU job) this goes wrong twice:
+/dev/shm/<prefix:06>_<name> (locals, barrier, next_epoch, resume, ...), beside two lock files
+<tmp>/<prefix:06>_{barrier,cache}_filelock. A new dataset takes a prefix none of whose blocks or
+lock files exist (streaming/base/shared/prefix.py), and its local leader then creates that
+prefix's `locals` block. On a host that runs more than one training (two experiments on one 8-GPU
+node, a CPU job beside a GPU job) this goes wrong twice:
 - a run killed with SIGKILL leaves its blocks behind, and streaming's remedy,
-  clean_stale_shared_memory, unlinks every streaming block on the host with no owner check: the
-  live runs' too, which then die at their next epoch or evaluation (FileNotFoundError
-  '/000000_locals');
+  clean_stale_shared_memory, unlinks every streaming block on the host with no owner check, the
+  live runs' too: a dataset opened next can then take a live run's names, and each run's blocks
+  are the other's to unlink (a relaunch died with FileNotFoundError '/000000_locals' beside a
+  running training);
 - two datasets that look for a prefix at the same moment find the same one, and one of them dies
   (FileExistsError '/000001_locals', mosaicml/streaming#884).
 
@@ -22,9 +23,11 @@ of a node to learn a number that streaming has them find by scanning):
 - a block is removed only when no running process holds it. The kernel records the owners: every
   process that uses a block keeps a descriptor of it open (Python's SharedMemory keeps one, and
   its mmap a duplicate), listed in /proc/PID/fd. A prefix of which no block is held belongs to a
-  dataset whose processes are all gone, and its blocks and lock files go (remove_dead_blocks).
-  Processes outside this host's process namespace cannot be seen: containers that share /dev/shm
-  but not their process ids must not share it with these commands;
+  dataset whose processes are all gone, and its blocks go (remove_dead_blocks). Its lock files
+  stay, as streaming leaves them (the prefix is then not taken again): /tmp may be shared where
+  /dev/shm is not (the nodes of slurm/dev/local_cluster.sh), and a lock file may be another
+  node's. Processes outside this host's process namespace cannot be seen: containers that share
+  /dev/shm but not their process ids must not share it with these commands;
 - a dataset's local leader registers its prefix under a host-wide lock (registration), held from
   before its ranks look for a free prefix until the `locals` block that claims it exists, so two
   datasets never look at the same moment; dead runs' blocks are removed under the same lock first.
@@ -52,9 +55,8 @@ from aogpt.data_prep.streaming_compat import streaming
 
 SHM = Path("/dev/shm")
 BLOCK_NAMES = tuple(streaming.base.constant.SHM_TO_CLEAN)
-LOCK_FILE_NAMES = (streaming.base.constant.BARRIER_FILELOCK, streaming.base.constant.CACHE_FILELOCK)
-# <prefix>_<name>, as streaming.base.shared.prefix._get_path writes them
-STREAMING_FILE = re.compile(rf"(\d{{6,}})_({'|'.join(BLOCK_NAMES + LOCK_FILE_NAMES)})")
+# <prefix>_<name>, as streaming.base.shared.prefix._get_path names them
+STREAMING_BLOCK = re.compile(rf"(\d{{6,}})_({'|'.join(BLOCK_NAMES)})")
 REGISTRATION_LOCK = "aogpt-streaming-registration.lock"
 # A wait this long for the lock means a deadlock across nodes (two multi-node jobs sharing two
 # nodes, each holding one node's lock while its ranks wait for the other's): go on without it.
@@ -94,7 +96,7 @@ class Sweep:
 
     def describe(self) -> str:
         removed = sum(len(names) for names in self.removed.values())
-        parts = [f"removed {removed} files of {len(self.removed)} streaming datasets whose "
+        parts = [f"removed {removed} blocks of {len(self.removed)} streaming datasets whose "
                  f"processes are gone ({', '.join(self.removed)})" if self.removed else
                  "no streaming shared memory of a dataset whose processes are gone"]
         if self.in_use:
@@ -104,24 +106,23 @@ class Sweep:
         return "; ".join(parts)
 
 
-def streaming_files() -> dict[str, list[Path]]:
-    """Streaming's blocks in /dev/shm and lock files in the temporary folder, by prefix."""
+def streaming_blocks() -> dict[str, list[Path]]:
+    """Streaming's shared-memory blocks in /dev/shm, by prefix."""
     found: dict[str, list[Path]] = {}
-    for folder in (SHM, Path(tempfile.gettempdir())):
-        with contextlib.suppress(OSError):
-            for path in folder.iterdir():
-                match = STREAMING_FILE.fullmatch(path.name)
-                if match and (match[2] in BLOCK_NAMES) == (folder == SHM):  # in its own folder
-                    found.setdefault(match[1], []).append(path)
+    with contextlib.suppress(OSError):
+        for path in SHM.iterdir():
+            match = STREAMING_BLOCK.fullmatch(path.name)
+            if match:
+                found.setdefault(match[1], []).append(path)
     return found
 
 
 def remove_dead_blocks() -> Sweep:
-    """Removes the blocks and lock files of every streaming prefix that no running process holds
-    (see the module's docstring). Call it under `registration`'s lock, or a dataset being
-    registered at that moment could lose its first block."""
+    """Removes the blocks of every streaming prefix that no running process holds (see the
+    module's docstring). Call it under `registration`'s lock, or a dataset being registered at
+    that moment could lose its first block."""
     sweep, held = Sweep(), held_files()
-    for prefix, paths in sorted(streaming_files().items()):
+    for prefix, paths in sorted(streaming_blocks().items()):
         if any(str(path) in held for path in paths):
             sweep.in_use.append(prefix)
             continue

@@ -2,6 +2,7 @@
 processes open real streaming datasets; one is killed with SIGKILL, as a lost run is."""
 
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -11,7 +12,7 @@ import numpy as np
 from mds_testing import REPO
 
 from aogpt.data_prep import mds
-from aogpt.data_prep.shared_memory import SHM, host_lock, remove_dead_blocks, streaming_files
+from aogpt.data_prep.shared_memory import host_lock, remove_dead_blocks, streaming_blocks
 
 COLUMNS = {"tokens": "ndarray:uint16:8"}
 
@@ -76,16 +77,16 @@ def test_readers_started_at_once_get_their_own_blocks_and_only_a_killed_ones_go(
         os.killpg(killed.pid, signal.SIGKILL)
         killed.wait()
         dead, live = prefixes.pop(), [prefix for pair in prefixes for prefix in pair]
-        assert set(dead) <= set(streaming_files())  # a killed process leaves its blocks behind
+        assert set(dead) <= set(streaming_blocks())  # a killed process leaves its blocks behind
         result = subprocess.run([sys.executable, "-m", "aogpt.data_prep.shared_memory"],
                                 capture_output=True, text=True, cwd=REPO)
         assert result.returncode == 0, result.stderr
-        assert (f"of 2 streaming datasets whose processes are gone ({', '.join(sorted(dead))})"
-                in result.stdout)
-        assert not set(dead) & set(streaming_files())
-        assert set(live) <= set(result.stdout.split("in use alone (")[1].rstrip(")\n").split(", "))
+        removed, in_use = (set(re.search(rf"{what} \(([\d, ]+)\)", result.stdout)[1].split(", "))
+                           for what in ("whose processes are gone", "in use alone"))
+        assert set(dead) <= removed and set(live) <= in_use, result.stdout
+        assert not set(dead) & set(streaming_blocks())
         for prefix in live:
-            assert {path.name for path in streaming_files()[prefix] if path.parent == SHM} == {
+            assert {path.name for path in streaming_blocks()[prefix]} == {
                 f"{prefix}_{name}" for name in ("locals", "barrier", "next_epoch", "cache_usage",
                                                 "shard_states", "shard_access_times")}
         assert [read_an_epoch(reader) for reader in readers] == [4 * 8] * 2  # their memory is whole
