@@ -107,7 +107,8 @@ class OutputFile:
     signature: tuple[str, ...] = ()
 
     def wrote(self, path: Path) -> bool:
-        """Whether `path` is a file this command wrote (see recorded_provenance)."""
+        """Whether `path` is a file this command wrote: its provenance's made_by names it, or it
+        has none and the file's record holds the signature (file_record, provenance_of)."""
         record = file_record(path)
         if record is None:
             return False
@@ -229,19 +230,20 @@ def png_provenance(record: dict) -> dict[str, str]:
 def _png_record(path: Path) -> dict | None:
     from PIL import Image  # matplotlib's own dependency; only here
 
-    with Image.open(path) as image:
-        text = image.text.get(PROVENANCE)
     try:
+        with Image.open(path) as image:
+            text = image.text.get(PROVENANCE)
         return {PROVENANCE: json.loads(text)} if text else None
-    except json.JSONDecodeError:
+    except (OSError, SyntaxError, ValueError):  # PIL's errors for a damaged PNG, or not JSON
         return None
 
 
 def _safetensors_record(file, header_size: int) -> dict | None:
     if not 0 < header_size < READ_AT_MOST:
         return None
-    metadata = json.loads(file.read(header_size)).get("__metadata__") or {}
-    for value in metadata.values():
+    header = json.loads(file.read(header_size))
+    metadata = header.get("__metadata__") if isinstance(header, dict) else None
+    for value in (metadata or {}).values():
         try:
             record = json.loads(value)
         except json.JSONDecodeError:
