@@ -42,7 +42,7 @@ def check_out_dir(out_dir: str | os.PathLike) -> None:
     root = Path(out_dir)
     if root.exists() and not root.is_dir():
         raise UsageError(f"out_dir {root} is a file: give a folder for the run")
-    if not root.is_dir() or RunFolder(root).run_entries():
+    if RunFolder(root).run_entries():
         return
     what = foreign_contents(root)
     if what:
@@ -51,11 +51,13 @@ def check_out_dir(out_dir: str | os.PathLike) -> None:
 
 
 def foreign_contents(root: Path) -> str | None:
-    """What in `root` (not a training run) a training must not write beside, in words; None when
-    nothing is."""
+    """What `root` (not a training run, new or not) holds or lies in that a training must not
+    write beside, in words; None when nothing."""
     data = dataset_folder(root)
     if data is not None:
         return "a dataset (data_prep's)" if data == root else f"part of the dataset {data}"
+    if not root.is_dir():
+        return None
     entries = sorted(root.iterdir())
     if (root / EXPORT_MARKER).is_file():
         return f"an exported model ({EXPORT_MARKER})"

@@ -35,6 +35,7 @@ def test_logs_and_outputs_of_this_projects_commands_may_sit_beside_a_run(tmp_pat
 @pytest.mark.parametrize("case, what", [
     ("dataset", "a dataset (data_prep's)"),
     ("in a dataset", "part of the dataset {tmp_path}"),
+    ("new, in a dataset", "part of the dataset {tmp_path}"),
     ("export", "an exported model (aogpt_export.json)"),
     ("checkpoint", "a checkpoint (model.safetensors)"),
     ("runs", "training runs (a, b)"),
@@ -42,10 +43,11 @@ def test_logs_and_outputs_of_this_projects_commands_may_sit_beside_a_run(tmp_pat
 ])
 def test_anything_else_is_refused_naming_it(tmp_path, case, what):
     out = tmp_path
-    if case in ("dataset", "in a dataset"):
+    if case.endswith("dataset"):
         (tmp_path / "manifest.json").write_text("{}")
         (tmp_path / "train").mkdir()
-        out = tmp_path / "train" if case == "in a dataset" else tmp_path
+        out = {"dataset": tmp_path, "in a dataset": tmp_path / "train",
+               "new, in a dataset": tmp_path / "run"}[case]
     elif case == "export":
         (tmp_path / "aogpt_export.json").write_text("{}")
     elif case == "checkpoint":
