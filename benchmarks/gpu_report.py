@@ -60,6 +60,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import datetime
+import importlib.util
 import json
 import os
 import platform
@@ -74,6 +75,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
+from results import EXCEPTION_LINE, why
 
 from aogpt import UsageError, cli_entry
 from aogpt.data_prep.corpora import python_docs
@@ -91,6 +93,10 @@ GOALS = {"small": 0.45, "medium": 0.50}  # MFU on one H100 (llm-foundry reaches 
 GENERATION_GOAL = 65.0  # encoder / decoder time at S = n = 1024 (Eso-LMs' claim over MDMs)
 DECODE_GOAL_MS = 0.45  # per decoder call, small, batch 32, n = 1024: >= 60% of an H100's HBM
 ACCUMULATION = 8  # micro-steps per optimizer step in the throughput runs
+# What the report's commands import (setup.py's requirements that a GPU machine's image may lack:
+# its first H200 run lost its training rows to a missing orjson)
+NEEDED_MODULES = ("deepspeed", "streaming", "orjson", "xxhash", "zstd", "yaml", "tiktoken",
+                  "transformers", "pytest")
 CHECK_FILES = ("tests/model/test_gpu_checks.py", "tests/trainer/test_gpu_syncs.py")
 # Seconds on one H100, compilation included: the first report's runs (data 30, a training row
 # 45, e2e 94, generation 150, the 8 GPU tests 44) and, for what is new since, the parts they are
@@ -190,10 +196,12 @@ def run(command: list[str], timeout: float, env: dict | None = None,
 
 
 def failure(output: str) -> str:
-    """The line of a failed run that says why (its last error line, else its last line)."""
+    """The line of a failed run that says why: its last line naming an exception with a message,
+    else its last error line, else its last line."""
     lines = [line.strip() for line in output.strip().splitlines() if line.strip()]
     errors = [line for line in lines if re.search(r"error|Error|timed out", line)]
-    return (errors or lines or ["no output"])[-1][:300]
+    named = why(output)
+    return named if EXCEPTION_LINE.search(named) else (errors or lines or ["no output"])[-1][:300]
 
 
 def read_rows(path: Path) -> dict | None:
@@ -296,9 +304,12 @@ def describe(setting: dict) -> str:
 
 
 def checks(report: Report, timeout: float) -> None:
-    """`pytest -m gpu`, the correctness checks first; each test's outcome as pytest prints it."""
-    command = [sys.executable, "-m", "pytest", "-v", "-m", "gpu", "-p", "no:cacheprovider",
-               *CHECK_FILES, "tests"]
+    """`pytest -m gpu`, the correctness checks first; each test's outcome as pytest prints it,
+    and for each failure or module that could not be imported the line that says why. A module
+    that cannot be imported there (the machine lacks a test-only package) costs its own tests,
+    not every check's."""
+    command = [sys.executable, "-m", "pytest", "-v", "-rfE", "--continue-on-collection-errors",
+               "-m", "gpu", "-p", "no:cacheprovider", *CHECK_FILES, "tests"]
     outcome = re.compile(r"^(tests/\S+::\S+) (PASSED|FAILED|SKIPPED|ERROR|XFAIL|XPASS)")
     data = report.data["checks"] = {"tests": []}
 
@@ -312,8 +323,9 @@ def checks(report: Report, timeout: float) -> None:
     code, output, seconds = run(command, timeout, progress=progress)
     summary = [line.strip("= ") for line in output.splitlines()
                if re.search(r"\d+ (passed|failed|skipped|deselected|error)", line)]
-    data.update(exit_code=code, seconds=seconds,
-                summary=summary[-1] if summary else failure(output))
+    reasons = re.findall(r"^(?:FAILED|ERROR) (tests/\S+) - (.+)$", output, re.MULTILINE)
+    data.update(exit_code=code, seconds=seconds, summary=summary[-1] if summary else failure(output),
+                reasons={test: reason[:300] for test, reason in reasons})
     if code not in (0, 5):  # 5: nothing collected
         data["error"] = failure(output) if code == 124 else data["summary"]
     print(f"  checks: {data['summary']}", flush=True)
@@ -509,8 +521,10 @@ def _holds_paper(part: str) -> Callable[[dict], bool]:
 def plan(args: argparse.Namespace, existing: dict) -> list[Item]:
     """Every item the selected parts hold, in order of value: the checks; small's training, the
     decode step, the paper side and medium's training (promised: the plan must fit them); then
-    the rest. With --only, every item of the parts named is promised, and with --train-filter
-    every training row it selects. With --merge (and no --only), the items `existing` (the
+    the rest. With --only, every item of the parts named is promised but the training grid
+    beyond the two default rows (its rows are measured as the budget allows and the rest named
+    for a --merge call: `--only train` runs, where refusing it would cost a device call), and
+    with --train-filter every training row it selects. With --merge (and no --only), the items `existing` (the
     report's JSON) holds are left out, save the rows --train-filter names: a second call
     measures the rest."""
     chosen, filtered = args.only is not None, bool(args.train_filter)
@@ -534,9 +548,11 @@ def plan(args: argparse.Namespace, existing: dict) -> list[Item]:
                    ESTIMATE_S["generation"], chosen, generation, _holds("generation")),
               Item("e2e", "e2e: trainer/main.py, 30 steps in two launches", ESTIMATE_S["e2e"],
                    chosen, end_to_end, lambda report: report.get("e2e", {}).get("ok", False))]
-    items += train(rest, chosen)
-    items = [Item(i.part, i.name, i.estimate_s, i.promised or chosen, i.run, i.measured)
-             for i in items if i.part in args.parts]
+    rest_rows = train(rest, False)
+    grid_rest = {id(row) for row in rest_rows}
+    items += rest_rows
+    items = [Item(i.part, i.name, i.estimate_s, i.promised or (chosen and id(i) not in grid_rest),
+                  i.run, i.measured) for i in items if i.part in args.parts]
     if args.merge and not chosen:
         items = [item for item in items
                  if not item.measured(existing) or (filtered and item.part == "train")]
@@ -583,6 +599,13 @@ def check_plan(args: argparse.Namespace, kept: list[Item], left: list[Item]) -> 
             f"the plan does not fit --budget {args.budget:.0f} s: it would drop "
             f"{'; '.join(f'{i.name} (~{i.estimate_s:.0f} s)' for i in dropped)}; raise --budget "
             "or name fewer parts with --only")
+    missing = [name for name in NEEDED_MODULES if importlib.util.find_spec(name) is None]
+    if missing and not args.dry_run:  # found now, not after minutes of device time
+        raise UsageError(
+            f"this machine lacks the Python package(s) {', '.join(missing)} that the report's "
+            "commands import: add their wheels to the folder you install from (on the lent GPU "
+            "machine, .whl: pip download --no-deps --only-binary=:all: --python-version 3.12 "
+            f"--platform manylinux2014_x86_64 -d .whl {' '.join(missing)})")
     problem = paper_problem(args.paper) if any(i.part == "paper" for i in kept) else None
     if problem and not args.dry_run:
         raise UsageError(f"{problem}: the paper's trainer and sampler cannot be measured; "
@@ -721,8 +744,12 @@ def checks_lines(c: dict) -> list[str]:
              + (f" ({c['seconds']:.0f} s)" if "seconds" in c else "") + ".", ""]
     if c.get("error"):
         lines += [f"failed: {c['error']}", ""]
-    lines += ["| test | outcome |", "|---|---|"]
-    lines += [f"| {t['test']} | {t['outcome']} |" for t in c["tests"]]
+    reasons = c.get("reasons", {})
+    tests = c["tests"] + [{"test": test, "outcome": "ERROR"} for test in reasons
+                          if "::" not in test]  # modules that could not be collected
+    lines += ["| test | outcome | why |", "|---|---|---|"]
+    lines += [f"| {t['test']} | {t['outcome']} | {reasons.get(t['test'], '').replace('|', '/')} |"
+              for t in tests]
     return lines + ([""] if not failed else ["", f"{len(failed)} failed: see the rows above.", ""])
 
 

@@ -55,7 +55,7 @@ import time
 from pathlib import Path
 
 import torch
-from results import ResultsFile
+from results import ResultsFile, why
 
 from aogpt import RunFailure, UsageError, check_counts, cli_entry
 from aogpt.model import (
@@ -400,7 +400,7 @@ def main(argv: list[str] | None = None) -> int:
         if "generation" in args.parts:
             measure_generation(folder, args, results)
     except RuntimeError as err:
-        raise RunFailure(str(err).splitlines()[0]) from None
+        raise RunFailure(why(str(err))) from None
     results.finish()
     return 0
 

@@ -19,6 +19,7 @@ as a time limit would: tests/benchmarks/test_results_files.py runs every benchma
 from __future__ import annotations
 
 import os
+import re
 import sys
 from pathlib import Path
 
@@ -48,3 +49,16 @@ class ResultsFile:
     def _write(self) -> None:
         if self.path is not None:
             write_json_atomic(self.data, self.path, indent=2)
+
+
+EXCEPTION_LINE = re.compile(r"\b\w*(?:Error|Exception)\b\s*[:(]")
+
+
+def why(text: str) -> str:
+    """The one line of a failure's text that says why: the last line naming an exception with its
+    message (an Inductor failure opens with "SubprocException: An exception occurred in a
+    subprocess:" and ends with the ValueError that caused it), else the first line."""
+    lines = [line.strip() for line in text.strip().splitlines() if line.strip()]
+    named = [line for line in lines if EXCEPTION_LINE.search(line)
+             and not line.rstrip().endswith(":")]
+    return (named or lines or ["no message"])[-1][:300]

@@ -192,9 +192,9 @@ def plot(rows: list[dict], header: dict, path: Path) -> None:
         x = [row["calls_per_token"] for row in members]
         y, errors = zip(*(quality(row) for row in members), strict=True)
         axes.errorbar(x, y, yerr=errors, fmt=style, label=name, markersize=4, capsize=2)
-        for row, xi, yi in zip(members, x, y, strict=True):
+        for i, (row, xi, yi) in enumerate(zip(members, x, y, strict=True)):
             axes.annotate(row["label"].split()[-1], (xi, yi), textcoords="offset points",
-                          xytext=(4, 4), fontsize=7)
+                          xytext=(4, 5 if i % 2 else -11), fontsize=7)  # neighbours apart
     if header.get("entropy_rate") is not None:
         axes.axhline(header["entropy_rate"], color="gray", linestyle=":",
                      label="the language's entropy (a perfect model)")

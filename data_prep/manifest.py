@@ -17,7 +17,7 @@ from pathlib import Path
 
 import aogpt
 from aogpt import UsageError
-from aogpt.data_prep import mds, synthetic, tokenizer
+from aogpt.data_prep import mds, tokenizer
 from aogpt.files import write_text_atomic
 
 FORMAT = "aogpt-mds"
@@ -123,12 +123,14 @@ def split_path(data_dir: str | Path, split: str) -> Path:
 def check_compatible(manifest: dict, seq_len: int, vocab_size: int | None = None) -> None:
     """Refuses data made with another tokenizer or for another sequence length than the model's,
     and (given the model's vocab_size) data whose token ids the model has no row for: GPT-2 BPE
-    for a model of a synthetic language, or a synthetic language of more tokens."""
+    for a model of a few ids, or data of more ids than the model has. Data that is not text (a
+    synthetic language, a puzzle) records its tokenizer as {"name": ..., "n_vocab": ...,
+    "text": false}."""
     info = manifest["tokenizer"]
-    if info.get("name") == synthetic.NAME:
+    if info.get("text") is False:
         if vocab_size is not None and vocab_size < info.get("n_vocab", 0):
-            raise UsageError(f"the data is a synthetic language of {info['n_vocab']} tokens, the "
-                             f"model's vocabulary has {vocab_size}: set model.vocab_size="
+            raise UsageError(f"the data is {info.get('name')} token ids 0..{info['n_vocab'] - 1}, "
+                             f"the model's vocabulary has {vocab_size}: set model.vocab_size="
                              f"{info['n_vocab']}")
     elif info.get("name") != tokenizer.NAME or info.get("ranks_sha256") != tokenizer.RANKS_SHA256:
         raise UsageError(
@@ -138,8 +140,8 @@ def check_compatible(manifest: dict, seq_len: int, vocab_size: int | None = None
         )
     elif vocab_size is not None and vocab_size < tokenizer.N_VOCAB:
         raise UsageError(f"the data is GPT-2 text ({tokenizer.N_VOCAB} tokens), the model's "
-                         f"vocabulary has {vocab_size} (a synthetic language's): train or "
-                         "evaluate it on its own language's data")
+                         f"vocabulary has {vocab_size} (a model of a few token ids): train or "
+                         "evaluate it on data of its own ids")
     if manifest["seq_len"] != seq_len:
         raise UsageError(
             f"the data has samples of {manifest['seq_len']} tokens, the model's sequence length "

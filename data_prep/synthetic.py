@@ -196,7 +196,8 @@ class SyntheticLanguage:
 
     def describe(self) -> dict:
         """What a data manifest records of the language as its tokenizer."""
-        return {"name": NAME, "n_vocab": self.spec.vocab, "language_sha256": self.fingerprint}
+        return {"name": NAME, "n_vocab": self.spec.vocab, "text": False,
+                "language_sha256": self.fingerprint}
 
 
 class TokenIds:

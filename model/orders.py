@@ -155,6 +155,7 @@ class Stream(IntEnum):
     TOKEN = 13  # KVCacheSampler: the uniform each position's token (or draft) is drawn with
     ACCEPT = 14  # speculative sampling: the uniform that accepts or rejects a position's draft
     RESIDUAL = 15  # speculative sampling: the uniform that redraws a rejected draft's position
+    PLAN = 16  # planners: the uniform that breaks a tie between two positions' scores
     ENSEMBLE_TARGETS = 101  # evaluation: the targets the context-order ensemble scores
     ENSEMBLE_MEMBERS = 102  # evaluation: the ensemble members' re-permuted contexts
 
@@ -169,6 +170,15 @@ def _mix(z: torch.Tensor) -> torch.Tensor:
     return z ^ _shift_right(z, 31)
 
 
+def _opaque(counter: torch.Tensor) -> torch.Tensor:
+    """counter, the same bits, but a value Inductor cannot fold into an index expression. Without
+    it, (arange + 1) * golden becomes the index arithmetic golden + golden * x, which Triton
+    computes in int32 and refuses to compile (torch 2.11 on an H200: "Scalar
+    -7046029254386353131 is out of range for type int32", every compiled training step). Inductor
+    propagates only +, -, *, //, %, min, max and casts into indices; a bitwise or ends that."""
+    return counter | 0
+
+
 def counter_hash(*counters: int | torch.Tensor) -> torch.Tensor:
     """A 64-bit pseudo-random key per combination of the (broadcast) integer counters.
 
@@ -179,7 +189,7 @@ def counter_hash(*counters: int | torch.Tensor) -> torch.Tensor:
     z = torch.zeros((), dtype=torch.int64, device=device)
     for counter in counters:
         if isinstance(counter, torch.Tensor):
-            z = _mix(z + (counter.to(torch.int64) + 1) * _GOLDEN)
+            z = _mix(z + _opaque(counter.to(torch.int64) + 1) * _GOLDEN)
         else:  # (counter + 1) * golden, wrapped to int64 as the tensor product wraps
             z = _mix(z + _int64(((counter + 1) * _GOLDEN) % (1 << 64)))
     return z

@@ -51,7 +51,8 @@ def device_name(device: torch.device, cpuinfo: str | os.PathLike = CPUINFO) -> s
                           if line.startswith("model name")), model)
     except OSError:
         pass
-    return f"{model}, {torch.get_num_threads()} threads"
+    threads = torch.get_num_threads()
+    return f"{model}, {threads} thread{'s' if threads > 1 else ''}"
 
 
 def auto_dtype(device: torch.device, cpuinfo: str | os.PathLike = CPUINFO) -> torch.dtype:

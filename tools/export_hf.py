@@ -32,7 +32,6 @@ from pathlib import Path
 import tiktoken
 import torch
 from transformers import GenerationConfig, GPT2TokenizerFast
-from transformers.models.gpt2.tokenization_gpt2 import bytes_to_unicode
 
 from aogpt import UsageError, cli_entry
 from aogpt.data_prep.tokenizer import EOS, load_gpt2
@@ -100,10 +99,20 @@ def gpt2_merges(ranks: dict[bytes, int]) -> list[tuple[bytes, bytes]]:
     return merges
 
 
+def byte_level_alphabet() -> dict[int, str]:
+    """GPT-2's byte-level alphabet: each byte as one printable character. The printable Latin-1
+    bytes ('!'..'~', '\u00a1'..'\u00ac', '\u00ae'..'\u00ff') stand for themselves; the other 68
+    take the characters from U+0100 on, in byte order. (transformers 5 no longer exports its
+    copy of this table, so it is built here.)"""
+    printable = [*range(ord("!"), ord("~") + 1), *range(0xA1, 0xAC + 1), *range(0xAE, 0xFF + 1)]
+    others = [b for b in range(256) if b not in printable]
+    return {**{b: chr(b) for b in printable}, **{b: chr(256 + i) for i, b in enumerate(others)}}
+
+
 def write_tokenizer(encoding: tiktoken.Encoding, dest: Path, model_max_length: int) -> None:
     """GPT-2's tokenizer files in transformers' byte-level form, from the tiktoken encoding."""
     ranks = {token: encoding.encode_single_token(token) for token in encoding.token_byte_values()}
-    as_text = bytes_to_unicode()  # byte-level BPE writes each byte as a printable character
+    as_text = byte_level_alphabet()  # byte-level BPE writes each byte as a printable character
 
     def text(token: bytes) -> str:
         return "".join(as_text[b] for b in token)

@@ -20,16 +20,26 @@ ROOT_MODULE = "aogpt_root"  # aogpt/__init__.py (UsageError) goes in as aogpt_ro
 AUTO_MAP = {"AutoConfig": "configuration_aogpt.AOGPTConfig",
             "AutoModelForCausalLM": "modeling_aogpt.AOGPTForCausalLM"}
 
-# `from aogpt.model.gpt import ...` or `from aogpt.model.hf.configuration_aogpt import ...`
-_MODEL_IMPORT = re.compile(r"^(\s*)from aogpt\.model\.(?:hf\.)?(\w+) import", re.MULTILINE)
+# `from aogpt.model.gpt import ...`, `from aogpt.model.hf.configuration_aogpt import ...` or a
+# package's module, `from aogpt.model.sampler.engine import ...`
+_MODEL_IMPORT = re.compile(r"^(\s*)from aogpt\.model\.(?:hf\.)?(\w+(?:\.\w+)?) import", re.MULTILINE)
 _ROOT_IMPORT = re.compile(r"^(\s*)from aogpt import", re.MULTILINE)
 _ANY_AOGPT_IMPORT = re.compile(r"^\s*(?:from|import) aogpt\b", re.MULTILINE)
+
+
+def _flat(module: str) -> str:
+    """A module's name in the exported folder, which is flat: transformers' loader copies the
+    modules of one folder and follows no subpackage, so model/sampler/engine.py goes in as
+    sampler_engine.py and model/sampler/__init__.py as sampler.py."""
+    return module.replace(".", "_")
 
 
 def _source(module: str) -> Path:
     if module == ROOT_MODULE:
         return Path(aogpt.__file__)
-    for path in (MODEL_DIR / f"{module}.py", MODEL_DIR / "hf" / f"{module}.py"):
+    parts = module.split(".")
+    for path in (MODEL_DIR.joinpath(*parts[:-1], f"{parts[-1]}.py"),
+                 MODEL_DIR.joinpath(*parts, "__init__.py"), MODEL_DIR / "hf" / f"{module}.py"):
         if path.is_file():
             return path
     raise RuntimeError(f"aogpt.model.{module} is imported by the exported code but is no file "
@@ -43,7 +53,7 @@ def relative_source(path: Path) -> tuple[str, list[str]]:
     needs = [module for _, module in _MODEL_IMPORT.findall(text)]
     if _ROOT_IMPORT.search(text):
         needs.append(ROOT_MODULE)
-    text = _MODEL_IMPORT.sub(r"\1from .\2 import", text)
+    text = _MODEL_IMPORT.sub(lambda m: f"{m.group(1)}from .{_flat(m.group(2))} import", text)
     text = _ROOT_IMPORT.sub(rf"\1from .{ROOT_MODULE} import", text)
     left = _ANY_AOGPT_IMPORT.search(text)
     if left:  # e.g. aogpt.data_prep: a folder without it could not import this module
@@ -66,8 +76,8 @@ def write_remote_code(dest: Path) -> list[str]:
     for entry in ENTRY_MODULES:
         texts[entry] += _name_every_module(entry, needs)
     for module, text in texts.items():
-        (dest / f"{module}.py").write_text(text)
-    return sorted(f"{module}.py" for module in texts)
+        (dest / f"{_flat(module)}.py").write_text(text)
+    return sorted(f"{_flat(module)}.py" for module in texts)
 
 
 def _name_every_module(entry: str, needs: dict[str, list[str]]) -> str:
@@ -85,6 +95,6 @@ def _name_every_module(entry: str, needs: dict[str, list[str]]) -> str:
     indirect = sorted(found - set(needs[entry]) - {entry})
     if not indirect:
         return ""
-    lines = "".join(f"from .{module} import __name__ as _\n" for module in indirect)
+    lines = "".join(f"from .{_flat(module)} import __name__ as _\n" for module in indirect)
     return ("\n\n# Added by the export: transformers copies only the modules this file imports "
             "itself.\n" + lines)

@@ -35,6 +35,17 @@ class StaticKVCache:
         """write_slots (b, s): the slot of each new row; visible: slots 0..visible-1 are attended."""
         self.write_slots, self.visible = write_slots, visible
 
+    def copy_slot(self, source: torch.Tensor, target: torch.Tensor) -> None:
+        """Each sample's keys and values at slot source[i] to slot target[i] ((b,) int64), in
+        every layer: the row a planner chose becomes the slot it decided."""
+        rows = self.rows[:, 0]
+        for keys, values in zip(self.keys, self.values, strict=True):
+            if self.keys_last:
+                keys[rows, :, :, target] = keys[rows, :, :, source]
+            else:
+                keys[rows, :, target] = keys[rows, :, source]
+            values[rows, :, target] = values[rows, :, source]
+
     @property
     def kv(self) -> torch.Tensor:
         """A copy of the whole cache, (n_layer, 2, b, h, slots, hd): for inspection."""

@@ -16,6 +16,12 @@ from aogpt.model.orders import ANY_ORDER, READING_WORDS, reading_named
 #                  verifies them along the order in the next call; exactly the joint of one token
 #                  per call, in fewer calls
 SAMPLERS = ("parallel", "speculative")
+# Which position comes next (planners.py): "order", the sample's order drawn up front (`order`:
+# random or left to right), or chosen call by call from the model's distributions over the
+# candidates: "confidence" (the most likely token's probability, highest first), "margin" (top-1
+# minus top-2), "entropy" (lowest first), "threshold" (every candidate whose top probability
+# reaches `threshold`, at least the best one)
+PLANNERS = ("order", "confidence", "margin", "entropy", "threshold")
 
 
 @dataclass
@@ -31,6 +37,13 @@ class SamplingConfig:
     # masked token is revealed with the schedule's probability, exactly as in Lemma 1
     counts: Literal["deterministic", "binomial"] = "deterministic"
     order: Literal[READING_WORDS] = ANY_ORDER.word  # of the positions that are not given
+    planner: Literal[PLANNERS] = "order"
+    reveal: int = 1  # confidence, margin, entropy: positions revealed per call
+    threshold: float = 0.9  # the threshold planner's
+    candidates: int | None = None  # positions a planner scores per call: None = all remaining
+    # a planner's blocks: None = the whole sequence; B = the positions in blocks of B, left to
+    # right, the planner choosing within the current one (semi-autoregressive)
+    block: int | None = None
     temperature: float = 1.0  # 0 = greedy
     top_p: float = 1.0
     # which tokens the nucleus keeps: "standard" (as transformers and most samplers) the smallest
@@ -46,7 +59,18 @@ class SamplingConfig:
         self.order = reading_named(self.order, "order").word  # an alias is kept as its word
 
     def validate(self) -> None:
-        require_choices(self, ("sampler", "schedule", "counts", "top_p_rule"))
+        require_choices(self, ("sampler", "schedule", "counts", "top_p_rule", "planner"))
+        if self.planner != "order" and self.sampler == "speculative":
+            raise UsageError(f"the speculative sampler drafts along an order fixed up front: "
+                             f"planner={self.planner!r} needs sampler='parallel'")
+        if self.reveal < 1:
+            raise UsageError(f"reveal must be >= 1 (positions revealed per call), got "
+                             f"{self.reveal}")
+        if not 0.0 < self.threshold < 1.0:
+            raise UsageError(f"threshold must be in (0, 1), got {self.threshold}")
+        for name in ("candidates", "block"):
+            if getattr(self, name) is not None and getattr(self, name) < 1:
+                raise UsageError(f"{name} must be >= 1 (None: all), got {getattr(self, name)}")
         if self.steps < 1:
             raise UsageError(f"steps must be >= 1, got {self.steps}")
         if self.draft < 1:

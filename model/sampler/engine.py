@@ -54,9 +54,11 @@ from aogpt.model.sampler.cache import StaticKVCache
 from aogpt.model.sampler.config import SamplingConfig
 from aogpt.model.sampler.outputs import Generation, StepOutput
 from aogpt.model.sampler.parallel import KEY_BLOCK, ParallelSampling
+from aogpt.model.sampler.planners import PlannerSampling
 from aogpt.model.sampler.speculative import SpeculativeSampling
 
-# SamplingConfig.sampler -> the class that chooses and accepts the tokens of each call
+# SamplingConfig.sampler -> the class that chooses and accepts the tokens of each call (the
+# order fixed up front); SamplingConfig.planner other than "order": PlannerSampling
 STRATEGIES = {"parallel": ParallelSampling, "speculative": SpeculativeSampling}
 
 # What failed once in this process ("compiling", "capturing"): later samplers do not try it again
@@ -66,10 +68,11 @@ FAILED_FAST_PATHS: set[str] = set()
 
 def draw_orders(config: SamplingConfig, given_mask: torch.Tensor,
                 sample_ids: torch.Tensor) -> torch.Tensor:
-    """(b, n) int64: given positions first (ascending), then the others in random or l2r order."""
+    """(b, n) int64: given positions first (ascending), then the others in random or l2r order
+    (a planner's blocks: in position order, so that each block's positions come together)."""
     b, n = given_mask.shape
     positions = torch.arange(n, device=given_mask.device)
-    if config.order == ANY_ORDER.word:
+    if config.order == ANY_ORDER.word and not (config.planner != "order" and config.block):
         keys = counter_uniform(config.seed, sample_ids[:, None], Stream.SAMPLE_ORDER, positions)
     else:
         keys = positions.double().expand(b, n) / n
@@ -119,7 +122,8 @@ class KVCacheSampler:
         self.compiled = bool(compile) and "compiling" not in FAILED_FAST_PATHS
         # compiled: one graph per call shape, so shapes are bucketed to keep them few
         self.bucketed = self.cuda_graphs or self.compiled
-        self.strategy = STRATEGIES[config.sampler](self)
+        self.strategy = (STRATEGIES[config.sampler] if config.planner == "order"
+                         else PlannerSampling)(self)
         self._network_step = (torch.compile(self.strategy.step, dynamic=False, fullgraph=True)
                               if self.compiled else self.strategy.step)
         self.prepared_shapes: set[tuple[int, int, int]] = set()
@@ -168,13 +172,18 @@ class KVCacheSampler:
     # ---- the network call --------------------------------------------------------------------
 
     def network(self, lo: torch.Tensor, first_target: torch.Tensor, c: torch.Tensor,
-                hi: torch.Tensor, rows: int, targets: int, keys: int):
+                hi: torch.Tensor, rows: int, targets: int, keys: int,
+                copy_targets: torch.Tensor | None = None):
         """The network on slots lo..max(hi, c+1)-1 of each sample (lo, first_target, c, hi: (b, 1)
         int64): real slots up to c, copies of slot c's token after it; every row writes its keys
         and values to its slot (padding rows to the trash slot n). Feeds `rows` rows, attends
         over the first `keys` cache slots, and returns the logits of the target slots
         first_target..hi-1 (b, targets, vocab) fp32 or wider, those slots (b, targets) and
-        whether each is a target (b, targets) bool (the rest pad to `targets`)."""
+        whether each is a target (b, targets) bool (the rest pad to `targets`).
+
+        A row's target is the position of its slot in the order, or with copy_targets (b, k)
+        the copies from slot c on ask for those positions instead (a planner's candidates,
+        whose order is not decided yet)."""
         n = self.seq_len
         slot = lo + torch.arange(rows, device=self.device)  # (b, rows)
         fed = slot < torch.maximum(hi, c + 1).clamp(max=n)
@@ -184,6 +193,10 @@ class KVCacheSampler:
         tokens = self.ordered.gather(1, token_index)
         positions = torch.where(source == 0, -1, self.orders.gather(1, token_index))
         target_positions = self.orders.gather(1, slot.clamp(max=n - 1))
+        if copy_targets is not None:
+            candidate = (slot - c).clamp(min=0, max=copy_targets.size(1) - 1)
+            target_positions = torch.where(slot >= c, copy_targets.gather(1, candidate),
+                                           target_positions)
         # padding rows write to the trash slot n and attend like row c (all finite keys)
         self.cache.prepare(torch.where(fed, slot, n), keys)
         query = torch.where(fed, slot, c)[:, None, :, None]  # (b, 1, rows, 1)

@@ -46,13 +46,23 @@ def test_the_plan_fits_one_device_call_with_the_checks_first_and_every_promised_
 
 @pytest.mark.parametrize("args, dropped", [
     (["--budget", "300"], "paper: both samplers"),  # the default plan, in too little time
-    (["--only", "train,generation,e2e"], "train medium (zero 2)"),  # with --only: every item
+    (["--only", "checks,paper,generation,e2e"], "e2e: trainer/main.py"),  # --only: every item
 ])
 def test_a_plan_that_would_drop_a_promised_item_is_refused(args, dropped):
     result = run_cli("benchmarks/gpu_report.py", "--dry-run", *args)
     assert result.returncode == 2
     (line,) = result.stderr.strip().splitlines()
     assert line.startswith("error: the plan does not fit --budget") and dropped in line
+
+
+def test_only_train_measures_the_grid_as_the_budget_allows_and_names_the_rest():
+    """The training grid beyond the two default rows is never promised, even with --only: on the
+    first H200 run, `--only checks,train` was refused for its eighth grid row, a device call lost."""
+    result = run_cli("benchmarks/gpu_report.py", "--dry-run", "--only", "checks,train")
+    assert result.returncode == 0, result.stderr
+    plan, left = result.stdout.split("left for a second call")
+    assert "train small (default recipe)" in plan and "train medium (default recipe)" in plan
+    assert "train medium (zero 2)" in left
 
 
 def test_the_make_target_passes_the_papers_checkout_and_runs_without_the_venv_on_a_gpu_machine():

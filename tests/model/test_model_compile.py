@@ -2,10 +2,12 @@
 like the eager model, and shapes stay static, so nothing recompiles after the first step."""
 
 import copy
+import re
 
 import pytest
 import torch
 from torch._dynamo.utils import counters
+from torch._inductor.utils import run_and_get_code
 
 from aogpt.model import AOGPT, ModelConfig
 from aogpt.model.orders import OrderConfig, OrderSampler
@@ -70,8 +72,25 @@ def test_compiled_orders_are_the_eager_bits_and_a_new_step_never_recompiles(conf
     counters.clear()
     for step in range(6):
         indices = torch.arange(step * B, (step + 1) * B)
-        for ours, theirs in zip(compiled(step, indices), eager(step, indices), strict=True):
+        if step == 0:
+            drawn, kernels = run_and_get_code(compiled, step, indices)
+            assert not wide_index_arithmetic(kernels)
+        else:
+            drawn = compiled(step, indices)
+        for ours, theirs in zip(drawn, eager(step, indices), strict=True):
             assert torch.equal(ours, theirs)
         if step == 0:
             graphs = counters["stats"]["unique_graphs"]
     assert counters["stats"]["unique_graphs"] == graphs == 1
+
+
+def wide_index_arithmetic(kernels: list[str]) -> list[str]:
+    """The lines of Inductor's kernels that put a constant outside int32 into index arithmetic
+    (the loop variables x0, x1, ... or a vectorised arange). On a GPU, Triton computes index
+    arithmetic in int32 and refuses to compile such a kernel: this is how the hash's golden-ratio
+    multiplier, folded into (arange + 1) * golden, broke every compiled training step on an
+    H200 while the CPU's C++ kernels (64-bit indices) ran it. Constants as values are fine."""
+    wide = [line.strip() for code in kernels for line in code.splitlines()
+            if re.search(r"\bx\d+\b|arange\(", line) and "static_cast" not in line
+            and any(abs(int(v)) >= 2**31 for v in re.findall(r"-?\b\d{10,}", line))]
+    return wide

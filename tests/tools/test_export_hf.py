@@ -445,3 +445,12 @@ def test_a_failed_export_leaves_the_old_folder_and_no_partial_one(exported, tmp_
         export_hf.export(exported["tmp"] / "plain_gpt", out, force=True)
     assert [p.name for p in tmp_path.iterdir()] == ["out"]
     assert files_of(out) == before
+
+
+def test_the_byte_level_alphabet_is_gpt2s():
+    """Built here since transformers 5 no longer exports it (the H200 image's transformers):
+    equal to the table transformers 4 ships, where it is importable."""
+    tokenization_gpt2 = pytest.importorskip("transformers.models.gpt2.tokenization_gpt2")
+    if not hasattr(tokenization_gpt2, "bytes_to_unicode"):
+        pytest.skip("this transformers has no bytes_to_unicode to compare with")
+    assert export_hf.byte_level_alphabet() == tokenization_gpt2.bytes_to_unicode()

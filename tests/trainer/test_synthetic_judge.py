@@ -104,7 +104,8 @@ def test_a_judge_of_another_language_is_refused_in_one_line(checkpoints, languag
 def test_a_gpt2_folder_for_a_synthetic_model_and_the_reverse_are_refused(language_data):
     manifest = read_manifest(language_data[0])
     check_compatible(manifest, N, VOCAB)
-    with pytest.raises(UsageError, match=f"has {VOCAB - 1}: set model.vocab_size={VOCAB}"):
+    with pytest.raises(UsageError, match=f"the data is synthetic token ids 0..{VOCAB - 1}, the "
+                       f"model's vocabulary has {VOCAB - 1}: set model.vocab_size={VOCAB}"):
         check_compatible(manifest, N, VOCAB - 1)
     gpt2 = {**manifest, "tokenizer": {"name": "gpt2", "ranks_sha256": RANKS_SHA256}}
     with pytest.raises(UsageError, match="the data is GPT-2 text"):

@@ -1,0 +1,193 @@
+"""Adaptive order: the model chooses, call by call, which positions it generates next.
+
+An any-order model scores any position as a target given the known tokens. Masked diffusion
+models decode by confidence, margin or entropy (LLaDA, Dream; Kim et al., arXiv 2502.06768: the
+top-probability margin takes Sudoku from under 7% to about 90% solved) or reveal every position
+above a threshold (Fast-dLLM), but as encoders they re-encode everything at every step or
+approximate a cache. On AO-GPT's cache it is exact. With c tokens of the sample's order final
+(slot c holds the latest), a call feeds the candidates as copies of slot c's token, each asking
+for its own position (engine.py's copy_targets): each row is p(x_t | the c known tokens), exactly
+what slot c would compute were t the next position of the order. The planner scores them:
+
+    confidence   the most likely token's probability          highest first
+    margin       top-1 minus top-2 probability                  highest first
+    entropy      the distribution's entropy                     lowest first
+    threshold    every candidate whose top probability reaches the threshold, at least the best
+
+and makes the best `reveal` (or the threshold's) positions the next of the order, each token
+drawn from its own row. The chosen first row is slot c with its target decided: its keys and
+values are copied into slot c, exactly what one-token-at-a-time decoding along the chosen order
+writes, so nothing is recomputed; the others revealed in the same call are fed as real rows by
+the next call, whose rows are then their exact conditionals along the order. The planner reads
+the revealed tokens only (ties broken by a uniform keyed by the position), so the order a sample
+took can be replayed: it is recorded, and each sample's exact log-likelihood along it is summed
+from those rows (stats["log_likelihood"]; a last call with no candidates scores the final
+reveals). With reveal = 1 each token is drawn from its exact conditional: the log-likelihood is
+then that of the sample under the planner's own generative process.
+
+Candidates: every remaining position (about n^2 / 2 rows over a generation at reveal 1), or a
+budget of the next `candidates` positions of the sample's order (random or left to right), or,
+with `block`, the remaining positions of the current block of `block` positions, left to right
+block after block (semi-autoregressive). A call costs its candidates' rows.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+import torch
+
+from aogpt.model.orders import Stream
+from aogpt.model.sampler.draw import inverse_cdf, position_uniforms, token_probs
+from aogpt.model.sampler.outputs import StepOutput
+
+if TYPE_CHECKING:
+    from aogpt.model.sampler.engine import KVCacheSampler
+
+
+def scores(probs: torch.Tensor, planner: str) -> torch.Tensor:
+    """How much each candidate should come next, (..., vocab) probabilities -> (...): higher
+    first. threshold ranks by confidence (its cut is made apart)."""
+    top = probs.topk(2, dim=-1).values if probs.size(-1) > 1 else torch.cat(
+        [probs, torch.zeros_like(probs)], dim=-1)
+    if planner == "margin":
+        return top[..., 0] - top[..., 1]
+    if planner == "entropy":
+        return (probs * probs.clamp(min=1e-30).log()).sum(dim=-1)  # minus the entropy
+    return top[..., 0]  # confidence, threshold
+
+
+class PlannerSampling:
+    """SamplingConfig.planner = confidence | margin | entropy | threshold."""
+
+    def __init__(self, sampler: KVCacheSampler):
+        self.sampler, self.config = sampler, sampler.config
+        b, n, device = sampler.batch_size, sampler.seq_len, sampler.device
+        state = {"dtype": torch.long, "device": device}
+        self.final = torch.zeros(b, **state)  # tokens of the order that are final
+        self.fed_from = torch.zeros(b, **state)  # the first slot that is not in the cache
+        self.given = torch.zeros(b, **state)  # given tokens (not generated: not scored)
+        self.log_likelihood = torch.zeros(b, dtype=torch.float64, device=device)
+        self.calls = torch.zeros(b, **state)
+        self.tie_breaks = torch.zeros(b, n, dtype=torch.float64, device=device)
+
+    def state(self) -> list[torch.Tensor]:
+        return [self.final, self.fed_from, self.log_likelihood, self.calls, self.sampler.orders]
+
+    def keys_last(self) -> bool:
+        return False
+
+    def generate(self, sample_ids: torch.Tensor, given_mask: torch.Tensor,
+                 on_step: Callable[[StepOutput], None] | None) -> dict:
+        sampler, config, n = self.sampler, self.config, self.sampler.seq_len
+        sampler.uniforms.copy_(position_uniforms(config, sample_ids, n, Stream.TOKEN))
+        self.tie_breaks.copy_(position_uniforms(config, sample_ids, n, Stream.PLAN))
+        given = given_mask.sum(dim=1)
+        for tensor, value in ((self.final, given), (self.given, given), (self.fed_from, 0),
+                              (self.log_likelihood, 0), (self.calls, 0)):
+            tensor.copy_(value)
+        calls, rows = 0, 0
+        while True:
+            final, fed_from = self.final.cpu(), self.fed_from.cpu()  # the plan of this call
+            left = n - final
+            if not (left > 0).any() and not (fed_from < final).any():
+                break
+            real = int((final - fed_from).max())  # rows re-fed: the last call's later reveals
+            width = int(self.candidate_count(final, sampler.orders.cpu()).max())
+            shape = (real + width, real + width, n + 1)
+            if sampler.bucketed:  # few shapes whatever the state
+                shape = (_bucket(shape[0], 2 * n), _bucket(shape[0], 2 * n), n + 1)
+            logits, target_slots, valid = sampler.call(*shape)
+            if on_step is not None:
+                bounds = torch.stack([fed_from, final, final + left]).to(sampler.device)
+                on_step(StepOutput(calls, logits, target_slots, valid, bounds))
+            calls, rows = calls + 1, rows + shape[0]
+        return {"network_calls": calls, "rows": rows, "sample_calls": self.calls.cpu(),
+                "stats": {"log_likelihood": self.log_likelihood.cpu()}}
+
+    def candidate_count(self, final: torch.Tensor, orders: torch.Tensor) -> torch.Tensor:
+        """(b,) candidates each sample scores in its next call (0 when done): the order's next
+        positions, all of them, the next `candidates`, or those of the current block (the tail
+        is in position order then, so the block's remaining positions come first)."""
+        n, config = self.sampler.seq_len, self.config
+        left = n - final
+        if config.block:
+            k = torch.arange(n, device=orders.device)
+            first = orders.gather(1, final[:, None].clamp(max=n - 1))  # the lowest remaining
+            block_end = (first // config.block + 1) * config.block
+            left = ((orders < block_end) & (k >= final[:, None])).sum(dim=1)
+        if config.candidates:
+            left = left.clamp(max=config.candidates)
+        return left
+
+    def step(self, rows: int, targets: int, keys: int):
+        """One call: the re-fed rows' exact conditionals, the candidates' distributions, the
+        planner's choice, the chosen tokens, and the order, cache and state moved on."""
+        sampler, config, n = self.sampler, self.config, self.sampler.seq_len
+        final, fed_from = self.final[:, None], self.fed_from[:, None]  # (b, 1)
+        count = self.candidate_count(self.final, sampler.orders)[:, None]  # (b, 1)
+        j = torch.arange(targets, device=sampler.device)
+        # candidate i: the order's tail position final + i (its priority), a copy of slot final's
+        # token asking for that position; the real rows fed_from..final-1 come before them
+        tail = sampler.orders.gather(1, (final + j).clamp(max=n - 1))  # (b, targets)
+        logits, target_slots, valid = sampler.network(fed_from, fed_from, final, final + count,
+                                                      rows, targets, keys, copy_targets=tail)
+        model_logp = logits.double().log_softmax(dim=-1)  # the model's own, as token_nll
+
+        # the re-fed rows: the exact conditionals of the last call's later reveals (the first
+        # call's real rows are the given tokens: not generated, not scored)
+        is_real = valid & (target_slots < final) & (target_slots >= self.given[:, None])
+        real_tokens = sampler.ordered.gather(1, target_slots.clamp(max=n - 1))
+        real_logp = model_logp.gather(2, real_tokens[..., None])[..., 0]
+        self.log_likelihood += torch.where(is_real, real_logp, 0.0).sum(dim=1)
+
+        # the candidates' rows, best first by the planner's score (ties: a uniform per position)
+        rows_of = (final - fed_from + j).clamp(max=targets - 1)[..., None]  # candidate i's row
+        is_candidate = j < count  # (b, targets)
+        cand_logits = logits.gather(1, rows_of.expand(-1, -1, logits.size(-1)))
+        confidence = cand_logits[..., :sampler.vocab].float().softmax(dim=-1)
+        score = torch.where(is_candidate, scores(confidence, config.planner).double(), -torch.inf)
+        by_tie = self.tie_breaks.gather(1, tail).argsort(dim=1)
+        best = by_tie.gather(1, score.gather(1, by_tie).argsort(dim=1, descending=True,
+                                                                stable=True))  # (b, targets)
+        if config.planner == "threshold":
+            sure = (confidence.max(dim=-1).values >= config.threshold) & is_candidate
+            reveal = sure.sum(dim=1).clamp(min=1)
+        else:
+            reveal = torch.full_like(count[:, 0], config.reveal)
+        reveal = torch.minimum(reveal, count[:, 0])  # (b,): 0 when the sample is done
+        chosen = j < reveal[:, None]  # (b, targets): the first `reveal` of `best`
+
+        # their tokens, each from its own row with its position's uniform
+        positions = tail.gather(1, best)
+        chosen_logits = cand_logits.gather(1, best[..., None].expand(-1, -1, logits.size(-1)))
+        drawn = inverse_cdf(token_probs(chosen_logits, config),
+                            sampler.uniforms.gather(1, positions))
+        first_logp = model_logp.gather(1, (final - fed_from + best[:, :1]).clamp(
+            max=targets - 1)[..., None].expand(-1, -1, model_logp.size(-1)))[:, 0]
+        self.log_likelihood += torch.where(reveal > 0, first_logp.gather(
+            1, drawn[:, :1])[:, 0], 0.0)
+        sampler.ordered.scatter_(1, torch.where(chosen, final + j, n), drawn)
+
+        # the order's tail: the chosen best first, then the other candidates as they were
+        rank = torch.empty_like(best).scatter_(1, best, j.expand_as(best))  # of candidate i
+        key = torch.where(rank < reveal[:, None], rank, targets + j)
+        arranged = tail.gather(1, key.argsort(dim=1))  # (b, targets): the candidates re-ordered
+        k = torch.arange(n, device=sampler.device)
+        in_tail = (k >= final) & (k < final + count)
+        sampler.orders.copy_(torch.where(in_tail, arranged.gather(
+            1, (k - final).clamp(min=0, max=targets - 1)), sampler.orders))
+
+        # the best row is slot `final` of the decided order: its keys and values go there
+        done = reveal == 0
+        source = torch.where(done, n, self.final + best[:, 0])
+        sampler.cache.copy_slot(source, torch.where(done, n, self.final))
+        self.calls += ((count[:, 0] > 0) | (self.fed_from < self.final)).long()
+        self.fed_from.copy_(torch.where(done, self.final, self.final + 1))
+        self.final += reveal
+        return logits, target_slots, valid
+
+
+def _bucket(size: int, cap: int) -> int:
+    return min(1 << (max(size, 1) - 1).bit_length(), cap)
