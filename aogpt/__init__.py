@@ -72,3 +72,28 @@ def cli_entry(main: Callable[..., int | None]) -> Callable[..., int]:
             return 130
 
     return wrapper
+
+
+def _interrupted_before_main(kind, value, traceback) -> None:
+    """A command stopped by Ctrl-C while its imports load (torch, deepspeed: seconds), before
+    cli_entry's main runs: the same one line and status 130 as cli_entry, not a traceback."""
+    if not issubclass(kind, KeyboardInterrupt):
+        sys.__excepthook__(kind, value, traceback)
+        return
+    print("interrupted", file=sys.stderr)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(130)  # nothing has started that an exit handler would need to end
+
+
+def _running_a_command() -> bool:
+    """Whether the process runs one of this checkout's scripts (trainer/main.py, tools/...), not
+    someone's program that imports aogpt, nor the tests."""
+    script = Path(sys.argv[0]).resolve() if sys.argv and sys.argv[0] else None
+    root = Path(__file__).resolve().parent.parent
+    return (script is not None and script.suffix == ".py" and root in script.parents
+            and not any(part.startswith(".") for part in script.relative_to(root).parts))
+
+
+if _running_a_command() and sys.excepthook is sys.__excepthook__:
+    sys.excepthook = _interrupted_before_main

@@ -20,6 +20,7 @@ import shutil
 import subprocess
 import tempfile
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 from aogpt import UsageError, __version__
@@ -93,18 +94,163 @@ def write_json_atomic(obj, path: str | os.PathLike, indent: int | None = 1,
                              durable)
 
 
-def check_output_file(path: str | os.PathLike, flag: str, force: bool = False) -> Path:
-    """Checks, before any work, that the file a command will write at the end can be written: not
-    a folder, not an existing file unless `force` (the user's work is never replaced silently),
-    in a folder that exists or can be made, and writable. `flag` names it in the message
-    ("--json"). Returns the path."""
+@dataclass(frozen=True)
+class OutputFile:
+    """A file that a command writes, as check_output_file knows it: the command (the `made_by` of
+    the file's provenance), what the file is, the suffixes of its format, and its signature: the
+    keys of the record that files it wrote before they recorded made_by hold (none: no such files).
+    """
+
+    made_by: str  # "trainer/evaluate.py"
+    what: str  # "evaluation report"
+    suffixes: tuple[str, ...]  # (".json",)
+    signature: tuple[str, ...] = ()
+
+    def wrote(self, path: Path) -> bool:
+        """Whether `path` is a file this command wrote: its provenance's made_by names it, or it
+        has none and the file's record holds the signature (file_record, provenance_of)."""
+        record = file_record(path)
+        if record is None:
+            return False
+        origin = provenance_of(record)
+        if isinstance(origin, dict) and "made_by" in origin:
+            return origin["made_by"] == self.made_by
+        return bool(self.signature) and all(key in record for key in self.signature)
+
+
+def check_output_file(path: str | os.PathLike, flag: str, force: bool,
+                      output: OutputFile) -> Path:
+    """Checks, before any work, that the file `output` a command writes at the end can be written
+    at `path` (`flag` names it: "--json"): a name with the format's suffix, not a folder, not in a
+    folder whose files the trainer replaces whole (a run's final/, checkpoints/, samples/), and
+    in a folder that exists or can be made and is writable. An existing file is replaced only
+    with `force`, and only when the same command wrote it (its provenance says so); anything
+    else there (a run's config or metrics, a dataset's manifest, a corpus, another command's
+    output) is refused naming what it is. Returns the path."""
     path = Path(path)
     if path.is_dir():
         raise UsageError(f"{flag} {path} is a folder: name a file in it")
-    if path.exists() and not force:
-        raise UsageError(f"{flag} {path} exists: pass --force to replace it, or choose another name")
+    if path.exists():
+        if not path.is_file() or not output.wrote(path):
+            raise UsageError(f"{flag} {path} is {describe_file(path, output)}: choose another "
+                             f"name (--force replaces only an earlier {output.what} of "
+                             f"{output.made_by})")
+        if not force:
+            raise UsageError(f"{flag} {path} holds an earlier {output.what} of {output.made_by}: "
+                             "pass --force to replace it, or choose another name")
+    if path.suffix not in output.suffixes:
+        raise UsageError(f"{flag} {path}: {output.made_by} writes its {output.what} as "
+                         f"{' or '.join(output.suffixes)}: name the file "
+                         f"{path.with_suffix(output.suffixes[0]).name}")
+    trainers = _run_files(path)  # a new file too: the trainer replaces those folders whole
+    if trainers:
+        raise UsageError(f"{flag} {path} would be {trainers}: choose a name outside the "
+                         "trainer's files")
     check_writable_folder(path.parent, f"{flag} {path}")
     return path
+
+
+def describe_file(path: Path, output: OutputFile) -> str:
+    """What the file at `path` is, for a refusal: a training run's or a dataset's own file, an
+    output of another command of this project, or just a file `output`'s command did not write."""
+    found = _run_files(path) or _dataset_files(path)
+    if found:
+        return found
+    record = file_record(path)
+    origin = provenance_of(record) if record is not None else None
+    if isinstance(origin, dict) and origin.get("made_by"):
+        return f"an output of {origin['made_by']}"
+    return f"a file that {output.made_by} did not write"
+
+
+def _run_files(path: Path) -> str | None:
+    # The layouts are their owners': imported here only once a file is found where an output
+    # goes (this module is imported by data_prep, which imports no torch).
+    from aogpt.model.run_folder import describe_run_file
+
+    return describe_run_file(path)
+
+
+def _dataset_files(path: Path) -> str | None:
+    from aogpt.data_prep.manifest import describe_dataset_file
+
+    return describe_dataset_file(path)
+
+
+# ---- provenance recorded in files -----------------------------------------------------------------
+
+PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
+PROVENANCE = "provenance"  # the key of a file's provenance record; the PNG text chunk's name
+READ_AT_MOST = 2**30  # bytes: a larger file is no output of these commands
+
+
+def file_record(path: str | os.PathLike) -> dict | None:
+    """The JSON record a file written by this project carries, read by its format; None for any
+    other file:
+        JSON object         the object (evaluate.py's and genppl.py's reports)
+        JSON Lines          its first line's object (sample.py's samples)
+        PNG                 {"provenance": its "provenance" text chunk, JSON} (plot_metrics.py)
+        safetensors         the JSON header stored in its metadata (a consolidated checkpoint)
+    """
+    path = Path(path)
+    try:
+        with path.open("rb") as file:
+            start = file.read(8)
+            if start == PNG_SIGNATURE:
+                return _png_record(path)
+            if path.suffix == ".safetensors":
+                return _safetensors_record(file, int.from_bytes(start, "little"))
+            if not start.lstrip().startswith(b"{") or path.stat().st_size > READ_AT_MOST:
+                return None
+            file.seek(0)
+            text = file.read().decode("utf-8")
+    except (OSError, UnicodeDecodeError, ValueError):
+        return None
+    try:
+        record = json.loads(text)
+    except json.JSONDecodeError:  # JSON Lines
+        try:
+            record = json.loads(text.split("\n", 1)[0])
+        except json.JSONDecodeError:
+            return None
+    return record if isinstance(record, dict) else None
+
+
+def provenance_of(record: dict):
+    """The provenance in a file's record: its "provenance" field, or a consolidated checkpoint's
+    "meta"."""
+    return record.get(PROVENANCE, record.get("meta"))
+
+
+def png_provenance(record: dict) -> dict[str, str]:
+    """The PNG metadata that makes `record` a PNG's provenance (matplotlib's savefig metadata=)."""
+    return {PROVENANCE: json.dumps(record, default=str)}
+
+
+def _png_record(path: Path) -> dict | None:
+    from PIL import Image  # matplotlib's own dependency; only here
+
+    try:
+        with Image.open(path) as image:
+            text = image.text.get(PROVENANCE)
+        return {PROVENANCE: json.loads(text)} if text else None
+    except (OSError, SyntaxError, ValueError):  # PIL's errors for a damaged PNG, or not JSON
+        return None
+
+
+def _safetensors_record(file, header_size: int) -> dict | None:
+    if not 0 < header_size < READ_AT_MOST:
+        return None
+    header = json.loads(file.read(header_size))
+    metadata = header.get("__metadata__") if isinstance(header, dict) else None
+    for value in (metadata or {}).values():
+        try:
+            record = json.loads(value)
+        except json.JSONDecodeError:
+            continue
+        if isinstance(record, dict):
+            return record
+    return None
 
 
 def check_writable_folder(folder: str | os.PathLike, what: str) -> None:

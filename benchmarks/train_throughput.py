@@ -103,6 +103,7 @@ def main(argv: list[str] | None = None) -> int:
         shutil.rmtree(scratch, ignore_errors=True)  # no checkpoint to resume from
     user_overrides = args.overrides
     args.overrides = [*user_overrides, f"out_dir={scratch}", "eval.every=0"]
+    args.start_over = False  # trainer/main.py's flag: the scratch out_dir is new anyway
     trainer = Trainer(preflight(args, dist_env), dist_env)
     cfg, world = trainer.cfg, dist_env.world_size
     try:

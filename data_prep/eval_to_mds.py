@@ -29,6 +29,7 @@ from aogpt.data_prep.eval_sets import (
     EVAL_SETS,
     REFERENCE_GROUP,
     examples_digest,
+    last_word_warning,
     pack_concat,
     pack_per_example,
     per_example_columns,
@@ -99,6 +100,9 @@ def main(argv: list[str] | None = None) -> int:
     examples, description = read_examples(eval_set, args.split, args.source)
     if not examples:
         raise UsageError(f"no examples in {description}: the input is empty")
+    warning = last_word_warning(examples, eval_set)
+    if warning:
+        print(warning, file=sys.stderr, flush=True)
     settings = {"tool": "eval_to_mds", "tool_version": aogpt.__version__, "dataset": args.dataset,
                 "examples_sha256": examples_digest(examples), "split": args.split, "seq_len": args.seq_len,
                 "packing": args.packing, "reference_packing": args.reference_packing,

@@ -85,6 +85,28 @@ def read_manifest(data_dir: str | Path) -> dict:
     return manifest
 
 
+def dataset_folder(path: str | Path) -> Path | None:
+    """The data folder that `path` is or lies in (two levels at most: DIR/train/shard.00000.mds):
+    one holding manifest.json, or an MDS split (index.json) without one; None outside any."""
+    path = Path(path)
+    candidates = [path, *list(path.parents)[:2]]
+    for marker in (FILENAME, "index.json"):
+        for folder in candidates:
+            if (folder / marker).is_file():
+                return folder
+    return None
+
+
+def describe_dataset_file(path: str | Path) -> str | None:
+    """What `path` is in a data folder ("the manifest of dataset data/owt", "a file of dataset
+    data/owt"); None outside one."""
+    path = Path(path)
+    folder = dataset_folder(path.parent)
+    if folder is None:
+        return None
+    return f"{'the manifest' if path == folder / FILENAME else 'a file'} of dataset {folder}"
+
+
 def split_path(data_dir: str | Path, split: str) -> Path:
     """The folder holding `split`'s index.json (DIR/train, DIR/val, or DIR for an eval set)."""
     splits = read_manifest(data_dir)["splits"]

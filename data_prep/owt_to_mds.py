@@ -214,13 +214,22 @@ def _manifest(args: argparse.Namespace, inputs: list[sources.Source], spec: pack
     )
 
 
+# A document goes whole to one split: more text in it cannot give the other split any.
+ONE_DOCUMENT = ("the input is one document (a .txt file is one), which goes whole to one split: "
+                "give the text as several documents (a .jsonl with one {\"text\": ...} per line, "
+                "or a folder of .txt files)")
+
+
 def _check_result(result: packing.BuildResult, args: argparse.Namespace, description: str) -> None:
     train = result.splits["train"]
-    if not any(result.splits[name]["documents"] for name in SPLITS):
+    documents = sum(result.splits[name]["documents"] for name in SPLITS)
+    if not documents:
         raise UsageError(f"no documents in {description}: the input is empty")
     if train["samples"] == 0:
+        advice = (ONE_DOCUMENT if documents == 1 and train["documents"] == 0
+                  else "add text or lower --seq-len")
         raise UsageError(f"the training split has {train['tokens']} tokens, not enough for one "
-                         f"sample of --seq-len {args.seq_len}: add text or lower --seq-len")
+                         f"sample of --seq-len {args.seq_len}: {advice}")
 
 
 def _report(manifest: dict, result: packing.BuildResult | None, args: argparse.Namespace,
@@ -251,7 +260,9 @@ def _empty_val_warning(splits: dict, threshold: tuple[float, int] | None,
     a sample and leaves one to train/ (the hash rule is fixed: the documents it takes are known)."""
     val, documents = splits["val"], sum(split["documents"] for split in splits.values())
     tokens = sum(split["tokens"] for split in splits.values())
-    if threshold is None:  # resumed from an earlier version's work files, without positions
+    if documents == 1:
+        advice = ONE_DOCUMENT
+    elif threshold is None:  # resumed from an earlier version's work files, without positions
         advice = "raise --val-fraction or add text"
     elif tokens - threshold[1] >= args.seq_len and (fraction := _round_up(threshold[0])):
         advice = f"--val-fraction {fraction} or more gives it at least one"

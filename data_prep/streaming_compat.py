@@ -6,6 +6,11 @@ torchvision is built against PyPI's CUDA torch, and next to a CPU-only torch it 
 "operator torchvision::nms does not exist". When torchvision cannot be imported, an empty
 `streaming.vision` module stands in for the image datasets; nothing else changes.
 
+Two more repairs are made here, for every process that imports streaming through this module:
+shared-memory blocks that a dataset only attaches to are closed when no longer used
+(_AttachedSharedMemory), and a dataset registers its shared memory without breaking another run's
+on the same host (aogpt/data_prep/shared_memory.py).
+
 Import streaming through this module (`from aogpt.data_prep.streaming_compat import streaming`).
 """
 
@@ -27,6 +32,7 @@ if "streaming" not in sys.modules and not _torchvision_works():
     sys.modules["streaming.vision"] = types.ModuleType("streaming.vision")
 
 import streaming  # noqa: E402
+import streaming.base.dataset  # noqa: E402
 import streaming.base.shared.prefix  # noqa: E402
 
 
@@ -45,6 +51,20 @@ class _AttachedSharedMemory(streaming.base.shared.SharedMemory):
 
 
 streaming.base.shared.prefix.SharedMemory = _AttachedSharedMemory
+
+_get_shm_prefix = streaming.base.dataset.get_shm_prefix
+
+
+def _get_shm_prefix_registered(streams_local, streams_remote, world, retry: int = 100):
+    """Streaming's get_shm_prefix, one dataset at a time on a host and after the blocks of runs
+    that are gone are removed: see aogpt/data_prep/shared_memory.py."""
+    from aogpt.data_prep.shared_memory import registration  # it imports this module
+
+    with registration(world.is_local_leader):
+        return _get_shm_prefix(streams_local, streams_remote, world, retry)
+
+
+streaming.base.dataset.get_shm_prefix = _get_shm_prefix_registered
 
 __all__ = ["release_shared_memory", "streaming"]
 

@@ -46,7 +46,7 @@ from tqdm import tqdm
 from aogpt import UsageError, check_counts, cli_entry
 from aogpt.data_prep.corpora import shakespeare_plays
 from aogpt.data_prep.manifest import read_manifest
-from aogpt.files import git_sha, write_bytes_atomic, write_json_atomic
+from aogpt.files import check_writable_folder, git_sha, write_bytes_atomic, write_json_atomic
 from aogpt.model.orders import READING_WORDS
 from aogpt.model.run_folder import RunFolder
 from aogpt.trainer.config import config_to_dict, load_config
@@ -56,7 +56,6 @@ RUN_STATE = "suite_run.json"
 PREEMPTED = 75  # the trainer's exit status after saving a checkpoint on SIGTERM
 STOP_GRACE_S = 300  # how long stopped runs get to write their checkpoint
 POLL_S = 2.0
-START_UP_LIMIT_S = 300  # a training counts as started up once it logs a step, or after this
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -114,6 +113,9 @@ def validate(args: argparse.Namespace) -> None:
                          "like 16,64,128")
     if args.publish is not None and args.publish.resolve() == args.out.resolve():
         raise UsageError(f"--publish {args.publish} is --out itself: give another folder")
+    for flag, folder in (("--out", args.out), ("--publish", args.publish)):
+        if folder is not None:  # folders the suite writes into: not a file, nor below one
+            check_writable_folder(folder, f"{flag} {folder}")
     for setting in args.settings:
         if "=" not in setting:
             raise UsageError(f"--set {setting!r} is not of the form key.sub=value")
@@ -150,11 +152,6 @@ class Job:
     exclusive: bool = False  # runs alone (timings)
     progress: Callable[[], str] | None = None  # a short status while it runs
     finished: Callable[[int, float], None] | None = None  # (exit status, seconds)
-    started_up: Callable[[float], bool] | None = None  # (launch time) -> past its start-up?
-
-    def settled(self, launched: float) -> bool:
-        return (self.started_up is None or self.started_up(launched)
-                or time.time() - launched > START_UP_LIMIT_S)
 
 
 def raise_interrupted(signum, frame) -> None:
@@ -165,11 +162,8 @@ def run_jobs(jobs: list[Job], parallel: int, env: dict[str, str]) -> dict[str, i
     """Runs the jobs, at most `parallel` at a time, in list order as their dependencies allow.
     Returns each job's exit status (None: skipped because a dependency failed). On Ctrl-C or
     SIGTERM, the running jobs get SIGTERM (the trainer saves a checkpoint) before it re-raises.
-
-    A job starts only once the running trainings are past their start-up: every trainer unlinks
-    the streaming shared memory it finds when it starts (clean_stale_shared_memory), and two
-    datasets registering at the same moment can take the same name (mosaicml/streaming#884); a
-    run whose loader is up has attached to its own blocks and no longer looks them up."""
+    Trainings start side by side at once: their streaming datasets keep out of each other's
+    shared memory (data_prep/shared_memory.py)."""
     status: dict[str, int | None] = {}
     pending, running = list(jobs), {}
     bar = tqdm(total=len(jobs), desc="suite", unit="job", dynamic_ncols=True)
@@ -183,8 +177,7 @@ def run_jobs(jobs: list[Job], parallel: int, env: dict[str, str]) -> dict[str, i
                 bar.update(1)
                 bar.write(f"skipped {job.name}: {', '.join(job.after)} did not finish")
             for job in list(pending):
-                if len(running) >= parallel or any(
-                        j.exclusive or not j.settled(launched) for j, _, launched in running.values()):
+                if len(running) >= parallel or any(j.exclusive for j, _, _ in running.values()):
                     break
                 if any(d not in status for d in job.after) or (job.exclusive and running):
                     continue
@@ -246,22 +239,24 @@ def last_line(path: Path) -> str:
 
 
 def run_state(run: plan.Run) -> dict:
-    """DIR/runs/NAME/suite_run.json: the settings the run was started with, its launches, done."""
+    """DIR/runs/NAME/suite_run.json: the settings the run was started with, its launches, done,
+    and which command wrote it (the trainer finds it in the run's out_dir before the run's own
+    files, and lets it be there: trainer/out_dir.py)."""
     path = run.out_dir / RUN_STATE
-    return json.loads(path.read_text()) if path.is_file() else {
+    state = json.loads(path.read_text()) if path.is_file() else {
         "overrides": run.overrides, "launches": [], "done": False}
+    return {**state, "provenance": {"made_by": "experiments/run.py"}}
 
 
 def claim_run_dir(run: plan.Run) -> None:
     """Records the run's settings in its folder, or checks that they are the ones recorded there:
     resuming a run with other settings would mix two experiments in one curve."""
     state = run_state(run)
-    if not (run.out_dir / RUN_STATE).is_file():
-        write_json_atomic(state, run.out_dir / RUN_STATE)
-    elif state["overrides"] != run.overrides:
+    if state["overrides"] != run.overrides:
         changed = sorted(set(state["overrides"]) ^ set(run.overrides))
         raise UsageError(f"{run.out_dir} was started with other settings ({', '.join(changed)}): "
                          f"use another --out, or delete {run.out_dir} to train it again")
+    write_json_atomic(state, run.out_dir / RUN_STATE)  # a state of an earlier version: made_by
 
 
 def is_trained(run: plan.Run) -> bool:
@@ -274,14 +269,6 @@ def record_launch(run: plan.Run, exit_status: int, seconds: float) -> None:
                               "ended": now()})
     state["done"] = exit_status == 0 and RunFolder(run.out_dir).final_weights.is_file()
     write_json_atomic(state, run.out_dir / RUN_STATE)
-
-
-def logged_since(run: plan.Run) -> Callable[[float], bool]:
-    """Whether the run has logged a step since it was launched (its loader is up by then)."""
-    def started_up(launched: float) -> bool:
-        metrics = RunFolder(run.out_dir).metrics_file
-        return metrics.is_file() and metrics.stat().st_mtime > launched
-    return started_up
 
 
 def training_progress(run: plan.Run) -> Callable[[], str]:
@@ -358,8 +345,7 @@ class Suite:
             else:
                 trains.append(Job(run.name, plan.train_command(self.scale, run),
                                   run.out_dir / "train.log", progress=training_progress(run),
-                                  finished=lambda code, s, run=run: record_launch(run, code, s),
-                                  started_up=logged_since(run)))
+                                  finished=lambda code, s, run=run: record_launch(run, code, s)))
             for kind, command, expected, result_keys in self.eval_commands(run):
                 if trained and eval_is_current(self.eval_path(run, kind), run, expected, result_keys):
                     cached += 1

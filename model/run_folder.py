@@ -9,6 +9,10 @@ the newest complete one.
         run.lock                        held by the training running in it (trainer/run_lock.py)
         rollbacks.json                  the run's rollbacks through bad steps (trainer/recovery.py)
         skipped_samples.json            the dataset indices they skipped, by step
+        samples/step_00001000.jsonl     samples drawn while training (trainer/training_samples.py)
+        data_cache/                     shards of a remote dataset, copied (trainer/data.py)
+        previous/20250101-120000/       an earlier run's files, set aside by a new start from
+                                        step 0 (trainer/out_dir.py)
         final/                          the finished run's consolidated checkpoint:
             model.safetensors           raw + EMA weights, their model config in the header
             model.json                  the same header, indented, for people and tools
@@ -73,6 +77,24 @@ def check_not_a_run(folder: str | os.PathLike, flag: str, instead: str) -> None:
                          f"{instead}")
 
 
+def describe_run_file(path: str | os.PathLike) -> str | None:
+    """What `path` (existing or not) is among a training run's own files ("the metrics of training
+    run runs/x", "a file of the final weights (final/) of training run runs/x"); None when it is
+    none of them (a file a user put in a run's folder is not)."""
+    path = Path(path)
+    for depth, run in enumerate(list(path.parents)[:4]):
+        folder = RunFolder(run)
+        if not folder.run_entries():
+            continue
+        entry = run / path.relative_to(run).parts[0]
+        what = folder.own_entries().get(entry)
+        if what is None:
+            return None
+        return (f"{what} of training run {run}" if depth == 0 else
+                f"a file of {what} ({entry.name}/) of training run {run}")
+    return None
+
+
 class RunFolder:
     """The paths of one run's out_dir, and the checks of its checkpoint tags."""
 
@@ -90,6 +112,18 @@ class RunFolder:
         self.checkpoints = self.root / "checkpoints"
         self.latest_file = self.checkpoints / LATEST
         self.universal = self.checkpoints / "universal"
+        self.samples = self.root / "samples"
+        self.data_cache = self.root / "data_cache"
+        self.previous = self.root / "previous"
+
+    def own_entries(self) -> dict[Path, str]:
+        """Every file and folder the trainer writes here, with what it is (for messages)."""
+        return {self.config_file: "the config", self.config_changes_file: "the config changes",
+                self.metrics_file: "the metrics", self.wandb_id_file: "the wandb run id",
+                self.lock_file: "the lock", self.rollbacks_file: "the rollbacks",
+                self.skipped_samples_file: "the skipped samples", self.final: "the final weights",
+                self.checkpoints: "the checkpoints", self.samples: "the samples drawn while training",
+                self.data_cache: "the data cache", self.previous: "the earlier runs set aside"}
 
     def run_entries(self) -> list[str]:
         """What the trainer writes here that makes this folder a run (config.yaml, metrics.jsonl,
@@ -144,8 +178,8 @@ class RunFolder:
             return None, None
         if not complete:
             raise UsageError(f"no complete checkpoint in {self.checkpoints} ({LATEST} names "
-                             f"{named!r}: {self.problem(named)}): delete {self.checkpoints} to "
-                             "start over")
+                             f"{named!r}: {self.problem(named)}): pass --start-over to set this "
+                             f"run aside in {self.previous}/ and start from step 0")
         why = f"{LATEST} names {named!r}: {self.problem(named)}" if named else f"no {LATEST} file"
         return complete[0], f"{why}; resuming from {complete[0]}, the newest complete checkpoint"
 

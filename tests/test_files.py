@@ -84,3 +84,15 @@ def test_a_staged_folder_that_fails_leaves_the_old_one_and_no_staging(tmp_path):
         raise OSError("disk full")
     assert sorted(p.name for p in target.iterdir()) == ["old.txt"]
     assert sorted(p.name for p in tmp_path.iterdir()) == ["export"]
+
+
+def test_an_earlier_report_without_made_by_is_known_by_its_format(repo):
+    """The committed findings' evaluations were written before reports recorded made_by: the
+    suite's re-evaluation (--force) may replace them, another command's --force may not."""
+    from aogpt.trainer import evaluate, genppl
+
+    legacy = repo / "docs" / "findings" / "evals" / "l2r-s1337.json"
+    assert "made_by" not in json.dumps(json.loads(legacy.read_text()))
+    assert evaluate.REPORT.wrote(legacy) and not genppl.REPORT.wrote(legacy)
+    assert not evaluate.REPORT.wrote(repo / "docs" / "findings" / "runs" / "l2r-s1337" /
+                                     "metrics.jsonl")

@@ -4,7 +4,8 @@
 
 writes OUT/model.safetensors (and model.json) with the raw weights and the EMA (the weights the
 paper evaluates), so `trainer/evaluate.py --ckpt OUT` and `trainer/sample.py --ckpt OUT` use the released models.
-Files already in OUT are replaced only with --force; a training run's folder is refused.
+Files already in OUT are replaced only with --force, and only when this tool wrote them; a
+training run's folder is refused.
 """
 
 import argparse
@@ -12,10 +13,13 @@ import sys
 from pathlib import Path
 
 from aogpt import cli_entry
-from aogpt.files import check_output_file
+from aogpt.files import OutputFile, check_output_file
 from aogpt.model import save_consolidated
 from aogpt.model.official import convert_official, load_official
 from aogpt.model.run_folder import CONFIG_FILE, WEIGHTS_FILE, check_not_a_run
+
+CONVERTED = OutputFile("tools/import_official.py", "converted checkpoint",
+                       (".safetensors", ".json"))  # made_by in the checkpoint's meta
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -31,10 +35,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 def check_out(out: Path, force: bool) -> None:
     """--out must not be a training run (its root would then load as this checkpoint instead of
-    the run's own weights), and its checkpoint files are replaced only with --force."""
+    the run's own weights), and its checkpoint files are replaced only with --force, and only
+    when this tool wrote them."""
     check_not_a_run(out, "--out", "give a new folder for the converted checkpoint")
     for name in (CONFIG_FILE, WEIGHTS_FILE):
-        check_output_file(out / name, "--out", force)
+        check_output_file(out / name, "--out", force, CONVERTED)
 
 
 @cli_entry
@@ -43,7 +48,7 @@ def main(argv: list[str] | None = None) -> int:
     check_out(Path(args.out), args.force)
     ckpt = load_official(args.ckpt, trust_pickle=args.trust_pickle)
     config, raw, ema, meta = convert_official(ckpt, source=f"official AO-GPT checkpoint {args.ckpt}")
-    out = save_consolidated(Path(args.out), config, raw, ema, **meta)
+    out = save_consolidated(Path(args.out), config, raw, ema, **meta, made_by=CONVERTED.made_by)
     n_params = sum(t.numel() for t in raw.values())
     print(f"wrote {out}: AO-GPT {config.n_layer} layers x {config.n_embd}, {n_params / 1e6:.2f}M "
           f"parameters, weights raw{' + EMA' if ema is not None else ' only (no EMA in the file)'}, "

@@ -9,7 +9,8 @@ panel per zero-shot set the run scored while training (eval.sets, trainer/zero_s
 left-to-right perplexity and any-order bound, EMA weights (raw ones dotted, when scored), on a
 log scale: the paper's curves. Several runs are overlaid, one colour per run, solid = left to
 right, dashed = any order. Reads out_dir/metrics.jsonl; where a resumed run logged a step twice,
-the later record wins. An existing PNG is replaced only with --force.
+the later record wins. An existing PNG is replaced only with --force, and only when this
+tool wrote it (its provenance, in the PNG's metadata, says so).
 """
 
 from __future__ import annotations
@@ -25,7 +26,8 @@ matplotlib.use("Agg")  # files only: works on a cluster node without a display
 import matplotlib.pyplot as plt  # noqa: E402
 
 from aogpt import UsageError, cli_entry  # noqa: E402
-from aogpt.files import check_output_file, write_atomic  # noqa: E402
+from aogpt.files import OutputFile, check_output_file, png_provenance, write_atomic  # noqa: E402
+from aogpt.model.checkpoint import provenance  # noqa: E402
 from aogpt.model.orders import ANY_ORDER, LEFT_TO_RIGHT, READINGS  # noqa: E402
 from aogpt.trainer.metrics import curve, loss_key, run_records  # noqa: E402
 from aogpt.trainer.zero_shot import metric_name  # noqa: E402
@@ -37,6 +39,7 @@ PANELS = (  # (title, curves: (key, label, line style), y label, log scale)
     ("validation loss", tuple((loss_key(reading, validation=True), reading.label, STYLES[reading])
                               for reading in READINGS), "loss (nats/token)", False),
 )
+PLOT = OutputFile("tools/plot_metrics.py", "plot", (".png",))  # --out
 ZERO_SHOT = re.compile(metric_name(  # the name of a zero-shot set's perplexity
     "(.+)", "(?:ema|raw)", f"(?:{'|'.join(reading.metric for reading in READINGS)})", "ppl"))
 
@@ -77,11 +80,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
             raise UsageError(f"--run {out_dir} is a file: give the training out_dir that holds "
                              f"its metrics.jsonl ({out_dir.parent})")
     args.out = check_output_file(args.out or args.run[0] / "training_curves.png", "--out",
-                                 args.force)
+                                 args.force, PLOT)
     return args
 
 
-def plot(runs: dict[str, list[dict]], x: str, smooth: float, out: Path) -> None:
+def plot(runs: dict[str, list[dict]], x: str, smooth: float, out: Path, origin: dict) -> None:
+    """The figure of `runs` into the PNG `out`, with `origin` (its provenance) in its metadata."""
     panels = PANELS + zero_shot_panels(zero_shot_sets(runs))
     columns = min(len(panels), 3)
     rows = -(-len(panels) // columns)
@@ -102,7 +106,8 @@ def plot(runs: dict[str, list[dict]], x: str, smooth: float, out: Path) -> None:
         if axis.lines:
             axis.legend(fontsize=8)
     figure.tight_layout()
-    write_atomic(out, lambda partial: figure.savefig(partial, format="png", dpi=120))
+    write_atomic(out, lambda partial: figure.savefig(partial, format="png", dpi=120,
+                                                     metadata=png_provenance(origin)))
     plt.close(figure)
 
 
@@ -113,7 +118,8 @@ def main(argv: list[str] | None = None) -> int:
     for out_dir in args.run:
         name = out_dir.resolve().name
         runs[name if name not in runs else str(out_dir)] = run_records(out_dir)
-    plot(runs, args.x, args.smooth, args.out)
+    plot(runs, args.x, args.smooth, args.out, provenance(None, None, vars(args),
+                                                          made_by=PLOT.made_by))
     steps = ", ".join(f"{name} to step {records[-1]['step']}" for name, records in runs.items())
     sets = zero_shot_sets(runs)
     print(f"wrote {args.out} ({steps}{'; zero-shot sets: ' + ', '.join(sets) if sets else ''})")

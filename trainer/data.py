@@ -40,6 +40,7 @@ from aogpt.data_prep import mds, remote
 from aogpt.data_prep.manifest import COLUMN, check_compatible, read_manifest, split_path
 from aogpt.data_prep.streaming_compat import release_shared_memory, streaming
 from aogpt.files import write_text_atomic
+from aogpt.model.run_folder import RunFolder
 from aogpt.trainer.config import RunConfig
 from aogpt.trainer.dist_env import DistEnv
 from aogpt.trainer.failsafe import PreemptionFlag, silence_in_child
@@ -73,7 +74,7 @@ def cache_dir(cfg: RunConfig, location: str, manifest: dict, dist_env: DistEnv) 
     """Where a remote dataset is cached on this node (streaming wants one local dir per node).
     The folder's name keys on the location and on the indexes the manifest records, so a dataset
     rebuilt at the same URL is never read from the old one's cached shards."""
-    root = Path(cfg.data.local_cache or Path(cfg.out_dir) / "data_cache")
+    root = Path(cfg.data.local_cache or RunFolder(cfg.out_dir).data_cache)
     node = dist_env.rank // dist_env.local_world_size
     identity = [location, *(split.get("index_sha256") for split in manifest["splits"].values())]
     digest = hashlib.sha256(json.dumps(identity).encode()).hexdigest()[:12]
@@ -450,8 +451,3 @@ def validation_loader(cfg: RunConfig, manifests: dict[str, dict], dist_env: Dist
                       device: torch.device) -> ValidationBatches:
     return ValidationBatches(cfg, manifests, dist_env, device)
 
-
-def clean_stale_shared_memory() -> None:
-    """Unlinks shared memory leaked by a killed run. Collective: every rank calls it, local rank 0
-    cleans while the others wait at a barrier inside."""
-    streaming.base.util.clean_stale_shared_memory()

@@ -42,7 +42,7 @@ import torch.distributed as dist
 
 import aogpt
 from aogpt import UsageError, cli_entry
-from aogpt.files import check_output_file, write_json_atomic
+from aogpt.files import OutputFile, check_output_file, write_json_atomic
 from aogpt.model import load_checkpoint
 from aogpt.model.checkpoint import describe_provenance, locate_checkpoint, provenance
 from aogpt.model.orders import ANY_ORDER, LEFT_TO_RIGHT, READING_WORDS, READINGS
@@ -56,6 +56,10 @@ from aogpt.trainer.evaluation import (
     format_table,
     unigram_reference,
 )
+
+# --json; an earlier report without made_by is known by its keys
+REPORT = OutputFile("trainer/evaluate.py", "evaluation report", (".json",),
+                    signature=("results", "settings", "precision_policy"))
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -160,7 +164,7 @@ def open_data(folder: str, block_size: int, max_samples: int | None,
 def preflight(args: argparse.Namespace, dist_env: DistEnv):
     """Every check that can fail on user input, before any process group exists."""
     if args.json is not None:
-        check_output_file(args.json, "--json", args.force)
+        check_output_file(args.json, "--json", args.force, REPORT)
     device = resolve_device(args.device, own=dist_env.device)
     source = locate_checkpoint(args.ckpt)
     model = load_checkpoint(source.file, weights=args.weights)
@@ -196,7 +200,7 @@ def main(argv: list[str] | None = None) -> int:
         dist.init_process_group("nccl" if device.type == "cuda" else "gloo")
     main_rank = dist_env.is_main
     if main_rank:
-        origin = provenance(source, args.weights, vars(args))
+        origin = provenance(source, args.weights, vars(args), made_by=REPORT.made_by)
         if source.unfinished:
             print(source.unfinished_note(), file=sys.stderr, flush=True)
         print(f"evaluating {source.file} ({describe_provenance(origin)}): "

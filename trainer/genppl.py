@@ -35,11 +35,15 @@ from aogpt import UsageError, check_counts, check_input_file, cli_entry
 from aogpt.data_prep.manifest import FILENAME as MANIFEST
 from aogpt.data_prep.synthetic import NAME as SYNTHETIC
 from aogpt.data_prep.synthetic import SyntheticLanguage, load_language
-from aogpt.files import check_output_file, write_json_atomic
+from aogpt.files import OutputFile, check_output_file, write_json_atomic
 from aogpt.model import load_checkpoint
 from aogpt.model.checkpoint import locate_checkpoint, provenance, resolve_checkpoint_file
 from aogpt.model.precision import resolve_device
 from aogpt.progress import progress as progress_bar
+
+# --json; an earlier report without made_by is known by its keys
+REPORT = OutputFile("trainer/genppl.py", "generative-perplexity report", (".json",),
+                    signature=("mean_ppl", "tokens_scored", "entropy"))
 
 
 def check_judge(path: str | Path, setting: str = "--judge") -> None:
@@ -116,6 +120,8 @@ class Judge:
             self.kind, self.max_len = "hf", model.config.n_positions
         else:
             self.source = locate_checkpoint(path)
+            if self.source.unfinished:
+                print(self.source.unfinished_note(), file=sys.stderr, flush=True)
             model = load_checkpoint(self.source.file, weights=weights, map_location=device)
             self.kind, self.max_len = "aogpt", model.config.block_size
         self.model = model.to(device).eval()
@@ -261,7 +267,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     check_counts(args, "batch_size")
     if args.json:
-        check_output_file(args.json, "--json", args.force)
+        check_output_file(args.json, "--json", args.force, REPORT)
     samples, sampled_from = read_samples(args.samples)
     check_judge_matches(args.judge, sampled_from)
     judge = Judge(args.judge, resolve_device(args.device), args.weights)
@@ -269,9 +275,10 @@ def main(argv: list[str] | None = None) -> int:
     print(format_report(report))
     if args.json:
         origin = provenance(judge.source, args.weights if judge.source else None, vars(args),
-                            judge=str(Path(args.judge).resolve()),
+                            made_by=REPORT.made_by, judge=str(Path(args.judge).resolve()),
                             samples=str(args.samples.resolve()), sampled_from=sampled_from)
         write_json_atomic({**report, "provenance": origin}, args.json, indent=2)
+        print(f"wrote {args.json}")
     return 0
 
 

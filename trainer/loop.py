@@ -38,7 +38,7 @@ from aogpt.model.warm_start import warm_start
 from aogpt.trainer import zero_shot
 from aogpt.trainer.checkpoint import Checkpointer, Progress
 from aogpt.trainer.config import RunConfig, config_to_dict
-from aogpt.trainer.data import TrainBatches, clean_stale_shared_memory
+from aogpt.trainer.data import TrainBatches, training_locations
 from aogpt.trainer.dist_env import DistEnv, all_reduce_sum, any_rank, host_group, init_process_group
 from aogpt.trainer.ds_config import zero_stage
 from aogpt.trainer.ema import ShardedEMA
@@ -71,6 +71,7 @@ class Plan:
     elastic: bool = False  # the tag was written by another number of processes or ZeRO stage
     zero_shot_sets: dict[str, EvalData] = dataclasses.field(default_factory=dict)  # by name
     git_sha: str | None = dataclasses.field(default_factory=git_sha)  # the code that runs
+    start_over: bool = False  # from step 0, an earlier run in out_dir set aside (--start-over)
 
 
 class Trainer:
@@ -86,7 +87,6 @@ class Trainer:
         init_process_group(cfg.train.collective_timeout_s)  # a hung rank fails the others
         self.host_group = host_group()
         make_deepspeed_steps_sync_free()
-        clean_stale_shared_memory()  # a killed run's leftovers would break the loader
         self.accum = cfg.gradient_accumulation_steps(dist_env.world_size)
 
         torch.manual_seed(cfg.train.seed)  # the same initial weights on every rank
@@ -111,6 +111,7 @@ class Trainer:
         self.sampler = OrderSampler(cfg.order, cfg.model.block_size, cfg.train.seed)
         if cfg.train.compile:
             self.sampler.compile()
+        self.manifests = plan.manifests
         self.batches = TrainBatches(cfg, plan.manifests, dist_env, self.device)
         self.validator = Validator(cfg, dist_env, self.engine, self.ema, plan.manifests,
                                    plan.zero_shot_sets, Path(cfg.out_dir))
@@ -141,6 +142,18 @@ class Trainer:
             f"orders: {cfg.order.kind}{mixture} | EMA: "
             f"{cfg.ema.decay if cfg.ema.enabled else 'off'} | out_dir: {cfg.out_dir}"
         )
+
+    def describe_data(self) -> str:
+        """The training data's size and how many times the run reads it: a run of many epochs on
+        a small dataset is said, not found out from its curves."""
+        cfg, locations = self.cfg, [location for location, _ in training_locations(self.cfg)]
+        samples = sum(self.manifests[location]["splits"]["train"].get("samples", 0)
+                      for location in locations)
+        planned = cfg.train.max_steps * cfg.sequences_per_step
+        epochs = f", {planned / samples:,.2f} epochs" if samples else ""
+        return (f"data: {samples:,} training samples of {cfg.model.block_size} tokens in "
+                f"{', '.join(locations)} | {cfg.train.max_steps:,} steps x "
+                f"{cfg.sequences_per_step} sequences = {planned:,} samples{epochs}")
 
     def close(self) -> None:
         """Ends the loaders' worker processes: nothing of the run outlives it (trainer/main.py)."""
@@ -190,7 +203,7 @@ class Trainer:
     def fit(self) -> int:
         cfg, env, checkpointer = self.cfg, self.env, self.checkpointer
         if env.is_main:
-            print(self.describe(), flush=True)
+            print(self.describe(), self.describe_data(), sep="\n", flush=True)
         if self.progress.step >= cfg.train.max_steps:
             if env.is_main:
                 print(f"already at step {self.progress.step} >= train.max_steps="

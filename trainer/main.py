@@ -5,7 +5,10 @@
 
 Also runs under torchrun, under srun without a launcher (SLURM_* variables are mapped, export
 MASTER_ADDR and MASTER_PORT), or as plain `python trainer/main.py` on one process. Re-running the
-same command resumes from out_dir/checkpoints/latest. Exit status: 0 done; 1 the run failed
+same command resumes from out_dir/checkpoints/latest. out_dir is a new or empty folder or the
+run's own; a run that finished there (or whose checkpoints were deleted) is started again from
+step 0 only with --start-over, which sets its files aside in out_dir/previous/ (trainer/out_dir.py).
+Exit status: 0 done; 1 the run failed
 while training (one line `error: ...` naming the cause: a shard the loader cannot read, a
 non-finite loss, a lost rank, no checkpoint within checkpoint.signal_grace_s of a signal); 2 bad
 input (one line saying what and how to fix it, before any heavy work; another training already
@@ -25,7 +28,7 @@ from aogpt.model.run_folder import RunFolder, step_of
 from aogpt.model.warm_start import check_source
 from aogpt.trainer import training_samples, zero_shot
 from aogpt.trainer.checkpoint import check_resumable, read_run_state
-from aogpt.trainer.config import load_config, record_config, resolve_device_choices
+from aogpt.trainer.config import RunConfig, load_config, record_config, resolve_device_choices
 from aogpt.trainer.data import check_data
 from aogpt.trainer.dist_env import DistEnv, setup_distributed_env
 from aogpt.trainer.ds_config import load_ds_config, resolve_ds_config, sync_warnings, zero_stage
@@ -38,6 +41,7 @@ from aogpt.trainer.failsafe import (
 )
 from aogpt.trainer.genppl import check_judge, check_judge_matches
 from aogpt.trainer.loop import Plan, Trainer
+from aogpt.trainer.out_dir import START_OVER, check_fresh_start, check_out_dir, set_aside
 from aogpt.trainer.run_lock import RunLock
 
 RANK0_REPORTS_FIRST_S = 5
@@ -51,6 +55,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--config", required=True, help="run preset (configs/*.yaml)")
     parser.add_argument("overrides", nargs="*", metavar="key.sub=value",
                         help="override any config value, e.g. train.max_steps=100")
+    parser.add_argument(START_OVER, action="store_true",
+                        help="start from step 0 even where out_dir holds a run (finished, or with "
+                        "checkpoints): its files are moved to out_dir/previous/<time>/ first")
     parser.add_argument("--local_rank", type=int, default=None,
                         help=argparse.SUPPRESS)  # appended by the deepspeed launcher; env has it
     return parser.parse_args(argv)
@@ -61,26 +68,28 @@ def preflight(args: argparse.Namespace, dist_env: DistEnv) -> Plan:
     cfg = load_config(args.config, args.overrides)
     resolve_device_choices(cfg, dist_env.device.type)
     cfg.validate(world_size=dist_env.world_size)
+    check_out_dir(cfg.out_dir)
     ds_config = resolve_ds_config(load_ds_config(args.ds_config), cfg, dist_env.world_size)
     manifests = check_data(cfg, dist_env)
     if cfg.model.init_from:
         check_source(cfg.model.init_from, cfg.model)
-    # each zero-shot set: there, made for this model, not empty
-    sets = (zero_shot.open_sets(cfg.eval.sets, cfg.model.block_size, cfg.eval.max_tokens,
-                                cfg.model.vocab_size)
-            if cfg.eval.every else {})
-    if cfg.eval.sample_every:  # the sampler's settings, the tokenizer that decodes, the judge
+    # each zero-shot set: there, made for this model, not empty; checked even when not scored
+    sets = zero_shot.open_sets(cfg.eval.sets, cfg.model.block_size, cfg.eval.max_tokens,
+                               cfg.model.vocab_size)
+    if cfg.eval.sample_every:  # the sampler's settings, the tokenizer that decodes
         training_samples.sampling_config(cfg.eval, cfg.model.any_order)
         if cfg.model.reads_gpt2:
             load_gpt2()
-        if cfg.eval.judge is not None:
-            check_judge(cfg.eval.judge, "eval.judge")
-            check_judge_matches(cfg.eval.judge, {"data_tokenizers": [
-                manifest["tokenizer"] for manifest in manifests.values()]}, "eval.judge")
+    if cfg.eval.judge is not None:
+        check_judge(cfg.eval.judge, "eval.judge")
+        check_judge_matches(cfg.eval.judge, {"data_tokenizers": [
+            manifest["tokenizer"] for manifest in manifests.values()]}, "eval.judge")
     run_folder = RunFolder(cfg.out_dir)
-    tag, warning = run_folder.resume_tag()
+    tag, warning = (None, None) if args.start_over else run_folder.resume_tag()
+    if tag is None and not args.start_over:
+        check_fresh_start(run_folder)
     if dist_env.is_main:
-        for line in filter(None, [*sync_warnings(ds_config), warning]):
+        for line in filter(None, [*sync_warnings(ds_config), warning, *unused_settings(cfg)]):
             print(f"warning: {line}", file=sys.stderr, flush=True)
     elastic = False
     if tag is not None:
@@ -94,7 +103,17 @@ def preflight(args: argparse.Namespace, dist_env: DistEnv) -> Plan:
                   f"ZeRO-{state['zero_stage']}, this run has {dist_env.world_size} under "
                   f"ZeRO-{zero_stage(ds_config)}: loading it as a universal checkpoint", flush=True)
     return Plan(cfg=cfg, ds_config=ds_config, manifests=manifests, resume_tag=tag, elastic=elastic,
-                zero_shot_sets=sets)
+                zero_shot_sets=sets if cfg.eval.every else {}, start_over=args.start_over)
+
+
+def unused_settings(cfg: RunConfig) -> list[str]:
+    """Settings given that another setting turns off: said at the start, not found out at the end."""
+    lines = []
+    if cfg.eval.sets and not cfg.eval.every:
+        lines.append("eval.sets are not scored: eval.every=0 turns evaluation off")
+    if cfg.eval.judge is not None and not cfg.eval.sample_every:
+        lines.append("eval.judge is not used: eval.sample_every=0 draws no samples to judge")
+    return lines
 
 
 def lock_run_folder(plan: Plan, dist_env: DistEnv) -> RunLock | None:
@@ -110,20 +129,17 @@ def lock_run_folder(plan: Plan, dist_env: DistEnv) -> RunLock | None:
 
 
 def start_run_folder(plan: Plan) -> None:
-    """A run starting from step 0 replaces what an earlier attempt left without a checkpoint
-    (else its metrics would hold the same steps twice); the config is recorded, with what a
-    relaunch changed (config_changes.jsonl)."""
+    """A run starting from step 0 sets aside what an earlier run left (else its metrics would
+    hold the same steps twice; trainer/out_dir.py says when that needs --start-over); the config
+    is recorded, with what a relaunch changed (config_changes.jsonl)."""
     run = RunFolder(plan.cfg.out_dir)
     if plan.resume_tag is None:
-        earlier = [path for path in (run.metrics_file, run.config_file, run.config_changes_file,
-                                     run.rollbacks_file, run.skipped_samples_file)
-                   if path.is_file()]
-        if earlier:
-            print(f"starting from step 0: {run.root} holds no checkpoint, so the files of an "
-                  f"earlier attempt are replaced ({', '.join(p.name for p in earlier)})",
-                  flush=True)
-        for path in earlier:
-            path.unlink()
+        moved = set_aside(run)
+        if moved:
+            folder, names = moved
+            why = "as asked" if plan.start_over else "it holds no checkpoint"
+            print(f"starting from step 0 ({why}): the earlier run's files are set aside in "
+                  f"{folder}/ ({', '.join(names)})", flush=True)
     changed = record_config(plan.cfg, run.config_file, run.config_changes_file,
                             step_of(plan.resume_tag) if plan.resume_tag else 0, plan.git_sha)
     if changed:

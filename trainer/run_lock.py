@@ -29,6 +29,7 @@ from aogpt.files import check_writable_folder
 
 HEARTBEAT_S = 60.0
 STALE_AFTER_S = 5 * HEARTBEAT_S
+WRITING_S = 5.0  # an unreadable lock younger than this may be being written: its maker is alive
 
 
 def holder_record() -> dict:
@@ -71,13 +72,20 @@ class RunLock:
         self.file.parent.mkdir(parents=True, exist_ok=True)
         while not self._create():
             try:
-                holder = json.loads(self.file.read_text())
                 modified = self.file.stat().st_mtime
+                holder = json.loads(self.file.read_text())
             except FileNotFoundError:
                 continue  # released in the meantime: try again
-            except (OSError, ValueError):
-                holder, modified = {}, 0.0  # half-written by a process killed while making it
-            why = stale_because(holder, modified, self.record)
+            except (OSError, ValueError):  # half-written: its maker is writing it, or was killed
+                age = time.time() - modified
+                if age < WRITING_S:
+                    time.sleep(0.05)
+                    continue
+                holder = {}
+                why = (f"an unreadable lock last written {age / 60:.0f} min ago (its maker was "
+                       "killed while writing it)")
+            else:
+                why = stale_because(holder, modified, self.record)
             if why is None:
                 raise UsageError(
                     f"out_dir {self.file.parent} is in use by another training (process "

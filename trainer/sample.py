@@ -64,7 +64,7 @@ import torch
 from aogpt import UsageError, check_counts, check_input_file, cli_entry
 from aogpt.data_prep.synthetic import TokenIds
 from aogpt.data_prep.tokenizer import EOS, load_gpt2
-from aogpt.files import check_output_file, write_text_atomic
+from aogpt.files import OutputFile, check_output_file, write_text_atomic
 from aogpt.model import load_checkpoint
 from aogpt.model.checkpoint import describe_provenance, locate_checkpoint, provenance
 from aogpt.model.orders import ANY_ORDER, READINGS, reading_named
@@ -98,6 +98,9 @@ DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32}
 # and saves a fraction of a millisecond per call on a GPU, so it pays over tens of thousands of
 # calls; an estimate until benchmarks/gpu_report.py measures both on a GPU
 COMPILE_PAYS_CALLS = 50_000
+# --out; earlier samples without made_by are known by their records' keys
+SAMPLES = OutputFile("trainer/sample.py", "sample file", (".jsonl",),
+                     signature=("sample", "tokens", "network_calls", "settings"))
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -275,7 +278,7 @@ def check_args(args: argparse.Namespace) -> None:
     if args.show < 0:
         raise UsageError(f"--show must be >= 0 (0 prints none), got {args.show}")
     if args.out is not None:
-        check_output_file(args.out, "--out", args.force)
+        check_output_file(args.out, "--out", args.force, SAMPLES)
     if args.judge is not None:
         check_judge(args.judge)
 
@@ -321,7 +324,7 @@ def main(argv: list[str] | None = None) -> int:
         print(source.unfinished_note(), file=sys.stderr, flush=True)
     model = load_checkpoint(source.file, weights=args.weights, map_location=device).to(dtype)
     encoding = load_gpt2(args.tokenizer_file) if model.config.reads_gpt2 else TokenIds()
-    origin = provenance(source, args.weights, vars(args))
+    origin = provenance(source, args.weights, vars(args), made_by=SAMPLES.made_by)
     if args.judge is not None:
         check_judge_matches(args.judge, origin)
     block = model.config.block_size

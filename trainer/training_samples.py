@@ -32,13 +32,11 @@ from aogpt.files import write_text_atomic
 from aogpt.model import AOGPT
 from aogpt.model.config import ModelConfig
 from aogpt.model.orders import ANY_ORDER, LEFT_TO_RIGHT
-from aogpt.model.run_folder import tag_for
+from aogpt.model.run_folder import RunFolder, tag_for
 from aogpt.model.sampler import KVCacheSampler, SamplingConfig
 from aogpt.trainer.config import EvalConfig
 from aogpt.trainer.genppl import Judge, generative_perplexity, unigram_entropy
 from aogpt.trainer.sample import sample_records
-
-SAMPLES_DIR = "samples"
 
 
 def sampling_config(cfg: EvalConfig, any_order: bool) -> SamplingConfig:
@@ -59,7 +57,7 @@ class TrainingSamples:
     def __init__(self, cfg: EvalConfig, model: ModelConfig, run_root: Path, device: torch.device):
         self.cfg, self.seq_len, self.device = cfg, model.block_size, device
         self.config = sampling_config(cfg, model.any_order)
-        self.folder = run_root / SAMPLES_DIR
+        self.folder = RunFolder(run_root).samples
         self.encoding = load_gpt2() if model.reads_gpt2 else TokenIds()
         self._judge: Judge | None = None
 

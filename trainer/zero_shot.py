@@ -42,29 +42,49 @@ def open_sets(folders: list[str], block_size: int, max_tokens: int | None,
               vocab_size: int | None = None) -> dict[str, EvalData]:
     """The eval.sets folders by their metric name (the folder's name), each checked: an eval set
     made by data_prep/eval_to_mds.py with GPT-2's tokenizer at the model's block size, not empty.
-    UsageError (one line) otherwise."""
+    UsageError (one line) otherwise, whose command builds the set into a new folder: never into
+    what the user named, when that is a file, another kind of data or a set of other samples."""
     max_samples = None if max_tokens is None else max_tokens // block_size
     sets = {}
     for folder in folders:
-        fix = f"build it with {EVAL_TO_MDS} --out {folder} --seq-len {block_size}"
-        if not Path(folder).is_dir():
-            raise UsageError(f"eval.sets: {folder} is not a folder: {fix}")
-        if not (Path(folder) / "manifest.json").is_file():
+        path = Path(folder)
+        build = f"{EVAL_TO_MDS} --seq-len {block_size}"
+        if not path.exists():
+            raise UsageError(f"eval.sets: {folder} does not exist: build it with {build} "
+                             f"--out {folder}")
+        if not path.is_dir():
+            raise UsageError(f"eval.sets: {folder} is a file, not an eval set: build one from it "
+                             f"with {build} --source {folder} --out {new_folder(path, block_size)} "
+                             "and list that folder")
+        if not (path / "manifest.json").is_file():
             raise UsageError(f"eval.sets: {folder} holds no manifest.json, it was not made by "
-                             f"data_prep: {fix}")
-        data = EvalData(folder, block_size, max_samples, vocab_size=vocab_size)  # checks the tokenizer
+                             f"data_prep: build an eval set with {build} --out "
+                             f"{new_folder(path, block_size)} and list that folder")
+        data = EvalData(folder, block_size, max_samples, vocab_size=vocab_size)  # checks tokens
         if data.manifest["kind"] != "eval":
             raise UsageError(f"eval.sets: {folder} is a {data.manifest['kind']} folder, not an "
-                             f"eval set (its val split is scored by eval.batches): {fix}")
+                             f"eval set (its val split is scored by eval.batches): build an eval "
+                             f"set with {build} --out {new_folder(path, block_size)} and list "
+                             "that folder")
         if data.seq_len != block_size:
             raise UsageError(f"eval.sets: {folder} has samples of {data.seq_len} tokens, the model "
-                             f"reads {block_size} (model.block_size): rebuild it with "
-                             f"{EVAL_TO_MDS} --out {folder} --seq-len {block_size} --overwrite")
+                             f"reads {block_size} (model.block_size): build the set again with "
+                             f"{EVAL_TO_MDS} --seq-len {block_size} --out "
+                             f"{new_folder(path, block_size)} and list that folder")
         if data.num_samples == 0:
             raise UsageError(f"eval.sets: {folder} holds no samples: rebuild it from more text, "
                              "or leave it out of eval.sets")
-        sets[Path(folder).name] = data
+        sets[path.name] = data
     return sets
+
+
+def new_folder(path: Path, block_size: int) -> Path:
+    """A folder that does not exist yet, beside `path`, for an eval set of `block_size` tokens."""
+    candidate = path.with_name(f"{path.stem}-eval-{block_size}")
+    number = 2
+    while candidate.exists():
+        candidate, number = path.with_name(f"{path.stem}-eval-{block_size}-{number}"), number + 1
+    return candidate
 
 
 def settings(model: AOGPT, precision: str, batch_size: int, num_orders: int) -> EvalSettings:

@@ -24,17 +24,6 @@ _WORDS = (
 ).split()
 
 
-def clean_streaming_shared_memory() -> None:
-    """Streaming leaves shared memory behind when a reader dies: call before each test's readers."""
-    streaming.base.util.clean_stale_shared_memory()
-
-
-@pytest.fixture(autouse=True)
-def no_stale_shared_memory():
-    """Imported by the test modules that read MDS back: cleans up before each of their tests."""
-    clean_streaming_shared_memory()
-
-
 def generated_documents(count: int = 40, seed: int = 0) -> list[str]:
     """Stand-in text where ../shared/data is absent: sentences of common words, numbers, unicode."""
     rng = random.Random(seed)

@@ -7,7 +7,6 @@ import json
 import numpy as np
 import pytest
 from mds_testing import (
-    no_stale_shared_memory,  # noqa: F401 (an autouse fixture)
     read_column,
     read_samples,
 )

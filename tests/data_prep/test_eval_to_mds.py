@@ -2,7 +2,9 @@
 
 import json
 import random
+import re
 import shutil
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -10,7 +12,6 @@ from conftest import SHARED_DATA, run_cli
 from mds_testing import (
     EVAL_TO_MDS,
     FakeHub,
-    no_stale_shared_memory,  # noqa: F401 (an autouse fixture)
     read_column,
     read_samples,
 )
@@ -195,6 +196,31 @@ def test_lambada_per_example_marks_length_and_last_word(tmp_path):
         assert encoding.decode(tokens[start : length - 1].tolist()) == " " + passage.split()[-1]
         assert (tokens[length - 1 :] == EOS).all()
     assert manifest_lib.read_manifest(out)["packing"] == "per_example"
+
+
+@pytest.mark.parametrize("text", ["LAMBADA passages", "WikiText lines"])
+def test_lambada_from_text_that_does_not_end_in_words_gets_a_warning(tmp_path, capsys, text):
+    """LAMBADA is scored on each passage's last word: WikiText's lines end in punctuation or are
+    blank, and a set built from them (it packs, --packing concat) would not be LAMBADA."""
+    path, _ = _local_file(tmp_path, "lambada" if text == "LAMBADA passages" else "wikitext2")
+    if text == "WikiText lines":
+        moved = tmp_path / "lambada_test.txt"  # the split in its name, as a LAMBADA file has
+        moved.write_text(Path(path).read_text())
+        path = str(moved)
+    assert main(["--dataset", "lambada", "--source", path, "--out", str(tmp_path / "out"),
+                 "--seq-len", str(SEQ_LEN), "--workers", "1"]) == 0
+    warnings = [line for line in capsys.readouterr().err.splitlines() if "warning" in line]
+    if text == "LAMBADA passages":
+        assert warnings == []
+        return
+    (warning,) = warnings
+    odd, examples = (int(number.replace(",", "")) for number in
+                     re.fullmatch(r"warning: ([\d,]+) of ([\d,]+) examples .*", warning).groups())
+    assert odd > 0.5 * examples
+    assert warning.endswith(
+        "examples are empty or end in punctuation, not in a word: LAMBADA's passages end with the "
+        'word the model must predict, one passage per example (.jsonl with one {"text": ...} per '
+        "line). Is this LAMBADA?")
 
 
 def test_wikitext2_from_the_hub_uses_the_papers_train_split(tmp_path, monkeypatch):

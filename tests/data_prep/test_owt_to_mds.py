@@ -23,7 +23,6 @@ from mds_testing import (
     generated_documents,
     in_val,
     manifest_of,
-    no_stale_shared_memory,  # noqa: F401 (an autouse fixture)
     read_samples,
     real_or_generated_documents,
     token_stream,
@@ -209,6 +208,22 @@ def test_an_empty_val_split_names_the_smallest_val_fraction_that_fills_it(tmp_pa
         val = manifest_lib.read_manifest(tmp_path / name)["splits"]["val"]
         assert (val["samples"] > 0) == has_samples, (name, value)
     assert len(read_samples(tmp_path / "enough" / "val")) > 0
+
+
+def test_one_txt_file_is_told_to_become_several_documents_not_more_text(tmp_path, capsys):
+    """A .txt file is one document, and a document goes whole to one split: no --val-fraction and
+    no more text in that file can give both splits a sample."""
+    text = tmp_path / "book.txt"
+    text.write_text(" ".join(generated_documents(40)))
+    advice = ("the input is one document (a .txt file is one), which goes whole to one split: "
+              'give the text as several documents (a .jsonl with one {"text": ...} per line, or '
+              "a folder of .txt files)")
+    assert build(tmp_path / "to_train", text, extra=["--val-fraction", "0.01"]) == 0
+    assert f"warning: val/ has no samples: --val-fraction 0.01 sent 0 of 1 documents there " \
+           f"(0 tokens; a sample takes 64); {advice}" in capsys.readouterr().out
+    assert build(tmp_path / "to_val", text, extra=["--val-fraction", "0.99"]) == 2
+    assert capsys.readouterr().err.endswith("error: the training split has 0 tokens, not enough "
+                                            f"for one sample of --seq-len 64: {advice}\n")
 
 
 def test_help_says_a_txt_file_is_one_document_and_how_to_give_one_per_line():

@@ -3,7 +3,6 @@
 import os
 
 import numpy as np
-from mds_testing import clean_streaming_shared_memory
 
 from aogpt.data_prep import mds
 from aogpt.data_prep.streaming_compat import release_shared_memory, streaming
@@ -21,7 +20,6 @@ def _dataset(folder):
 
 
 def test_datasets_opened_and_released_one_after_another_hold_no_file_descriptors(tmp_path):
-    clean_streaming_shared_memory()
     rows = np.zeros(4, dtype=mds.row_dtype(COLUMNS))
     mds.write_index(tmp_path, [mds.write_shard(tmp_path, 0, COLUMNS, rows.tobytes(), None)])
     # A live dataset: each new one attaches to its six shared-memory blocks to pick a free

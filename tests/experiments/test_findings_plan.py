@@ -124,6 +124,16 @@ def test_bad_input_is_one_line_and_status_2(tmp_path, capsys, args, message):
     assert stderr.count("\n") == 1
 
 
+@pytest.mark.parametrize("flag", ["--out", "--publish"])
+def test_a_suite_folder_that_is_a_file_is_refused(tmp_path, capsys, flag):
+    notes = tmp_path / "notes.txt"
+    notes.write_text("mine")
+    args = {"--out": tmp_path / "f", flag: notes}
+    assert main([str(part) for pair in args.items() for part in pair]) == 2
+    assert capsys.readouterr().err == f"error: {flag} {notes}: {notes} is a file, not a folder\n"
+    assert notes.read_text() == "mine"
+
+
 def test_an_arm_config_with_a_base_is_refused(tmp_path, monkeypatch):
     (tmp_path / "arms").mkdir()
     (tmp_path / "arms" / "l2r.yaml").write_text("base: x.yaml\norder:\n  kind: l2r\n")

@@ -5,7 +5,7 @@ import torch
 from conftest import run_cli
 
 from aogpt import UsageError
-from aogpt.model import AOGPT, load_checkpoint
+from aogpt.model import AOGPT, load_checkpoint, save_consolidated
 from aogpt.model.checkpoint import read_consolidated
 from aogpt.model.config import ModelConfig
 from aogpt.model.official import convert_official, official_parameter_names
@@ -132,9 +132,18 @@ def test_the_checkpoint_files_of_out_are_replaced_only_with_force_and_a_run_neve
     weights = (out / "model.safetensors").read_bytes()
     result = run_cli(*command)
     assert result.returncode == 2 and result.stderr.splitlines() == [
-        f"error: --out {out / 'model.json'} exists: pass --force to replace it, or choose another name"]
+        f"error: --out {out / 'model.json'} holds an earlier converted checkpoint of "
+        "tools/import_official.py: pass --force to replace it, or choose another name"]
     assert run_cli(*command, "--force").returncode == 0
     assert (out / "model.safetensors").read_bytes() == weights  # the same conversion again
+    best = tmp_path / "best"  # a training's checkpoint copied there: never replaced
+    save_consolidated(best, AOGPT(ModelConfig(**ARGS)).config, {}, None, step=250,
+                      source="aogpt trainer")
+    result = run_cli(*command[:-1], str(best), "--force")
+    assert result.returncode == 2 and result.stderr.splitlines() == [
+        f"error: --out {best / 'model.json'} is a file that tools/import_official.py did not "
+        "write: choose another name (--force replaces only an earlier converted checkpoint of "
+        "tools/import_official.py)"]
     (tmp_path / "run").mkdir()
     (tmp_path / "run" / "metrics.jsonl").write_text("{}\n")
     result = run_cli(*command[:-1], str(tmp_path / "run"))

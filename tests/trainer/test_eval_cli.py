@@ -320,15 +320,25 @@ def test_unigram_reference_needs_a_pretraining_folder(folders, evaluate):
 # ---- outputs, provenance, progress ---------------------------------------------------------------
 
 
-def test_an_existing_json_is_replaced_only_with_force(folders, tmp_path, evaluate):
+def test_an_existing_json_is_replaced_only_with_force_and_only_an_earlier_report(folders, tmp_path,
+                                                                                evaluate):
     out = tmp_path / "eval.json"
     out.write_text("my earlier results")
     args = ["--ckpt", folders["adaln"], "--data", folders["data"], "--orders", "l2r",
             "--max-samples", "2", "--json", out]
-    code, printed, err = evaluate(*args)
+    code, printed, err = evaluate(*args, "--force")
     assert (code, printed) == (2, "")  # refused before any scoring
-    assert err == f"error: --json {out} exists: pass --force to replace it, or choose another name\n"
+    assert err == (f"error: --json {out} is a file that trainer/evaluate.py did not write: choose "
+                   "another name (--force replaces only an earlier evaluation report of "
+                   "trainer/evaluate.py)\n")
     assert out.read_text() == "my earlier results"
+    out.unlink()
+    assert evaluate(*args)[0] == 0
+    assert json.loads(out.read_text())["provenance"]["made_by"] == "trainer/evaluate.py"
+    code, printed, err = evaluate(*args)
+    assert (code, printed) == (2, "") and err == (
+        f"error: --json {out} holds an earlier evaluation report of trainer/evaluate.py: pass "
+        "--force to replace it, or choose another name\n")
     assert evaluate(*args, "--force")[0] == 0
     assert results(out)["l2r"]["tokens"] == 2 * 16
 

@@ -4,6 +4,7 @@ Hugging Face GPT-2 folder or by a checkpoint of this project."""
 import json
 import math
 import re
+import shutil
 
 import pytest
 import torch
@@ -13,6 +14,7 @@ import aogpt
 from aogpt import UsageError
 from aogpt.model import AOGPT, save_consolidated
 from aogpt.model.config import ModelConfig
+from aogpt.model.run_folder import RunFolder, tag_for
 from aogpt.trainer import sample
 from aogpt.trainer.genppl import Judge, generative_perplexity, main, unigram_entropy
 
@@ -102,6 +104,19 @@ def test_cli_reads_sample_jsonl_and_writes_the_report(hf_judge_dir, tmp_path, ca
     assert "generative perplexity" in capsys.readouterr().out
 
 
+def test_a_judge_that_is_an_unfinished_run_says_which_checkpoint_judges(project_ckpt, tmp_path,
+                                                                         capsys):
+    run = RunFolder(tmp_path / "run")  # as the trainer leaves it before final/
+    shutil.copytree(project_ckpt.parent, run.tag_dir(tag_for(4)))
+    run.latest_file.write_text(tag_for(4))
+    path = tmp_path / "samples.jsonl"
+    path.write_text("".join(json.dumps({"tokens": s}) + "\n" for s in samples(2)))
+    assert main(["--samples", str(path), "--judge", str(run.root), "--weights", "raw"]) == 0
+    assert capsys.readouterr().err.splitlines()[0] == (
+        f"note: {run.root} has no final/ (the run has not finished): reading its latest "
+        f"checkpoint, {tag_for(4)}")
+
+
 def test_cli_refuses_a_file_without_tokens(hf_judge_dir, tmp_path, capsys):
     path = tmp_path / "bad.jsonl"
     path.write_text('{"text": "no tokens here"}\n')
@@ -123,17 +138,27 @@ def test_a_judge_folder_of_another_model_is_refused_not_loaded_as_a_random_gpt2(
         "give a GPT-2 folder saved with save_pretrained, e.g. gpt2-large")
 
 
-def test_an_existing_report_is_replaced_only_with_force(hf_judge_dir, tmp_path, capsys):
+def test_an_existing_report_is_replaced_only_with_force_and_only_an_earlier_report(
+        hf_judge_dir, tmp_path, capsys):
     path = tmp_path / "samples.jsonl"
     path.write_text("".join(json.dumps({"tokens": s}) + "\n" for s in samples(2)))
     out = tmp_path / "report.json"
     out.write_text("my earlier report")
     args = ["--samples", str(path), "--judge", str(hf_judge_dir), "--json", str(out)]
-    assert main(args) == 2
+    assert main([*args, "--force"]) == 2
     captured = capsys.readouterr()
     assert captured.out == "" and captured.err == (  # refused before any scoring
-        f"error: --json {out} exists: pass --force to replace it, or choose another name\n")
+        f"error: --json {out} is a file that trainer/genppl.py did not write: choose another "
+        "name (--force replaces only an earlier generative-perplexity report of "
+        "trainer/genppl.py)\n")
     assert out.read_text() == "my earlier report"
+    out.unlink()
+    assert main(args) == 0
+    assert capsys.readouterr().out.endswith(f"wrote {out}\n")
+    assert main(args) == 2
+    assert capsys.readouterr().err == (
+        f"error: --json {out} holds an earlier generative-perplexity report of trainer/genppl.py: "
+        "pass --force to replace it, or choose another name\n")
     assert main([*args, "--force"]) == 0
     assert json.loads(out.read_text())["samples"] == 2
 

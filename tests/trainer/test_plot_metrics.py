@@ -72,15 +72,29 @@ def plot_metrics(capsys, *argv) -> tuple[int, str, str]:
     return code, *capsys.readouterr()
 
 
-def test_an_existing_png_is_replaced_only_with_force(tmp_path, capsys):
+def test_an_existing_png_is_replaced_only_with_force_and_only_an_earlier_plot(tmp_path, capsys):
     run = write_run(tmp_path / "ao_gpt")
     out = tmp_path / "curves.png"
-    out.write_bytes(b"my annotated figure")
+    out.write_bytes(PNG_MAGIC + b"my annotated figure")
+    assert plot_metrics(capsys, "--run", run, "--out", out, "--force") == (
+        2, "", f"error: --out {out} is a file that tools/plot_metrics.py did not write: choose "
+        "another name (--force replaces only an earlier plot of tools/plot_metrics.py)\n")
+    assert out.read_bytes() == PNG_MAGIC + b"my annotated figure"
+    out.unlink()
+    assert plot_metrics(capsys, "--run", run, "--out", out)[0] == 0
     assert plot_metrics(capsys, "--run", run, "--out", out) == (
-        2, "", f"error: --out {out} exists: pass --force to replace it, or choose another name\n")
-    assert out.read_bytes() == b"my annotated figure"
+        2, "", f"error: --out {out} holds an earlier plot of tools/plot_metrics.py: pass --force "
+        "to replace it, or choose another name\n")
     assert plot_metrics(capsys, "--run", run, "--out", out, "--force")[0] == 0
     assert out.read_bytes().startswith(PNG_MAGIC)
+
+
+def test_an_out_whose_suffix_is_not_png_is_refused(tmp_path, capsys):
+    run = write_run(tmp_path / "ao_gpt")
+    assert plot_metrics(capsys, "--run", run, "--out", tmp_path / "curves.txt") == (
+        2, "", f"error: --out {tmp_path / 'curves.txt'}: tools/plot_metrics.py writes its plot as "
+        ".png: name the file curves.png\n")
+    assert not (tmp_path / "curves.txt").exists()
 
 
 def test_an_out_that_is_a_folder_is_refused_before_plotting(tmp_path, capsys):

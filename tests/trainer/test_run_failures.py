@@ -295,6 +295,22 @@ def test_the_signal_watchdog_bounds_the_time_to_exit(mode, status, line):
     assert time.monotonic() - start < 30  # the import takes most of it
 
 
+def test_ctrl_c_while_the_trainer_starts_up_is_one_line_and_status_130(text_data, tmp_path):
+    """Ctrl-C while the imports load (torch has just been mapped, deepspeed and streaming are
+    still to come): before the command's main runs, where cli_entry says it."""
+    proc = subprocess.Popen(train_command(text_data, tmp_path / "run"), cwd=REPO,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    maps = Path(f"/proc/{proc.pid}/maps")
+    while "libtorch_cpu" not in maps.read_text():
+        assert proc.poll() is None, proc.communicate()
+        time.sleep(0.01)
+    proc.send_signal(signal.SIGINT)
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 130 and err.splitlines()[-1:] == ["interrupted"], err
+    assert "Traceback" not in err and out == ""
+    assert not (tmp_path / "run").exists()
+
+
 def test_sigterm_ends_a_run_that_no_step_can_answer_within_the_grace(text_data, tmp_path):
     """The loader's worker hangs (stopped, as on a dead filesystem) before step 1 can finish: no
     step ever answers SIGTERM, and the watchdog ends the run after checkpoint.signal_grace_s."""

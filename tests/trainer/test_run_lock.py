@@ -47,11 +47,14 @@ def test_a_lock_of_an_ended_process_on_this_host_is_taken_over(tmp_path, ended_p
     lock.release()
 
 
-def test_a_half_written_lock_is_taken_over(tmp_path, capsys):
+def test_a_half_written_lock_is_taken_over_saying_what_it_was(tmp_path, capsys):
     (tmp_path / "run.lock").write_text("{\"host\": ")  # its maker was killed while writing it
+    os.utime(tmp_path / "run.lock", (time.time() - 7200,) * 2)
     lock = RunLock(tmp_path / "run.lock")
     lock.acquire()
-    assert "warning: taking over" in capsys.readouterr().err
+    assert capsys.readouterr().err == (
+        f"warning: taking over {tmp_path / 'run.lock'} from an unreadable lock last written "
+        "120 min ago (its maker was killed while writing it)\n")
     lock.release()
 
 

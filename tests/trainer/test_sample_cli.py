@@ -301,17 +301,27 @@ def test_a_missing_or_folder_infill_file_is_named_as_such(checkpoint, tmp_path, 
         assert capsys.readouterr().err == f"error: --infill {path} {what}: give {expected}\n"
 
 
-def test_an_existing_out_file_is_replaced_only_with_force(checkpoint, tmp_path, capsys):
+def test_an_existing_out_file_is_replaced_only_with_force_and_only_earlier_samples(
+        checkpoint, tmp_path, capsys):
     out = tmp_path / "samples.jsonl"
     out.write_text("my earlier samples\n")
     args = ["--ckpt", str(checkpoint), "--seq-len", str(N), "--steps", "4", "--out", str(out)]
-    assert main(args) == 2
+    assert main([*args, "--force"]) == 2
     captured = capsys.readouterr()
     assert captured.out == "" and captured.err == (
-        f"error: --out {out} exists: pass --force to replace it, or choose another name\n")
+        f"error: --out {out} is a file that trainer/sample.py did not write: choose another name "
+        "(--force replaces only an earlier sample file of trainer/sample.py)\n")
     assert out.read_text() == "my earlier samples\n"
+    out.unlink()
+    assert main(args) == 0
+    capsys.readouterr()
+    assert main(args) == 2
+    assert capsys.readouterr().err == (
+        f"error: --out {out} holds an earlier sample file of trainer/sample.py: pass --force to "
+        "replace it, or choose another name\n")
     assert main([*args, "--force"]) == 0
-    assert json.loads(out.read_text().splitlines()[0])["sample"] == 0
+    record = json.loads(out.read_text().splitlines()[0])
+    assert record["sample"] == 0 and record["provenance"]["made_by"] == "trainer/sample.py"
 
 
 @pytest.mark.parametrize("case", UNWRITABLE_FILES)

@@ -6,6 +6,7 @@ a run stopped by SIGTERM and re-run (the same run, step for step). Each launch c
 2 cores, so assertions share runs.
 """
 
+import contextlib
 import json
 import os
 import random
@@ -13,7 +14,9 @@ import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
+import psutil
 import pytest
 import torch
 from trainer_testing import (
@@ -23,6 +26,7 @@ from trainer_testing import (
     losses,
 )
 
+from aogpt.data_prep.shared_memory import SHM, STREAMING_BLOCK
 from aogpt.model import load_checkpoint
 from aogpt.model.checkpoint import read_consolidated
 from aogpt.model.run_folder import RunFolder
@@ -221,6 +225,68 @@ def test_kill_9_at_any_moment_leaves_a_complete_checkpoint_and_the_same_run(refe
     assert_ok(rerun)
     for key in ("loss", "grad_norm", "val_loss_l2r"):
         assert losses(out, key) == pytest.approx(losses(out_ref, key), abs=1e-6), key
+
+
+def streaming_blocks_held(proc: subprocess.Popen) -> set[str]:
+    """The streaming shared-memory blocks (/dev/shm/<prefix>_<name>) that a launch's processes
+    hold open."""
+    tree = [psutil.Process(proc.pid), *psutil.Process(proc.pid).children(recursive=True)]
+    return {file.path for process in tree for file in process.open_files()
+            if STREAMING_BLOCK.fullmatch(Path(file.path).name) and Path(file.path).parent == SHM}
+
+
+def wait_for(condition, proc: subprocess.Popen, log: Path, timeout: float = 300) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert proc.poll() is None, log.read_text()[-3000:]
+        assert time.monotonic() < deadline, log.read_text()[-3000:]
+        time.sleep(0.1)
+
+
+def test_two_runs_on_one_host_started_at_once_and_one_killed_and_relaunched_both_finish(
+        reference, launcher, text_data, tmp_path):
+    """Two trainings of the reference's settings, other out_dirs, launched at the same moment on
+    this host. Once `a` has a checkpoint it is killed with kill -9 and relaunched while `b` holds
+    its streaming shared memory (stopped with SIGSTOP meanwhile, so the relaunch surely starts
+    beside it): the relaunch removes none of b's blocks (streaming's global cleanup did, and
+    broke the runs beside it), and both end with the reference's metrics."""
+    out_ref, _ = reference
+    outs = {name: tmp_path / name for name in ("a", "b")}
+    logs = {name: tmp_path / f"{name}.log" for name in outs}
+
+    def launch(name: str) -> subprocess.Popen:
+        # Each its own temporary folder, as SLURM gives each job: streaming's lock files there
+        # then keep no two runs apart, only the blocks in /dev/shm do.
+        tmp = tmp_path / f"tmp-{name}"
+        tmp.mkdir(exist_ok=True)
+        with logs[name].open("a") as log:
+            return subprocess.Popen(launcher.command("deepspeed", run_args(text_data, outs[name])),
+                                    cwd=REPO, env=launcher.environment(TMPDIR=str(tmp)),
+                                    stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+
+    procs = {name: launch(name) for name in outs}
+    try:
+        latest, b_metrics = outs["a"] / "checkpoints" / "latest", outs["b"] / "metrics.jsonl"
+        wait_for(latest.is_file, procs["a"], logs["a"])
+        os.killpg(procs["a"].pid, signal.SIGKILL)
+        procs["a"].wait()
+        wait_for(b_metrics.is_file, procs["b"], logs["b"])  # its datasets are all open
+        os.killpg(procs["b"].pid, signal.SIGSTOP)
+        b_blocks = streaming_blocks_held(procs["b"])
+        assert b_blocks
+        procs["a"] = launch("a")
+        wait_for(lambda: "resumed from" in logs["a"].read_text(), procs["a"], logs["a"])
+        assert {path for path in b_blocks if not Path(path).exists()} == set()
+        os.killpg(procs["b"].pid, signal.SIGCONT)
+        for name, proc in procs.items():
+            assert proc.wait(timeout=600) == 0, logs[name].read_text()[-3000:]
+    finally:
+        for proc in procs.values():
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)
+    for out in outs.values():
+        for key in ("loss", "loss_l2r", "loss_ao", "grad_norm", "val_loss_l2r", "val_loss_ao"):
+            assert losses(out, key) == pytest.approx(losses(out_ref, key), abs=1e-6), (out, key)
 
 
 # A run whose disk fills up while it writes the checkpoint of step 4 (every write into that tag

@@ -12,7 +12,8 @@ from trainer_testing import REPO, SEQ_LEN, TINY_RUN
 
 from aogpt.model.orders import KINDS
 from aogpt.trainer import main as main_module
-from aogpt.trainer.main import main
+from aogpt.trainer.config import load_config
+from aogpt.trainer.main import main, unused_settings
 from aogpt.trainer.run_lock import RunLock
 
 
@@ -108,22 +109,59 @@ def wikitext_set(tmp_path_factory):
     return build_wikitext(tmp_path_factory.mktemp("eval") / "wikitext2", seq_len=SEQ_LEN)
 
 
+BUILD = "python data_prep/eval_to_mds.py --dataset NAME --seq-len 64"
+
+
 def test_a_missing_zero_shot_set(text_data, tmp_path, capsys):
     assert_refused(run(text_data, tmp_path, f"eval.sets=[{tmp_path / 'ptb'}]"), capsys, tmp_path,
-                   f"eval.sets: {tmp_path / 'ptb'} is not a folder: build it with python "
-                   f"data_prep/eval_to_mds.py --dataset NAME --out {tmp_path / 'ptb'} --seq-len 64")
+                   f"eval.sets: {tmp_path / 'ptb'} does not exist: build it with {BUILD} "
+                   f"--out {tmp_path / 'ptb'}")
 
 
+# What the user named is never the --out of the fix: the command builds into a new folder.
 def test_a_zero_shot_set_of_another_sequence_length(text_data, tmp_path, capsys):
     short = build_wikitext(tmp_path / "wikitext2-32", seq_len=32)
     capsys.readouterr()  # what building it printed
     assert_refused(run(text_data, tmp_path, f"eval.sets=[{short}]"), capsys, tmp_path,
-                   f"eval.sets: {short} has samples of 32 tokens, the model reads 64")
+                   f"eval.sets: {short} has samples of 32 tokens, the model reads 64 "
+                   f"(model.block_size): build the set again with {BUILD} --out "
+                   f"{tmp_path / 'wikitext2-32-eval-64'} and list that folder")
 
 
 def test_a_pretraining_folder_given_as_a_zero_shot_set(text_data, tmp_path, capsys):
     assert_refused(run(text_data, tmp_path, f"eval.sets=[{text_data}]"), capsys, tmp_path,
-                   f"eval.sets: {text_data} is a pretrain folder, not an eval set")
+                   f"eval.sets: {text_data} is a pretrain folder, not an eval set (its val split "
+                   f"is scored by eval.batches): build an eval set with {BUILD} --out "
+                   f"{text_data.parent / 'text-eval-64'} and list that folder")
+
+
+def test_a_text_file_given_as_a_zero_shot_set(text_data, tmp_path, capsys):
+    source = tmp_path / "ptb.valid.txt"
+    source.write_text("the company 's shares rose\n")
+    assert_refused(run(text_data, tmp_path, f"eval.sets=[{source}]"), capsys, tmp_path,
+                   f"eval.sets: {source} is a file, not an eval set: build one from it with "
+                   f"{BUILD} --source {source} --out {tmp_path / 'ptb.valid-eval-64'} and list "
+                   "that folder")
+    assert source.read_text() == "the company 's shares rose\n"
+
+
+def test_zero_shot_sets_are_checked_even_when_evaluation_is_off(text_data, tmp_path, capsys):
+    assert_refused(run(text_data, tmp_path, f"eval.sets=[{tmp_path / 'ptb'}]", "eval.every=0"),
+                   capsys, tmp_path, f"eval.sets: {tmp_path / 'ptb'} does not exist")
+
+
+def test_a_judge_is_checked_even_when_no_samples_are_drawn(text_data, tmp_path, capsys):
+    assert_refused(run(text_data, tmp_path, f"eval.judge={tmp_path / 'gpt2-large'}"), capsys,
+                   tmp_path, f"eval.judge: {tmp_path / 'gpt2-large'} is neither a Hugging Face "
+                   "GPT-2 folder")
+
+
+def test_settings_that_another_setting_turns_off_are_warned_about(wikitext_set):
+    cfg = load_config(REPO / "configs" / "tiny.yaml", [f"eval.sets=[{wikitext_set}]",
+                                                       "eval.every=0", "eval.judge=gpt2-large"])
+    assert unused_settings(cfg) == [
+        "eval.sets are not scored: eval.every=0 turns evaluation off",
+        "eval.judge is not used: eval.sample_every=0 draws no samples to judge"]
 
 
 def test_an_empty_zero_shot_set(text_data, wikitext_set, tmp_path, capsys):

@@ -2,15 +2,19 @@
 trainer/main.py in one process, their output going to a file as under nohup or SLURM."""
 
 import re
+import shutil
 import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 import yaml
+from conftest import run_cli
 from trainer_testing import MAIN, REPO, TINY_RUN
 
+from aogpt.data_prep.manifest import read_manifest
 from aogpt.trainer.metrics import read_metrics
 
 # one micro-batch of 8 x 64 tokens per step
@@ -70,6 +74,13 @@ def test_a_log_file_holds_plain_lines_and_no_progress_bar(logged):
                                 line) for line in lines), number
 
 
+def test_the_start_says_the_data_size_and_how_many_epochs_the_run_makes(logged, text_data):
+    _, output = logged
+    samples = read_manifest(text_data)["splits"]["train"]["samples"]
+    assert (f"data: {samples:,} training samples of 64 tokens in {text_data} | 6 steps x 8 "
+            f"sequences = 48 samples, {48 / samples:,.2f} epochs") in output.splitlines()
+
+
 def test_the_run_ends_with_a_summary(logged):
     out, output = logged
     last = [line for line in output.splitlines() if not line.startswith("[20")][-3:]
@@ -106,17 +117,20 @@ def test_a_relaunch_with_other_settings_keeps_the_config_and_records_the_change(
 
 
 @pytest.mark.slow
-def test_a_rerun_after_an_attempt_without_checkpoint_starts_the_metrics_afresh(text_data,
+def test_a_rerun_after_an_attempt_without_checkpoint_sets_its_files_aside(text_data,
                                                                                tmp_path):
     out = tmp_path / "run"
     proc = start(text_data, out, tmp_path / "killed.log", "checkpoint.every=100",
                  "train.max_steps=100", records=2)
     proc.send_signal(signal.SIGKILL)
     proc.wait()
+    killed = read_metrics(out / "metrics.jsonl")
     output = train(text_data, out, "train.max_steps=4")
-    assert (f"starting from step 0: {out} holds no checkpoint, so the files of an earlier attempt "
-            "are replaced (metrics.jsonl, config.yaml)") in output
+    (aside,) = (out / "previous").iterdir()
+    assert ("starting from step 0 (it holds no checkpoint): the earlier run's files are set aside "
+            f"in {aside}/ (config.yaml, metrics.jsonl)") in output
     assert [r["step"] for r in read_metrics(out / "metrics.jsonl")] == [1, 2, 3, 4]
+    assert read_metrics(aside / "metrics.jsonl") == killed  # nothing lost
     assert "warning: taking over" in output  # the killed attempt's lock
 
 
@@ -135,3 +149,115 @@ def test_a_second_training_into_a_live_out_dir_is_refused_and_the_first_goes_on(
     # steps 1 and every log_every=2, and the evaluations' 3 and 6: each once
     assert [r["step"] for r in read_metrics(out / "metrics.jsonl")] == [1, 2, 3, 4, 6, 8]
     assert not (out / "run.lock").exists()  # released at the end
+
+
+# ---- nothing of a run, a dataset or a corpus is replaced ------------------------------------------
+
+
+def one_line_refusal(result: subprocess.CompletedProcess) -> str:
+    """The refusal of a command that must stop before any work: status 2, one `error:` line."""
+    assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr[-3000:]
+    (error,) = [line for line in result.stderr.splitlines() if line.startswith("error: ")]
+    return error.removeprefix("error: ")
+
+
+FORCED = {  # an output flag given --force, pointed at a file of a run, a dataset or a corpus
+    "evaluate --json RUN/config.yaml": (
+        ["trainer/evaluate.py", "--ckpt", "{run}", "--data", "{data}", "--json",
+         "{run}/config.yaml"], "{run}/config.yaml is the config of training run {run}",
+        "an earlier evaluation report of trainer/evaluate.py"),
+    "sample --out RUN/metrics.jsonl": (
+        ["trainer/sample.py", "--ckpt", "{run}", "--out", "{run}/metrics.jsonl"],
+        "{run}/metrics.jsonl is the metrics of training run {run}",
+        "an earlier sample file of trainer/sample.py"),
+    "plot_metrics --out RUN/final/model.safetensors": (
+        ["tools/plot_metrics.py", "--run", "{run}", "--out", "{run}/final/model.safetensors"],
+        "{run}/final/model.safetensors is a file of the final weights (final/) of training run "
+        "{run}", "an earlier plot of tools/plot_metrics.py"),
+    "genppl --json corpus.jsonl": (
+        ["trainer/genppl.py", "--samples", "{run}/samples.jsonl", "--judge", "{run}", "--json",
+         "{corpus}"], "{corpus} is a file that trainer/genppl.py did not write",
+        "an earlier generative-perplexity report of trainer/genppl.py"),
+    "evaluate --json DATA/manifest.json": (
+        ["trainer/evaluate.py", "--ckpt", "{run}", "--data", "{data}", "--json",
+         "{data}/manifest.json"], "{data}/manifest.json is the manifest of dataset {data}",
+        "an earlier evaluation report of trainer/evaluate.py"),
+}
+
+
+@pytest.mark.parametrize("case", FORCED)
+def test_force_replaces_only_what_the_same_command_wrote(case, logged, text_data, tmp_path):
+    out, _ = logged
+    corpus = tmp_path / "corpus.jsonl"
+    corpus.write_text('{"text": "a document of my corpus"}\n')
+    argv, what, own = FORCED[case]
+    places = {"run": out, "data": text_data, "corpus": corpus}
+    argv = [arg.format(**places) for arg in argv]
+    target = Path(argv[-1])
+    before = target.read_bytes()
+    error = one_line_refusal(run_cli(*argv, "--force"))
+    flag = argv[-2]
+    assert error == (f"{flag} {what.format(**places)}: choose another name (--force replaces "
+                     f"only {own})")
+    assert target.read_bytes() == before
+
+
+def test_an_output_in_a_folder_the_trainer_writes_is_refused(logged):
+    out, _ = logged
+    samples = out / "samples" / "mine.jsonl"
+    error = one_line_refusal(run_cli("trainer/sample.py", "--ckpt", str(out), "--out", str(samples)))
+    assert error == (f"--out {samples} would be a file of the samples drawn while training "
+                     f"(samples/) of training run {out}: choose a name outside the trainer's files")
+
+
+@pytest.fixture
+def finished_without_checkpoints(logged, tmp_path):
+    """A copy of the finished run whose checkpoints were deleted to save disk."""
+    out = tmp_path / "finished"
+    shutil.copytree(logged[0], out)
+    shutil.rmtree(out / "checkpoints")
+    return out
+
+
+def test_a_finished_run_is_never_replaced_by_a_fresh_start(finished_without_checkpoints,
+                                                           text_data):
+    out = finished_without_checkpoints
+    before = {path: path.read_bytes() for path in out.rglob("*") if path.is_file()}
+    result = subprocess.run(command(text_data, out, "train.max_steps=6"), cwd=REPO,
+                            capture_output=True, text=True, timeout=300)
+    assert one_line_refusal(result) == (
+        f"out_dir {out} holds a finished run ({out / 'final'}/), and no checkpoint to resume "
+        f"from: a new run there would replace it. Pass --start-over to set its files aside in "
+        f"{out / 'previous'}/ and start from step 0, or choose another out_dir")
+    assert {path: path.read_bytes() for path in out.rglob("*") if path.is_file()} == before
+
+
+@pytest.mark.slow
+def test_start_over_sets_the_finished_run_aside_and_trains_from_step_0(
+        finished_without_checkpoints, text_data):
+    out = finished_without_checkpoints
+    before = {path.relative_to(out): path.read_bytes() for path in out.rglob("*") if path.is_file()}
+    output = train(text_data, out, "train.max_steps=2", "--start-over")
+    (aside,) = (out / "previous").iterdir()
+    assert ("starting from step 0 (as asked): the earlier run's files are set aside in "
+            f"{aside}/ (config.yaml, metrics.jsonl, final/)") in output
+    assert {path.relative_to(aside): path.read_bytes() for path in aside.rglob("*")
+            if path.is_file()} == before  # nothing lost
+    assert [r["step"] for r in read_metrics(out / "metrics.jsonl")] == [1, 2]
+
+
+@pytest.mark.parametrize("case", ["a dataset", "a folder of other files"])
+def test_an_out_dir_that_holds_a_dataset_or_other_files_is_refused(case, text_data, tmp_path):
+    if case == "a dataset":
+        out, what = text_data, "a dataset (data_prep's)"
+    else:
+        out, what = tmp_path / "notes", "a file the trainer did not write (todo.txt)"
+        out.mkdir()
+        (out / "todo.txt").write_text("my notes")
+    before = sorted(out.rglob("*"))
+    result = subprocess.run(command(text_data, out), cwd=REPO, capture_output=True, text=True,
+                            timeout=300)
+    assert one_line_refusal(result) == (
+        f"out_dir {out} holds {what}: a training writes into a new or empty folder, or its own "
+        "earlier run: choose another out_dir")
+    assert sorted(out.rglob("*")) == before
