@@ -28,7 +28,7 @@ import torch
 
 from aogpt import UsageError, check_counts, cli_entry
 from aogpt.data_prep.synthetic import load_language
-from aogpt.files import check_output_file, write_json_atomic, write_text_atomic
+from aogpt.files import OutputFile, check_output_file, write_json_atomic, write_text_atomic
 from aogpt.model import load_checkpoint
 from aogpt.model.checkpoint import locate_checkpoint, provenance
 from aogpt.model.precision import device_name, reproducible_dtype, resolve_device
@@ -36,6 +36,11 @@ from aogpt.model.sampler import SAMPLERS, KVCacheSampler, SamplingConfig
 from aogpt.model.sampler.window import check_window, chunks, generate_long
 from aogpt.trainer.genppl import check_judge_matches
 
+# its outputs: --force replaces only what this benchmark wrote (a table can carry no record:
+# it is never replaced)
+JSON = OutputFile("benchmarks/long_generation.py", "rows", (".json",))
+TABLE = OutputFile("benchmarks/long_generation.py", "table", (".md",))
+OUTPUTS = {"json": JSON, "table": TABLE}
 GOAL = 0.10  # each ratio within 10% of 1
 
 
@@ -68,7 +73,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                          f"{args.windows!r}") from None
     for flag in ("json", "table"):
         if getattr(args, flag) is not None:
-            check_output_file(getattr(args, flag), f"--{flag}", args.force)
+            check_output_file(getattr(args, flag), f"--{flag}", args.force,
+                              OUTPUTS[flag])
     return args
 
 
@@ -137,7 +143,7 @@ def main(argv: list[str] | None = None) -> int:
     source = locate_checkpoint(args.ckpt)
     model = load_checkpoint(source.file, weights=args.weights, map_location=device)
     model = model.to(reproducible_dtype(device)).eval()
-    origin = provenance(source, args.weights, vars(args))
+    origin = provenance(source, args.weights, vars(args), made_by=JSON.made_by)
     check_judge_matches(args.judge, origin)
     language = load_language(args.judge, "--judge")
     for window in args.windows:

@@ -39,12 +39,26 @@ from pathlib import Path
 import torch
 
 from aogpt import UsageError, check_counts, cli_entry
-from aogpt.files import check_output_file, write_json_atomic, write_text_atomic
+from aogpt.files import (
+    OutputFile,
+    check_output_file,
+    png_provenance,
+    write_json_atomic,
+    write_text_atomic,
+)
 from aogpt.model import load_checkpoint
 from aogpt.model.checkpoint import locate_checkpoint, provenance
 from aogpt.model.precision import device_name, reproducible_dtype, resolve_device
 from aogpt.model.sampler import PLANNERS, KVCacheSampler, SamplingConfig
 from aogpt.trainer.genppl import Judge, check_judge_matches, diversity, generative_perplexity
+
+# its outputs: --force replaces only what this benchmark wrote (a table can carry no record:
+# it is never replaced)
+JSON = OutputFile("benchmarks/sampler_pareto.py", "rows", (".json",))
+TABLE = OutputFile("benchmarks/sampler_pareto.py", "table", (".md",))
+PLOT = OutputFile("benchmarks/sampler_pareto.py", "plot", (".png",))
+OUTPUTS = {"json": JSON, "table": TABLE, "plot": PLOT}
+
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -83,7 +97,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     args.thresholds = fractions(args.thresholds, "--thresholds")
     for flag in ("json", "plot", "table"):
         if getattr(args, flag) is not None:
-            check_output_file(getattr(args, flag), f"--{flag}", args.force)
+            check_output_file(getattr(args, flag), f"--{flag}", args.force,
+                              OUTPUTS[flag])
     return args
 
 
@@ -241,7 +256,7 @@ def plot(rows: list[dict], header: dict, path: Path) -> None:
     axes.set_title(header["title"], fontsize=9)
     axes.legend(fontsize=7)
     figure.tight_layout()
-    figure.savefig(path, dpi=120)
+    figure.savefig(path, dpi=120, metadata=png_provenance(header["provenance"]))
 
 
 @cli_entry
@@ -254,7 +269,7 @@ def main(argv: list[str] | None = None) -> int:
     n = args.seq_len or model.config.block_size
     if not 2 <= n <= model.config.block_size:
         raise UsageError(f"--seq-len must be in 2..{model.config.block_size}, got {n}")
-    origin = provenance(source, args.weights, vars(args))
+    origin = provenance(source, args.weights, vars(args), made_by=JSON.made_by)
     judge = None
     if args.judge:
         check_judge_matches(args.judge, origin)

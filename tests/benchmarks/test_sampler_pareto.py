@@ -60,3 +60,16 @@ def test_bad_planner_settings_are_one_line(capsys, flags, message):
     assert sampler_pareto.main(["--ckpt", "nowhere", *flags]) == 2
     err = capsys.readouterr().err
     assert message in err and err.count("\n") == 1
+
+
+def test_force_replaces_the_benchmarks_own_json_and_plot_and_nothing_else(run, tmp_path):
+    from aogpt import UsageError
+    from aogpt.files import check_output_file
+
+    _, root = run
+    for name, output in (("rows.json", sampler_pareto.JSON), ("plot.png", sampler_pareto.PLOT)):
+        check_output_file(root / name, "--x", True, output)  # its own: replaced with --force
+    other = tmp_path / "other.json"
+    other.write_text('{"results": []}')
+    with pytest.raises(UsageError, match="choose another name"):
+        check_output_file(other, "--json", True, sampler_pareto.JSON)
