@@ -25,13 +25,12 @@ from pathlib import Path
 
 import numpy as np
 import torch
+from sampler_pareto import sampling_model
 
 from aogpt import UsageError, check_counts, cli_entry
 from aogpt.data_prep.synthetic import load_language
 from aogpt.files import OutputFile, check_output_file, write_json_atomic, write_text_atomic
-from aogpt.model import load_checkpoint
-from aogpt.model.checkpoint import locate_checkpoint, provenance
-from aogpt.model.precision import device_name, reproducible_dtype, resolve_device
+from aogpt.model.precision import device_name
 from aogpt.model.sampler import SAMPLERS, KVCacheSampler, SamplingConfig
 from aogpt.model.sampler.window import check_window, chunks, generate_long
 from aogpt.trainer.genppl import check_judge_matches
@@ -139,11 +138,7 @@ def table(rows: list[dict], header: dict) -> str:
 @cli_entry
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    device = resolve_device(args.device)
-    source = locate_checkpoint(args.ckpt)
-    model = load_checkpoint(source.file, weights=args.weights, map_location=device)
-    model = model.to(reproducible_dtype(device)).eval()
-    origin = provenance(source, args.weights, vars(args), made_by=JSON.made_by)
+    model, device, origin = sampling_model(args, JSON.made_by)
     check_judge_matches(args.judge, origin)
     language = load_language(args.judge, "--judge")
     for window in args.windows:

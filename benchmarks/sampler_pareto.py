@@ -259,17 +259,23 @@ def plot(rows: list[dict], header: dict, path: Path) -> None:
     figure.savefig(path, dpi=120, metadata=png_provenance(header["provenance"]))
 
 
-@cli_entry
-def main(argv: list[str] | None = None) -> int:
-    args = parse_args(argv)
+def sampling_model(args: argparse.Namespace, made_by: str) -> tuple:
+    """(model, device, provenance) for a sampler benchmark: --ckpt's --weights on --device, in
+    the dtype sample.py samples in, with the provenance its outputs record."""
     device = resolve_device(args.device)
     source = locate_checkpoint(args.ckpt)
     model = load_checkpoint(source.file, weights=args.weights, map_location=device)
     model = model.to(reproducible_dtype(device)).eval()
+    return model, device, provenance(source, args.weights, vars(args), made_by=made_by)
+
+
+@cli_entry
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    model, device, origin = sampling_model(args, JSON.made_by)
     n = args.seq_len or model.config.block_size
     if not 2 <= n <= model.config.block_size:
         raise UsageError(f"--seq-len must be in 2..{model.config.block_size}, got {n}")
-    origin = provenance(source, args.weights, vars(args), made_by=JSON.made_by)
     judge = None
     if args.judge:
         check_judge_matches(args.judge, origin)

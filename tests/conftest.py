@@ -112,3 +112,22 @@ def perturbed_float64_model(config: ModelConfig, seed: int = 0) -> AOGPT:
             if "adaLN" in name:
                 p.mul_(10)
     return model
+
+
+def assert_cache_holds_the_full_forward(network: AOGPT, out, sampler) -> None:
+    """After a generation, the sampler's cache holds, slot by slot, the keys and values of one
+    full forward of the generated tokens along the order they took (out: its Generation)."""
+    keys, values = [], []
+
+    class Recording:
+        def update(self, layer, k, v):
+            keys.append(k)
+            values.append(v)
+            return k, v
+
+    inputs, positions, targets, _ = network.training_stream(out.tokens, out.orders)
+    network.forward_stream(inputs, positions, targets, cache=Recording())
+    kv = sampler.cache.kv[:, :, :, :, :out.tokens.size(1)]  # (layers, 2, b, h, slots, hd)
+    for layer, (k, v) in enumerate(zip(keys, values, strict=True)):
+        torch.testing.assert_close(kv[layer, 0], k, rtol=1e-10, atol=1e-10)
+        torch.testing.assert_close(kv[layer, 1], v, rtol=1e-10, atol=1e-10)

@@ -4,7 +4,7 @@ exact likelihood, and a sample does not depend on its batch."""
 
 import pytest
 import torch
-from conftest import perturbed_float64_model
+from conftest import assert_cache_holds_the_full_forward, perturbed_float64_model
 
 from aogpt import UsageError
 from aogpt.model.config import ModelConfig
@@ -123,20 +123,7 @@ def test_given_tokens_are_kept_and_read_first():
 def test_after_generation_the_cache_holds_the_full_forwards_keys_and_values(settings):
     network = model()
     out, sampler = generate(network, settings)
-    keys, values = [], []
-
-    class Recording:
-        def update(self, layer, k, v):
-            keys.append(k)
-            values.append(v)
-            return k, v
-
-    inputs, positions, targets, _ = network.training_stream(out.tokens, out.orders)
-    network.forward_stream(inputs, positions, targets, cache=Recording())
-    kv = sampler.cache.kv[:, :, :, :, :N]
-    for layer, (k, v) in enumerate(zip(keys, values, strict=True)):
-        torch.testing.assert_close(kv[layer, 0], k, rtol=1e-10, atol=1e-10)
-        torch.testing.assert_close(kv[layer, 1], v, rtol=1e-10, atol=1e-10)
+    assert_cache_holds_the_full_forward(network, out, sampler)
 
 
 def test_the_scores_rank_as_their_names_say():

@@ -7,7 +7,7 @@ import math
 
 import pytest
 import torch
-from conftest import perturbed_float64_model
+from conftest import assert_cache_holds_the_full_forward, perturbed_float64_model
 
 from aogpt import UsageError
 from aogpt.model.config import ModelConfig
@@ -159,20 +159,7 @@ def test_after_generation_the_cache_holds_the_full_forwards_keys_and_values():
     model = tiny_model()
     out, sampler = generate(model, SamplingConfig(sampler="speculative", draft=3, seed=5),
                             torch.arange(B))
-    keys, values = [], []
-
-    class Recording:
-        def update(self, layer, k, v):
-            keys.append(k)
-            values.append(v)
-            return k, v
-
-    tokens, positions, targets, _ = model.training_stream(out.tokens, out.orders)
-    model.forward_stream(tokens, positions, targets, cache=Recording())
-    kv = sampler.cache.kv[:, :, :, :, :N]  # (layers, 2, b, h, slots, hd)
-    for layer, (k, v) in enumerate(zip(keys, values, strict=True)):
-        torch.testing.assert_close(kv[layer, 0], k, rtol=1e-10, atol=1e-10)
-        torch.testing.assert_close(kv[layer, 1], v, rtol=1e-10, atol=1e-10)
+    assert_cache_holds_the_full_forward(model, out, sampler)
 
 
 @pytest.mark.parametrize("prompt", [False, True], ids=["nothing-given", "prompt"])
