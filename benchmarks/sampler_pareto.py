@@ -72,7 +72,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     add("--batch-sizes", default="1,32", help="batch sizes timed (default 1,32)")
     add("--timed-batches", type=int, default=2, help="batches timed per batch size (default 2)")
     add("--steps", help="the parallel sampler's network calls (default n/16, n/8, n/4, n/2, n)")
-    add("--drafts", default="1,2,4,8,16", help="the speculative sampler's K (default 1,2,4,8,16)")
+    add("--drafts", default="1,2,4,8,16",
+        help="the speculative sampler's K (default 1,2,4,8,16; '' none)")
     add("--planners", default="confidence,margin,entropy",
         help="planners at one position per call (default confidence,margin,entropy; '' none)")
     add("--thresholds", default="0.9,0.7,0.5,0.3",
@@ -87,7 +88,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     args = parser.parse_args(argv)
     check_counts(args, "num_samples", "timed_batches", "seq_len")
     args.batch_sizes = numbers(args.batch_sizes, "--batch-sizes")
-    args.drafts = numbers(args.drafts, "--drafts")
+    args.drafts = numbers(args.drafts, "--drafts") if args.drafts else []
     args.steps = numbers(args.steps, "--steps") if args.steps else None
     args.planners = [p for p in args.planners.split(",") if p]
     unknown = sorted(set(args.planners) - set(PLANNERS) - {"threshold", "order"})
