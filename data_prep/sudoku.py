@@ -35,13 +35,16 @@ from __future__ import annotations
 from collections.abc import Iterator
 from dataclasses import dataclass
 from itertools import islice
+from pathlib import Path
 
 import numpy as np
 
 from aogpt import UsageError
+from aogpt.data_prep.manifest import read_manifest
 
 BLANK = -1
 NAME = "sudoku"  # the tokenizer name a data manifest records for it
+PUZZLES_FORMAT = "aogpt-sudoku-puzzles"  # the held-out puzzles in a data manifest
 TECHNIQUES = ("naked singles", "singles", "search")  # easiest first
 
 
@@ -59,14 +62,20 @@ def parse_box(text: str) -> tuple[int, int]:
 
 @dataclass(frozen=True)
 class Puzzle:
-    """A puzzle and its solution, (cells,) int64 token ids each (the puzzle's blanks are -1)."""
+    """A puzzle and its solution, (cells,) int64 token ids each (the puzzle's blanks are -1),
+    and the simplest technique that solves it where known."""
 
     grid: np.ndarray
     solution: np.ndarray
+    technique: str | None = None
 
     @property
     def given_mask(self) -> np.ndarray:
         return self.grid != BLANK
+
+    @property
+    def givens(self) -> int:
+        return int(self.given_mask.sum())
 
 
 class Sudoku:
@@ -261,6 +270,28 @@ class Sudoku:
                         grid[cell] = digit
                         return True
         return len(naked) > 0
+
+
+def load_puzzles(data_dir: str | Path, flag: str) -> tuple[Sudoku, list[Puzzle]]:
+    """The rules and the held-out puzzles of a Sudoku data folder (data_prep/sudoku_to_mds.py);
+    a UsageError naming `flag` for any other folder, or puzzles that are not what they claim."""
+    manifest = read_manifest(data_dir)
+    record = manifest.get("puzzles")
+    if manifest["tokenizer"].get("name") != NAME or not isinstance(record, dict) or record.get(
+            "format") != PUZZLES_FORMAT:
+        raise UsageError(f"{flag} {data_dir} holds no Sudoku puzzles: build a folder with "
+                         f"data_prep/sudoku_to_mds.py")
+    sudoku = Sudoku(*parse_box(record["box"]))
+    puzzles = []
+    for number, item in enumerate(record["items"]):
+        what = f"{flag} {data_dir}: puzzle {number}"
+        puzzle = Puzzle(sudoku.from_text(item["puzzle"], what),
+                        sudoku.from_text(item["solution"], f"{what}'s solution"), item["technique"])
+        if puzzle.givens != item["givens"] or sudoku.problems(puzzle.solution, puzzle.grid):
+            raise UsageError(f"{what} is damaged (its solution does not solve it, or its givens "
+                             f"are not {item['givens']}): rebuild the folder")
+        puzzles.append(puzzle)
+    return sudoku, puzzles
 
 
 def grid_rng(seed: int, stream: int, index: int) -> np.random.Generator:
