@@ -182,3 +182,11 @@ def test_an_out_path_that_is_a_file_is_refused(tmp_path):
     assert result.returncode == 2 and "--out" in result.stderr
     assert len(result.stderr.strip().splitlines()) == 1
     assert (tmp_path / "taken").read_text() == "a user's file"
+
+
+def test_the_preset_is_a_model_of_the_default_folders_grids(repo):
+    from aogpt.trainer.config import load_config
+
+    config, sudoku = load_config(repo / "configs" / "sudoku.yaml"), Sudoku(2, 3)  # --box 2x3
+    assert (config.model.vocab_size, config.model.block_size) == (sudoku.size, sudoku.cells)
+    assert config.data.path == "data/sudoku"
