@@ -198,15 +198,16 @@ def table(rows: list[dict], givens: list[int]) -> str:
     """One line per row: solved overall, by givens and by technique, calls, x random order."""
     techniques = [t for t in TECHNIQUES if any(t in row["solved_by_technique"] for row in rows)]
     first = rows[0]
-    head = (["temperature", "budget", "method", "calls per blank", "solved", "x random order",
-             "cells right"] + [f"{g} givens (n={first['solved_by_givens'][g]['puzzles']})"
+    head = (["temperature", "budget", "method", "calls per blank", "rows per puzzle", "solved",
+             "x random order", "cells right"] + [f"{g} givens (n={first['solved_by_givens'][g]['puzzles']})"
                                for g in givens]
             + [f"{t} (n={first['solved_by_technique'][t]['puzzles']})" for t in techniques])
     lines = ["| " + " | ".join(head) + " |", "|---" * len(head) + "|"]
     for row in rows:
         ratio = "" if row["x_random"] is None else f"{row['x_random']:.2f}x"
         cells = [f"{row['temperature']:g}", row["budget"], row["method"],
-                 f"{row['calls_per_blank']:.2f}", f"**{row['solved']:.1%}**", ratio,
+                 f"{row['calls_per_blank']:.2f}", f"{row['rows_per_puzzle']:.0f}",
+                 f"**{row['solved']:.1%}**", ratio,
                  f"{row['cells_right']:.1%}"]
         cells += [f"{row['solved_by_givens'][g]['solved']:.1%}" for g in givens]
         cells += [f"{row['solved_by_technique'][t]['solved']:.1%}"

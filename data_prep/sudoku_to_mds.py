@@ -2,7 +2,7 @@
 solutions in the manifest, for benchmarks/sudoku_planners.py.
 
     python data_prep/sudoku_to_mds.py --out data/sudoku [--box 2x3] [--train-grids 200000]
-        [--val-grids 2000] [--givens 10,12,14] [--puzzles 200] [--seed 0] [--overwrite]
+        [--val-grids 2000] [--givens 10,14,18,22] [--puzzles 200] [--seed 0] [--overwrite]
 
 A sample is one solved grid of N x N cells (N = the box's cells; 6 x 6 of 2 x 3 boxes by
 default), row by row, each cell's digit d as token id d - 1: a model of it has N token ids and
@@ -38,7 +38,9 @@ from aogpt.progress import duration, progress
 
 SPLITS = {"train": 1, "val": 2}  # each split's grids are drawn from streams of this number
 PUZZLE_STREAM = 3
-DEFAULT_GIVENS = (0.28, 0.33, 0.39)  # fractions of the cells: easier puzzles have more
+# fractions of the cells: fewer givens, longer chains of deduction (a tiny model solves puzzles of
+# many givens first, so the range shows where the order starts to matter)
+DEFAULT_GIVENS = (0.28, 0.39, 0.5, 0.61)
 GRIDS_PER_PUZZLE = 100  # grids tried for one puzzle before its givens count is called too few
 
 
@@ -51,8 +53,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     add("--box", default="2x3", help="box rows x columns: 2x2, 2x3 (default), 3x3, ...")
     add("--train-grids", type=int, default=200_000, help="solved grids in train/ (default 200000)")
     add("--val-grids", type=int, default=2_000, help="solved grids in val/ (default 2000)")
-    add("--givens", help="the held-out puzzles' given cells, a comma list (default 28%%, 33%% "
-        "and 39%% of the cells: 10,12,14 for 6 x 6, 23,27,32 for 9 x 9)")
+    add("--givens", help="the held-out puzzles' given cells, a comma list (default 28%%, 39%%, "
+        "50%% and 61%% of the cells: 10,14,18,22 for 6 x 6, 23,32,40,49 for 9 x 9)")
     add("--puzzles", type=int, default=200, help="held-out puzzles per givens count (default 200)")
     add("--seed", type=int, default=0)
     add("--overwrite", action="store_true", help="rebuild OUT even when it is complete")

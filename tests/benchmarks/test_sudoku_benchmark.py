@@ -2,15 +2,17 @@
 its JSON written row by row and its table; a model of other grids refused in one line."""
 
 import json
-import os
+import sys
 
 import pytest
 import torch
-from conftest import run_cli
+from conftest import REPO, run_cli
 
 from aogpt.model import AOGPT, ModelConfig, save_consolidated
 
-BENCHMARK = "benchmarks/sudoku_planners.py"
+sys.path.insert(0, str(REPO / "benchmarks"))
+from results import STOP_VARIABLE, STOPPED  # noqa: E402
+from sudoku_planners import main as sudoku_planners  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -36,9 +38,8 @@ def checkpoint(folder, vocab: int, block: int):
 def test_the_smoke_run_writes_every_method_at_every_budget(puzzles, tmp_path):
     ckpt = checkpoint(tmp_path / "model", vocab=4, block=16)
     out, table = tmp_path / "rows.json", tmp_path / "table.md"
-    result = run_cli(BENCHMARK, "--ckpt", str(ckpt), "--data", str(puzzles), "--smoke",
-                     "--device", "cpu", "--json", str(out), "--table", str(table))
-    assert result.returncode == 0, result.stderr
+    assert sudoku_planners(["--ckpt", str(ckpt), "--data", str(puzzles), "--smoke", "--device",
+                            "cpu", "--json", str(out), "--table", str(table)]) == 0
     data = json.loads(out.read_text())
     assert data["complete"] and data["givens"] == [10, 6]
     rows = data["results"]
@@ -56,22 +57,22 @@ def test_the_smoke_run_writes_every_method_at_every_budget(puzzles, tmp_path):
     assert len(lines) == 2 + len(rows) and "| 0 | 1 call per blank | margin |" in table.read_text()
 
 
-def test_a_run_cut_after_its_first_row_keeps_it(puzzles, tmp_path):
+def test_a_run_cut_after_its_first_row_keeps_it(puzzles, tmp_path, monkeypatch):
     ckpt = checkpoint(tmp_path / "model", vocab=4, block=16)
     out = tmp_path / "rows.json"
-    result = run_cli(BENCHMARK, "--ckpt", str(ckpt), "--data", str(puzzles), "--smoke",
-                     "--device", "cpu", "--json", str(out),
-                     env={**os.environ, "AOGPT_TEST_STOP_AFTER_ROWS": "1"})
-    assert result.returncode == 3, result.stderr
+    monkeypatch.setenv(STOP_VARIABLE, "1")
+    with pytest.raises(SystemExit) as stopped:
+        sudoku_planners(["--ckpt", str(ckpt), "--data", str(puzzles), "--smoke", "--device",
+                         "cpu", "--json", str(out)])
+    assert stopped.value.code == STOPPED
     data = json.loads(out.read_text())
     assert data["complete"] is False and len(data["results"]) == 1
 
 
-def test_a_model_of_other_grids_is_refused_in_one_line(puzzles, tmp_path):
+def test_a_model_of_other_grids_is_refused_in_one_line(puzzles, tmp_path, capsys):
     ckpt = checkpoint(tmp_path / "model", vocab=6, block=36)
-    result = run_cli(BENCHMARK, "--ckpt", str(ckpt), "--data", str(puzzles), "--smoke")
-    assert result.returncode == 2
-    assert result.stderr.splitlines() == [
+    assert sudoku_planners(["--ckpt", str(ckpt), "--data", str(puzzles), "--smoke"]) == 2
+    assert capsys.readouterr().err.splitlines() == [
         f"error: --ckpt {ckpt} is a model of 36 positions and 6 token ids; --data {puzzles} holds "
         "4 x 4 grids (16 cells of 4 digits): benchmark a model trained on them "
         "(configs/sudoku.yaml with model.block_size=16 model.vocab_size=4)"]
