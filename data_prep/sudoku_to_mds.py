@@ -30,8 +30,8 @@ import numpy as np
 import aogpt
 from aogpt import UsageError, check_counts, cli_entry
 from aogpt.data_prep.build_dir import OutputDir
-from aogpt.data_prep.cli import check_out, split_lines
-from aogpt.data_prep.manifest import new_manifest, read_manifest
+from aogpt.data_prep.cli import check_out, split_lines, start_build
+from aogpt.data_prep.manifest import new_manifest
 from aogpt.data_prep.packing import write_rows
 from aogpt.data_prep.sudoku import PUZZLES_FORMAT, Sudoku, grid_rng, parse_box
 from aogpt.progress import duration, progress
@@ -128,9 +128,7 @@ def main(argv: list[str] | None = None) -> int:
                 "grids": counts, "givens": args.givens, "puzzles": args.puzzles,
                 "seed": args.seed}
     out = OutputDir(args.out, splits=tuple(SPLITS))
-    if not out.start(settings, args.overwrite):
-        print(f"{args.out} is complete already: nothing to do (--overwrite rebuilds it)")
-        print("\n".join(split_lines(args.out, read_manifest(args.out), "grids")))
+    if not start_build(out, settings, args.overwrite, "grids"):
         return 0
     print(f"drawing {args.puzzles} held-out {sudoku.size} x {sudoku.size} puzzles for each of "
           f"{', '.join(map(str, args.givens))} givens", flush=True)

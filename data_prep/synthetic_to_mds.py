@@ -28,8 +28,8 @@ import numpy as np
 import aogpt
 from aogpt import check_counts, cli_entry
 from aogpt.data_prep.build_dir import OutputDir
-from aogpt.data_prep.cli import check_out, split_lines
-from aogpt.data_prep.manifest import new_manifest, read_manifest
+from aogpt.data_prep.cli import check_out, split_lines, start_build
+from aogpt.data_prep.manifest import new_manifest
 from aogpt.data_prep.packing import write_rows
 from aogpt.data_prep.synthetic import LanguageSpec, SyntheticLanguage
 from aogpt.progress import duration
@@ -94,9 +94,7 @@ def main(argv: list[str] | None = None) -> int:
                 "language": dataclasses.asdict(language.spec), "seq_len": args.seq_len,
                 "samples": counts}
     out = OutputDir(args.out, splits=tuple(SPLITS))
-    if not out.start(settings, args.overwrite):
-        print(f"{args.out} is complete already: nothing to do (--overwrite rebuilds it)")
-        print("\n".join(split_lines(args.out, read_manifest(args.out), "sequences")))
+    if not start_build(out, settings, args.overwrite, "sequences"):
         return 0
     print(f"drawing {sum(counts.values()):,} sequences of {args.seq_len} tokens from a synthetic "
           f"language of {args.vocab} tokens, {args.topics} topics x {args.states} states "
