@@ -7,6 +7,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from aogpt import UsageError
+from aogpt.data_prep.build_dir import OutputDir
 from aogpt.data_prep.remote import check_url, is_remote, join
 from aogpt.files import check_writable_folder
 
@@ -27,6 +28,16 @@ def check_out(out: str, staging: Path | None = None) -> None:
         check_writable_folder(out, f"--out {out}")
     except UsageError as err:
         raise UsageError(f"{err}: choose another --out") from None
+
+
+def start_build(out: OutputDir, settings: dict, overwrite: bool, noun: str) -> bool:
+    """Starts (or resumes) a local build in `out`; when `out` holds this build already, says so
+    with its splits (what they hold of `noun`) and returns False: nothing to do."""
+    if out.start(settings, overwrite):
+        return True
+    print(f"{out.root} is complete already: nothing to do (--overwrite rebuilds it)")
+    print("\n".join(split_lines(out.root, out.finished_manifest(), noun)))
+    return False
 
 
 def replaced_bytes_note(splits: dict[str, dict]) -> str | None:

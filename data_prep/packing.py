@@ -59,6 +59,22 @@ def mds_columns(seq_len: int) -> dict[str, str]:
     return {COLUMN: f"ndarray:uint16:{seq_len}"}
 
 
+def write_rows(folder: Path, rows: np.ndarray) -> dict:
+    """Samples made whole rather than packed from documents (a synthetic language's sequences,
+    Sudoku grids): (count, seq_len) token ids -> MDS shards and index.json in folder. Returns the
+    split's manifest counts, one document per sample."""
+    count, seq_len = rows.shape
+    rows = rows.astype(np.uint16)
+    per_shard = default_samples_per_shard(seq_len)
+    folder.mkdir(parents=True, exist_ok=True)
+    entries = [mds.write_shard(folder, number, mds_columns(seq_len),
+                               rows[first:first + per_shard].tobytes())
+               for number, first in enumerate(range(0, count, per_shard))]
+    mds.write_index(folder, entries)
+    return {"documents": count, "tokens": count * seq_len, "samples": count,
+            "shards": len(entries), "replaced_bytes": 0, "replaced_documents": 0}
+
+
 @dataclass(frozen=True)
 class PackSpec:
     """What to build: everything here (not the worker count) determines the output bytes."""

@@ -27,11 +27,10 @@ import numpy as np
 
 import aogpt
 from aogpt import check_counts, cli_entry
-from aogpt.data_prep import mds
 from aogpt.data_prep.build_dir import OutputDir
-from aogpt.data_prep.cli import check_out, split_lines
-from aogpt.data_prep.manifest import COLUMN, DTYPE, new_manifest, read_manifest
-from aogpt.data_prep.packing import default_samples_per_shard
+from aogpt.data_prep.cli import check_out, split_lines, start_build
+from aogpt.data_prep.manifest import new_manifest
+from aogpt.data_prep.packing import write_rows
 from aogpt.data_prep.synthetic import LanguageSpec, SyntheticLanguage
 from aogpt.progress import duration
 
@@ -79,17 +78,10 @@ def language_spec(args: argparse.Namespace) -> LanguageSpec:
 def write_split(language: SyntheticLanguage, folder: Path, count: int, seq_len: int,
                 seed: int) -> dict:
     """`count` sequences of the language as MDS shards in folder; the split's manifest entry."""
-    columns = {COLUMN: f"ndarray:{DTYPE}:{seq_len}"}
-    per_shard = default_samples_per_shard(seq_len)
-    folder.mkdir(parents=True, exist_ok=True)
     rows = np.concatenate([language.sample(min(DRAW_CHUNK, count - first), seq_len,
                                            seed=seed * 1_000_003 + first // DRAW_CHUNK)
-                           for first in range(0, count, DRAW_CHUNK)]).astype(DTYPE)
-    entries = [mds.write_shard(folder, number, columns, rows[first:first + per_shard].tobytes())
-               for number, first in enumerate(range(0, count, per_shard))]
-    mds.write_index(folder, entries)
-    return {"documents": count, "tokens": count * seq_len, "samples": count,
-            "shards": len(entries), "replaced_bytes": 0, "replaced_documents": 0}
+                           for first in range(0, count, DRAW_CHUNK)])
+    return write_rows(folder, rows)
 
 
 @cli_entry
@@ -102,9 +94,7 @@ def main(argv: list[str] | None = None) -> int:
                 "language": dataclasses.asdict(language.spec), "seq_len": args.seq_len,
                 "samples": counts}
     out = OutputDir(args.out, splits=tuple(SPLITS))
-    if not out.start(settings, args.overwrite):
-        print(f"{args.out} is complete already: nothing to do (--overwrite rebuilds it)")
-        print("\n".join(split_lines(args.out, read_manifest(args.out), "sequences")))
+    if not start_build(out, settings, args.overwrite, "sequences"):
         return 0
     print(f"drawing {sum(counts.values()):,} sequences of {args.seq_len} tokens from a synthetic "
           f"language of {args.vocab} tokens, {args.topics} topics x {args.states} states "
