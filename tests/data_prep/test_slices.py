@@ -10,7 +10,6 @@ from mds_testing import (
     files_of,
     generated_documents,
     manifest_of,
-    no_stale_shared_memory,  # noqa: F401 (an autouse fixture)
     read_samples,
     write_jsonl,
 )

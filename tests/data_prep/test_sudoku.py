@@ -7,7 +7,7 @@ import itertools
 import numpy as np
 import pytest
 from conftest import run_cli
-from mds_testing import no_stale_shared_memory, read_samples  # noqa: F401 (an autouse fixture)
+from mds_testing import read_samples
 
 from aogpt import UsageError
 from aogpt.data_prep.manifest import check_compatible, read_manifest
