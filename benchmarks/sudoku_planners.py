@@ -49,11 +49,14 @@ from aogpt.data_prep.sudoku import NAME, TECHNIQUES, Puzzle, Sudoku, load_puzzle
 from aogpt.files import check_output_file, write_text_atomic  # noqa: E402
 from aogpt.model import load_checkpoint  # noqa: E402
 from aogpt.model.checkpoint import locate_checkpoint, provenance  # noqa: E402
+from aogpt.model.orders import ANY_ORDER, LEFT_TO_RIGHT  # noqa: E402
 from aogpt.model.precision import device_name, reproducible_dtype, resolve_device  # noqa: E402
 from aogpt.model.sampler import KVCacheSampler, SamplingConfig  # noqa: E402
 from aogpt.progress import duration  # noqa: E402
 
-METHODS = ("random order", "left to right", "confidence", "margin", "entropy", "threshold")
+RANDOM_ORDER, LEFT_TO_RIGHT_ORDER = "random order", LEFT_TO_RIGHT.label  # orders drawn up front
+FIXED_ORDERS = {RANDOM_ORDER: ANY_ORDER.word, LEFT_TO_RIGHT_ORDER: LEFT_TO_RIGHT.word}
+METHODS = (RANDOM_ORDER, LEFT_TO_RIGHT_ORDER, "confidence", "margin", "entropy", "threshold")
 BUDGETS = ("1 call per blank", "1 call per 2 blanks", "threshold's own")
 SMOKE_PUZZLES = 3  # per givens count
 
@@ -104,8 +107,8 @@ def method_fields(method: str, budget: str, blanks: int, threshold: float) -> di
     if method == "threshold":
         return {"planner": "threshold", "threshold": threshold}
     per_call = 1 if budget == BUDGETS[0] else 2
-    if method in ("random order", "left to right"):
-        return {"planner": "order", "order": "random" if method == "random order" else "l2r",
+    if method in FIXED_ORDERS:
+        return {"planner": "order", "order": FIXED_ORDERS[method],
                 "steps": math.ceil(blanks / per_call)}
     return {"planner": method, "reveal": per_call}
 
@@ -186,7 +189,7 @@ def measure(model, sudoku: Sudoku, groups: dict[int, list], method: str, budget:
 def add_ratios(rows: list[dict]) -> None:
     """Each row's solved rate over random order's at its budget and temperature."""
     for row in rows:
-        reference = next((r for r in rows if r["method"] == "random order" and
+        reference = next((r for r in rows if r["method"] == RANDOM_ORDER and
                           r["temperature"] == row["temperature"] and r["budget"] == (
                               BUDGETS[0] if row["budget"] == BUDGETS[2] else row["budget"])),
                          None)
