@@ -48,6 +48,7 @@ from aogpt.files import (
 )
 from aogpt.model import load_checkpoint
 from aogpt.model.checkpoint import locate_checkpoint, provenance
+from aogpt.model.orders import LEFT_TO_RIGHT
 from aogpt.model.precision import device_name, reproducible_dtype, resolve_device
 from aogpt.model.sampler import PLANNERS, KVCacheSampler, SamplingConfig
 from aogpt.trainer.genppl import Judge, check_judge_matches, diversity, generative_perplexity
@@ -135,7 +136,8 @@ def settings(n: int, steps: list[int] | None, drafts: list[int], planners: list[
     rows += [(f"speculative K={k}", {"sampler": "speculative", "draft": min(k, n - 1)})
              for k in drafts]
     if planners or thresholds:
-        rows.append(("left to right S=n", {"sampler": "parallel", "steps": n, "order": "l2r"}))
+        rows.append((f"{LEFT_TO_RIGHT.word} S=n", {"sampler": "parallel", "steps": n,
+                                                     "order": LEFT_TO_RIGHT.word}))
     rows += [(f"planner {p}", {"planner": p}) for p in planners]
     rows += [(f"planner threshold {t:g}", {"planner": "threshold", "threshold": t})
              for t in thresholds]
@@ -236,7 +238,7 @@ def plot(rows: list[dict], header: dict, path: Path) -> None:
                 "speculative": ("speculative (exact), draft K", "D-"),
                 "planner threshold": ("threshold planner (not the joint)", "v-"),
                 "planner ": ("confidence, margin, entropy planners (not the joint)", "^"),
-                "left to right": ("left to right, S = n", "x")}
+                f"{LEFT_TO_RIGHT.word} S=n": ("left to right, S = n", "x")}
     for prefix, (name, style) in families.items():
         members = [row for row in rows if row["label"].startswith(prefix)
                    and not (prefix == "planner " and "threshold" in row["label"])]

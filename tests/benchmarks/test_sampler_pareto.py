@@ -35,7 +35,7 @@ def test_every_family_is_measured_and_judged_exactly(run):
     data, root = run
     rows = {row["label"]: row for row in data["rows"]}
     assert list(rows) == [f"parallel S={N}", "parallel S=4", "parallel binomial S=4",
-                          "speculative K=2", "left to right S=n", "planner confidence",
+                          "speculative K=2", "l2r S=n", "planner confidence",
                           "planner threshold 0.5"]
     assert rows[f"parallel S={N}"]["calls_per_token"] == 1.0
     assert rows["parallel S=4"]["calls_per_token"] == 4 / N
