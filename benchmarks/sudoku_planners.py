@@ -46,7 +46,7 @@ from results import ResultsFile  # noqa: E402
 
 from aogpt import UsageError, check_counts, cli_entry  # noqa: E402
 from aogpt.data_prep.sudoku import NAME, TECHNIQUES, Puzzle, Sudoku, load_puzzles  # noqa: E402
-from aogpt.files import check_output_file, write_text_atomic  # noqa: E402
+from aogpt.files import OutputFile, check_output_file, write_text_atomic  # noqa: E402
 from aogpt.model import load_checkpoint  # noqa: E402
 from aogpt.model.checkpoint import locate_checkpoint, provenance  # noqa: E402
 from aogpt.model.orders import ANY_ORDER, LEFT_TO_RIGHT  # noqa: E402
@@ -59,6 +59,10 @@ FIXED_ORDERS = {RANDOM_ORDER: ANY_ORDER.word, LEFT_TO_RIGHT_ORDER: LEFT_TO_RIGHT
 METHODS = (RANDOM_ORDER, LEFT_TO_RIGHT_ORDER, "confidence", "margin", "entropy", "threshold")
 BUDGETS = ("1 call per blank", "1 call per 2 blanks", "threshold's own")
 SMOKE_PUZZLES = 3  # per givens count
+# its outputs: --force replaces only what this benchmark wrote (a table carries no record: it is
+# never replaced)
+OUTPUTS = {"json": OutputFile("benchmarks/sudoku_planners.py", "rows", (".json",)),
+           "table": OutputFile("benchmarks/sudoku_planners.py", "table", (".md",))}
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -95,7 +99,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         args.puzzles, args.temperatures = SMOKE_PUZZLES, [0.0]
     for flag in ("json", "table"):
         if getattr(args, flag) is not None:
-            check_output_file(getattr(args, flag), f"--{flag}", args.force)
+            check_output_file(getattr(args, flag), f"--{flag}", args.force, OUTPUTS[flag])
     return args
 
 
@@ -226,7 +230,8 @@ def main(argv: list[str] | None = None) -> int:
     sudoku, puzzles = load_puzzles(args.data, "--data")
     device = resolve_device(args.device)
     source = locate_checkpoint(args.ckpt)
-    origin = provenance(source, args.weights, vars(args), data=str(args.data))
+    origin = provenance(source, args.weights, vars(args), data=str(args.data),
+                        made_by=OUTPUTS["json"].made_by)
     model = load_checkpoint(source.file, weights=args.weights, map_location=device)
     model = model.to(reproducible_dtype(device)).eval()
     check_model_matches(model, sudoku, origin, args)
