@@ -39,6 +39,7 @@ from aogpt.files import OutputFile, check_output_file, write_json_atomic
 from aogpt.model import load_checkpoint
 from aogpt.model.checkpoint import locate_checkpoint, provenance, resolve_checkpoint_file
 from aogpt.model.precision import resolve_device
+from aogpt.model.sampler.window import unigram_entropy
 from aogpt.progress import progress as progress_bar
 
 # --json; an earlier report without made_by is known by its keys
@@ -139,13 +140,6 @@ class Judge:
             return self.model.token_nll(tokens)[:, 1:].double()  # drop the [None] -> x_0 term
         logits = self.model(tokens).logits[:, :-1].double()
         return F.cross_entropy(logits.transpose(1, 2), tokens[:, 1:], reduction="none")
-
-
-def unigram_entropy(tokens: Sequence[int]) -> float:
-    """Entropy (nats) of the token frequencies in one sample."""
-    counts = torch.unique(torch.as_tensor(tokens), return_counts=True)[1].double()
-    p = counts / counts.sum()
-    return float(-(p * p.log()).sum())
 
 
 REPEAT_N = 4  # the n-grams the repetition rate counts

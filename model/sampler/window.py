@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import math
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -53,7 +53,9 @@ class StopRules:
         return None
 
 
-def unigram_entropy(tokens: list[int]) -> float:
+def unigram_entropy(tokens: Sequence[int]) -> float:
+    """Entropy (nats) of the token frequencies of one text: the stop rule's, and what the judge
+    (trainer/genppl.py) reports of samples."""
     counts = Counter(tokens).values()
     total = sum(counts)
     return -sum(c / total * math.log(c / total) for c in counts)
