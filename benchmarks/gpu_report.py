@@ -524,9 +524,9 @@ def plan(args: argparse.Namespace, existing: dict) -> list[Item]:
     the rest. With --only, every item of the parts named is promised but the training grid
     beyond the two default rows (its rows are measured as the budget allows and the rest named
     for a --merge call: `--only train` runs, where refusing it would cost a device call), and
-    with --train-filter every training row it selects. With --merge (and no --only), the items `existing` (the
-    report's JSON) holds are left out, save the rows --train-filter names: a second call
-    measures the rest."""
+    with --train-filter every training row it selects. With --merge (and no --only), the items
+    `existing` (the report's JSON) holds are left out, save the rows --train-filter names: a
+    second call measures the rest."""
     chosen, filtered = args.only is not None, bool(args.train_filter)
     grid = selected(train_grid(args.smoke), args.train_filter)
     first, rest = grid[:1 if args.smoke else 2], grid[1 if args.smoke else 2:]
@@ -548,11 +548,8 @@ def plan(args: argparse.Namespace, existing: dict) -> list[Item]:
                    ESTIMATE_S["generation"], chosen, generation, _holds("generation")),
               Item("e2e", "e2e: trainer/main.py, 30 steps in two launches", ESTIMATE_S["e2e"],
                    chosen, end_to_end, lambda report: report.get("e2e", {}).get("ok", False))]
-    rest_rows = train(rest, False)
-    grid_rest = {id(row) for row in rest_rows}
-    items += rest_rows
-    items = [Item(i.part, i.name, i.estimate_s, i.promised or (chosen and id(i) not in grid_rest),
-                  i.run, i.measured) for i in items if i.part in args.parts]
+    items += train(rest, False)
+    items = [item for item in items if item.part in args.parts]
     if args.merge and not chosen:
         items = [item for item in items
                  if not item.measured(existing) or (filtered and item.part == "train")]

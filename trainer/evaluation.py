@@ -444,6 +444,7 @@ class Evaluator:
         settings.validate(model)
         self.model, self.settings, self.device = model, settings, device
         self.rank, self.world_size = rank, world_size
+        self._planner_samplers: dict[tuple[str, int, int], KVCacheSampler] = {}
 
     def precision(self):
         """The context every score of this evaluator is made in (precision_policy)."""
@@ -547,10 +548,14 @@ class Evaluator:
         b, n = idx.shape
         with self.timed(tally):
             padding = torch.arange(n, device=idx.device) >= lengths[:, None]
-            sampler = KVCacheSampler(self.model, b, n, SamplingConfig(planner=planner,
-                                                                      seed=self.settings.seed),
-                                     cuda_graphs=False, compile=False)
-            out = sampler.generate(sample_indices, idx, padding, forced_tokens=idx)
+            key = (planner, self.settings.batch_size, n)  # one sampler (and cache) per planner
+            if key not in self._planner_samplers:
+                config = SamplingConfig(planner=planner, seed=self.settings.seed)
+                self._planner_samplers[key] = KVCacheSampler(
+                    self.model, self.settings.batch_size, n, config, cuda_graphs=False,
+                    compile=False)
+            out = self._planner_samplers[key].generate(sample_indices, idx, padding,
+                                                       forced_tokens=idx)
             tally.sums += torch.tensor([-out.stats["log_likelihood"].sum().item(),
                                         float(lengths.sum())], dtype=torch.float64,
                                        device=tally.sums.device)

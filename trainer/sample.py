@@ -211,35 +211,28 @@ def given_by_flags(encoding, length: int, prompt: str | None, infill: dict | Non
         raise UsageError(f"{flags} ({length_flag} {length}): {err}") from None
 
 
-def sample_records(sample_ids: list[int], out: Generation, encoding, config: SamplingConfig,
-                   **fields) -> list[dict]:
+def sample_records(sample_ids: list[int], out: Generation | LongGeneration, encoding,
+                   config: SamplingConfig, **fields) -> list[dict]:
     """One JSON-ready record per sample of a generate() call, as --out writes them (and the
-    trainer's samples while training), with `fields` added to each."""
+    trainer's samples while training), with `fields` added to each. A text made by the sliding
+    window or cut by a stop rule (a LongGeneration) also carries its length, seams and why it
+    stopped, and its order lists the positions generated, in the order generated."""
+    if isinstance(out, LongGeneration):
+        texts, orders, calls, stats = out.texts, out.orders, out.sample_calls, out.stats
+        extra = [{"length": len(text), "seams": [p for p in out.seams if p < len(text)],
+                  "stopped": stopped} for text, stopped in zip(texts, out.stopped, strict=True)]
+    else:
+        texts, orders, calls = out.tokens.tolist(), out.orders.tolist(), out.sample_calls.tolist()
+        stats = {name: values.tolist() for name, values in out.stats.items()}
+        extra = [{} for _ in texts]
     settings = dataclasses.asdict(config)
-    stats = {name: values.tolist() for name, values in out.stats.items()}
     return [{"sample": i, "tokens": tokens, "text": encoding.decode(tokens), "order": order,
-             "steps": config.steps if config.sampler == "parallel" else None,
-             "network_calls": calls, "batch_network_calls": out.network_calls,
+             **extra[k], "steps": config.steps if config.sampler == "parallel" else None,
+             "network_calls": sample_calls, "batch_network_calls": out.network_calls,
              **{name: values[k] for name, values in stats.items()}, "settings": settings,
              **fields}
-            for k, (i, tokens, order, calls) in enumerate(zip(
-                sample_ids, out.tokens.tolist(), out.orders.tolist(), out.sample_calls.tolist(),
-                strict=True))]
-
-
-def long_records(sample_ids: list[int], out: LongGeneration, encoding, config: SamplingConfig,
-                 **fields) -> list[dict]:
-    """sample_records' fields for texts made by the sliding window or cut by a stop rule: order
-    lists the positions generated, in the order generated; length, seams and stopped too."""
-    settings = dataclasses.asdict(config)
-    return [{"sample": i, "tokens": tokens, "text": encoding.decode(tokens), "order": order,
-             "length": len(tokens), "seams": [p for p in out.seams if p < len(tokens)],
-             "stopped": stopped, "steps": config.steps if config.sampler == "parallel" else None,
-             "network_calls": calls, "batch_network_calls": out.network_calls,
-             **{name: values[k] for name, values in out.stats.items()},
-             "settings": settings, **fields}
-            for k, (i, tokens, order, calls, stopped) in enumerate(zip(
-                sample_ids, out.texts, out.orders, out.sample_calls, out.stopped, strict=True))]
+            for k, (i, tokens, order, sample_calls) in enumerate(zip(
+                sample_ids, texts, orders, calls, strict=True))]
 
 
 def window_summary(records: list[dict], length: int, window: int | None) -> str:
@@ -395,9 +388,8 @@ def main(argv: list[str] | None = None) -> int:
             if device.type == "cuda":
                 torch.cuda.synchronize(device)
             seconds = time.perf_counter() - batch_start
-            made = long_records if long else sample_records
-            records += made(ids.tolist(), out, encoding, config, time_s=seconds,
-                            given_positions=given_positions, provenance=origin)
+            records += sample_records(ids.tolist(), out, encoding, config, time_s=seconds,
+                                      given_positions=given_positions, provenance=origin)
     setup = sum(s.setup_seconds for s in samplers.values())
     elapsed = time.perf_counter() - started - setup
     for record in records[:args.show]:
