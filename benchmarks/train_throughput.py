@@ -102,7 +102,8 @@ def main(argv: list[str] | None = None) -> int:
     if dist_env.is_main:
         shutil.rmtree(scratch, ignore_errors=True)  # no checkpoint to resume from
     user_overrides = args.overrides
-    args.overrides = [*user_overrides, f"out_dir={scratch}", "eval.every=0"]
+    # no evaluation, so none of the zero-shot sets a preset names needs to exist
+    args.overrides = [*user_overrides, f"out_dir={scratch}", "eval.every=0", "eval.sets=[]"]
     args.start_over = False  # trainer/main.py's flag: the scratch out_dir is new anyway
     trainer = Trainer(preflight(args, dist_env), dist_env)
     cfg, world = trainer.cfg, dist_env.world_size
