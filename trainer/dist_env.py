@@ -124,6 +124,27 @@ def init_process_group(timeout_s: float) -> None:
     c10d = torch.distributed.distributed_c10d
     c10d.default_pg_timeout = c10d.default_pg_nccl_timeout = timeout
     deepspeed.init_distributed(timeout=timeout)
+    _unlink_cpu_all_reduce_buffer()
+
+
+def _unlink_cpu_all_reduce_buffer() -> None:
+    """DeepSpeed's CPU backend (0.19.8), when every rank is on one host (its launcher's
+    LOCAL_SIZE = the world size), gives each rank a 66 MiB all-reduce workspace in /dev/shm,
+    maps every rank's during init_distributed, and never unlinks them: each launch would leave
+    66 MiB per rank in memory until the host reboots. Once all ranks are past init (the barrier),
+    each unlinks its own name; the mappings live on and the memory goes with the processes."""
+    world = dist.get_world_size()
+    if (deepspeed.get_accelerator().device_name() != "cpu"
+            or os.environ.get("LOCAL_SIZE") != str(world)):
+        return  # no workspace was made: the same answer on every rank, so no one waits alone
+    if world > 1:
+        torch.distributed.barrier()
+    name = (f"deepspeed_allreduce_buffer_{os.getuid()}_{os.environ.get('MASTER_ADDR', '')}_"
+            f"{os.environ.get('MASTER_PORT', '')}_{dist.get_rank()}")
+    try:
+        os.unlink(os.path.join("/dev/shm", name))
+    except FileNotFoundError:  # the op was not built (it is optional) or no /dev/shm
+        pass
 
 
 def all_reduce_sum(values: list[float] | torch.Tensor, device: torch.device) -> torch.Tensor:
