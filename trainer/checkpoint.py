@@ -96,6 +96,10 @@ def read_run_state(run: RunFolder, tag: str) -> dict:
                          f"{run.latest_file} at an older step_* folder") from None
 
 
+# The Checkpointer is the checkpoint folder's one writer: `latest` is written and tags are removed
+# by the three functions below only (tests/trainer/test_loop.py scans the sources for another).
+
+
 def commit_tag(run: RunFolder, tag: str) -> None:
     """Rank 0, after every rank has fsynced its files of run.partial_dir(tag): records them,
     renames the folder to `tag` and points `latest` at it, each step durable."""
@@ -104,6 +108,21 @@ def commit_tag(run: RunFolder, tag: str) -> None:
     # over an incomplete tag of this step left by an earlier, interrupted run
     replace_folder(work, final, durable=True)
     write_text_atomic(run.latest_file, tag, durable=True)
+
+
+def rewind_tags(run: RunFolder, before_step: int) -> str | None:
+    """Rank 0: points `latest` at the newest complete tag saved before `before_step` and removes
+    every tag after it, in that order (a kill in between leaves `latest` at a good tag); that
+    tag, or None, with nothing changed, when there is none."""
+    complete = [tag for tag in run.tags()
+                if step_of(tag) < before_step and run.problem(tag) is None]
+    if not complete:
+        return None
+    write_text_atomic(run.latest_file, complete[-1], durable=True)
+    for later in run.tags():
+        if step_of(later) > step_of(complete[-1]):
+            shutil.rmtree(run.tag_dir(later))
+    return complete[-1]
 
 
 def prune_tags(run: RunFolder, keep_last: int) -> None:
@@ -200,7 +219,8 @@ class Progress:
 
 class Checkpointer:
     """When to save, saving (complete or absent), loading a tag back into every part of the run,
-    and the consolidated weights of a tag and of out_dir/final/.
+    rewinding the folder for a rollback, and the consolidated weights of a tag and of
+    out_dir/final/. It alone writes `latest` and removes tags.
 
     What else carries over a resume comes as `client` parts with state_dict()/load_state_dict()
     (the loader's position, the bad-step rule), saved in DeepSpeed's client state; each rank's own
@@ -208,15 +228,18 @@ class Checkpointer:
 
     def __init__(self, cfg: RunConfig, env: DistEnv, engine, ema: ShardedEMA | None,
                  ds_config: dict, client: dict[str, Any], git_sha: str | None,
-                 data_tokenizers: list[dict] | None = None):
+                 data_tokenizers: list[dict] | None = None,
+                 host_group: torch.distributed.ProcessGroup | None = None):
         self.cfg, self.env, self.engine, self.ema = cfg, env, engine, ema
+        self.host_group = host_group  # dist_env.host_group(): rank 0's folder decisions go over it
         self.ds_config, self.client, self.git_sha = ds_config, client, git_sha
         # what the training data's token ids mean (GPT-2, or which synthetic language): recorded
         # with the weights, so that a judge of another language is refused
         self.data_tokenizers = data_tokenizers or []
         self.run_folder = RunFolder(cfg.out_dir)
 
-    def should_save(self, step: int, last: bool, preempted: bool) -> bool:
+    def due(self, step: int, last: bool, preempted: bool) -> bool:
+        """Whether `save` saves this step: every checkpoint.every steps, the last, a preemption."""
         return step % self.cfg.checkpoint.every == 0 or last or preempted
 
     def last_checkpoint(self) -> str:
@@ -230,13 +253,14 @@ class Checkpointer:
 
     # ---- saving -----------------------------------------------------------------------------------
 
-    def save(self, progress: Progress) -> bool:
-        """Collective: the tag of this step, complete or absent; False when it was there already.
-        A failed write (a full disk) removes what it wrote and ends the run, naming the checkpoint
-        still intact."""
+    def save(self, progress: Progress, last: bool, preempted: bool) -> Path | None:
+        """Collective, called after every step: when the step is due (see `due`), its tag,
+        complete or absent; the tag's folder, or None when nothing was written (not due, or
+        resumed from this very step). A failed write (a full disk) removes what it wrote and ends
+        the run, naming the checkpoint still intact."""
         tag = tag_for(progress.step)
-        if self.run_folder.problem(tag) is None:
-            return False  # resumed from this very step: nothing has changed since
+        if not self.due(progress.step, last, preempted) or self.run_folder.problem(tag) is None:
+            return None
         work = self.run_folder.partial_dir(tag)
         if self.env.is_main and work.exists():
             shutil.rmtree(work)  # a save of this step that was interrupted earlier
@@ -259,7 +283,17 @@ class Checkpointer:
             commit_tag(self.run_folder, tag)
             prune_tags(self.run_folder, self.cfg.checkpoint.keep_last)
         dist.barrier()
-        return True
+        return self.run_folder.tag_dir(tag)
+
+    def rewind(self, before_step: int) -> str | None:
+        """Collective, a rollback's folder work: `latest` back to the newest complete tag saved
+        before `before_step`, the tags after it removed (they may hold weights of the bad steps),
+        as rank 0 does it; that tag, or None (nothing changed) when there is none. Loading it is
+        `load`'s."""
+        found = [rewind_tags(self.run_folder, before_step) if self.env.is_main else None]
+        if self.host_group is not None:  # the others wait here for rank 0's folder work
+            torch.distributed.broadcast_object_list(found, src=0, group=self.host_group)
+        return found[0]
 
     def write_tag(self, folder: Path, progress: Progress) -> None:
         """Collective: every file of a checkpoint into `folder` (see the module's docstring)."""

@@ -4,12 +4,17 @@ at a time, with the components that act around the steps.
     trainer = Trainer(plan, dist_env)    # builds everything, resumes from `latest` if present
     exit_code = trainer.fit()            # trains to train.max_steps, exports final/ (model.safetensors)
 
-`fit` is a short loop that asks its components whether to act after each step: the Validator
-(trainer/validator.py: validation, zero-shot sets, samples), the Recovery (trainer/recovery.py:
-bad steps), the Checkpointer (trainer/checkpoint.py: saves, resume, final/) and the preemption
-flag (trainer/failsafe.py: signals, Ctrl-C). Steps are counted as completed optimizer updates:
-after update i (0-based, the index the LR schedule and the order sampler see), the run is at
-step i + 1, which is what metrics, checkpoint tags and `latest` report.
+`fit` is a short loop that hands each step to its components, each of which keeps its own
+schedule and does its own work: the TrainingLog (trainer/metrics.py: log lines, metrics.jsonl),
+the Validator (trainer/validator.py: validation, zero-shot sets, samples; it returns its metrics
+and log lines), the Recovery (trainer/recovery.py: bad steps, and the decision to roll back), the
+Checkpointer (trainer/checkpoint.py: saves, resume, final/, and the checkpoint folder's rewind
+for a rollback: the folder's only writer) and the preemption flag (trainer/failsafe.py: signals,
+Ctrl-C). A rollback hands the loop the Progress of the checkpoint it reloaded (the engine, the
+EMA, the data stream and the RNGs are back with it), and the loop restarts each other component
+from it (`restart(progress)`). Steps are counted as completed optimizer updates: after update i
+(0-based, the index the LR schedule and the order sampler see), the run is at step i + 1, which
+is what metrics, checkpoint tags and `latest` report.
 
 The host never waits for the device inside a step: the loss sums, the bad-step watch and the
 EMA stay on the device, DeepSpeed's step is made sync-free (trainer/sync_free.py), and signals
@@ -33,9 +38,7 @@ import torch
 from aogpt.files import git_sha
 from aogpt.model import AOGPT, OrderSampler
 from aogpt.model.orders import ANY_ORDER, LEFT_TO_RIGHT
-from aogpt.model.run_folder import tag_for
 from aogpt.model.warm_start import warm_start
-from aogpt.trainer import zero_shot
 from aogpt.trainer.checkpoint import Checkpointer, Progress
 from aogpt.trainer.config import RunConfig, config_to_dict
 from aogpt.trainer.data import TrainBatches, training_locations
@@ -45,16 +48,7 @@ from aogpt.trainer.ema import ShardedEMA
 from aogpt.trainer.evaluation import EvalData
 from aogpt.trainer.failsafe import EXIT_PREEMPTED, PreemptionFlag, SignalWatchdog
 from aogpt.trainer.lr_schedule import learning_rate
-from aogpt.trainer.metrics import (
-    MetricsLogger,
-    Window,
-    loss_key,
-    peak_flops,
-    step_line,
-    summary_lines,
-    training_bar,
-    validation_line,
-)
+from aogpt.trainer.metrics import TrainingLog, Window, loss_key, peak_flops
 from aogpt.trainer.recovery import Recovery
 from aogpt.trainer.sync_free import install as make_deepspeed_steps_sync_free
 from aogpt.trainer.validator import Validator, token_weighted
@@ -98,6 +92,8 @@ class Trainer:
         self.num_params = model.num_params()
         self.flops_per_token = model.flops_per_token(cfg.model.block_size)
         self.attention_backend = model.attention_backend
+        self.peak_flops = (peak_flops(torch.cuda.get_device_name(self.device))
+                           if self.device.type == "cuda" else None)  # for the MFU
         if cfg.train.compile:
             model.compile_for_training(cfg.train.compile_scope)
         optimizer = torch.optim.AdamW(
@@ -116,9 +112,9 @@ class Trainer:
         self.validator = Validator(cfg, dist_env, self.engine, self.ema, plan.manifests,
                                    plan.zero_shot_sets, Path(cfg.out_dir))
         client: dict = {"loader": self.batches}
-        self.checkpointer = Checkpointer(cfg, dist_env, self.engine, self.ema, self.ds_config,
-                                         client, plan.git_sha, [manifest["tokenizer"] for manifest
-                                                                in plan.manifests.values()])
+        self.checkpointer = Checkpointer(
+            cfg, dist_env, self.engine, self.ema, self.ds_config, client, plan.git_sha,
+            [manifest["tokenizer"] for manifest in plan.manifests.values()], self.host_group)
         self.recovery = Recovery(cfg, dist_env, self.host_group, self.checkpointer, self.batches,
                                  self.accum)
         client["recovery"] = self.recovery.bad_steps
@@ -201,81 +197,53 @@ class Trainer:
     # ---- the loop ---------------------------------------------------------------------------------
 
     def fit(self) -> int:
-        cfg, env, checkpointer = self.cfg, self.env, self.checkpointer
-        if env.is_main:
-            print(self.describe(), self.describe_data(), sep="\n", flush=True)
+        """Trains to train.max_steps; the exit status (EXIT_PREEMPTED when a signal stopped it)."""
+        cfg, checkpointer = self.cfg, self.checkpointer
+        self.say(self.describe(), self.describe_data())
         if self.progress.step >= cfg.train.max_steps:
-            if env.is_main:
-                print(f"already at step {self.progress.step} >= train.max_steps="
-                      f"{cfg.train.max_steps}", flush=True)
+            self.say(f"already at step {self.progress.step} >= "
+                     f"train.max_steps={cfg.train.max_steps}")
             checkpointer.publish_final(self.progress)
             return 0
-        logger = MetricsLogger(cfg.out_dir, env.rank, cfg.logging, config_to_dict(cfg))
-        peak = (peak_flops(torch.cuda.get_device_name(self.device))
-                if self.device.type == "cuda" else None)
-        bar = training_bar(env.rank, cfg.train.max_steps, self.progress.step)
-        say = bar.write if env.is_main else lambda line: None
-        window, launch = Window(), Window()
-        last_record, last_validation = {}, {}
+        log = TrainingLog(cfg, self.env.rank, self.progress.step, config_to_dict(cfg))
         self.validator.start_clock()
-        try:
+        with log:
             while self.progress.step < cfg.train.max_steps:
                 sums, data_wait = self.train_step(self.progress.step)
                 self.progress.advance(cfg.train.tokens_per_step, cfg.sequences_per_step)
                 step, last = self.progress.step, self.progress.step == cfg.train.max_steps
-                window.add(cfg.train.tokens_per_step, data_wait)
-                launch.add(cfg.train.tokens_per_step, data_wait)
-                bar.update(1)
-                record = {}
-                if step % cfg.train.log_every == 0 or step == 1 or last or self.skipped_now:
-                    record = last_record = self.step_metrics(sums, window, peak)
-                    window = Window()
-                    say(step_line(record, step, cfg.train.max_steps,
-                                  launch.seconds_per_step * (cfg.train.max_steps - step)))
-                if self.validator.should_evaluate(step, last):
-                    last_validation = self.validator.evaluate(step)
-                    record.update(last_validation)
-                    say(validation_line(last_validation, step, self.validator.weights[0]))
-                    if self.validator.zero_shot_sets:
-                        say(f"step {step} | " + zero_shot.describe(
-                            record, list(self.validator.zero_shot_sets), self.validator.weights[0]))
-                sampled = self.validator.should_sample(step, last)
-                if sampled:
-                    record.update(self.validator.sample(step))
-                if record:
-                    logger.log(step, **record)
+                logged = log.advance(step, data_wait, asked=bool(self.skipped_now))
+                record = log.step(step, self.step_metrics(sums, log.window)) if logged else {}
+                validation = self.validator.after_step(step, last)
+                log.write(step, {**record, **validation.metrics}, validation.lines)
                 # a host collective: which rank was signalled needs no device value
                 preempted = any_rank(self.preemption.requested, self.host_group)
-                save = checkpointer.should_save(step, last, preempted)
-                # boundaries, where the device is read anyway: a bad step stops or rolls back
-                rolled_back = (record or save or sampled) and self.recovery.answer(step)
-                if rolled_back:
-                    self.progress, window = rolled_back, Window()
-                    self.validator.forget()  # the same steps will hold other weights
-                    logger.reopen()
-                    bar.reset(total=cfg.train.max_steps)
-                    bar.update(self.progress.step)
+                rolled_back = self.recovery.answer(step, last, preempted, logged or validation.ran)
+                if rolled_back:  # the same steps again, from a checkpoint before the bad one
+                    self.progress = rolled_back
+                    for part in (log, self.validator, self.recovery):
+                        part.restart(rolled_back)
                     continue
-                if save and checkpointer.save(self.progress):
-                    say(f"step {step} | checkpoint {checkpointer.run_folder.tag_dir(tag_for(step))}")
+                if saved := checkpointer.save(self.progress, last, preempted):
+                    log.say(f"step {step} | checkpoint {saved}")
                 if preempted:
                     self.watchdog.saved()
-                    say(f"stopping at step {step} on "
-                        f"{self.preemption.received or 'a signal to another rank'}: checkpoint "
-                        "saved, re-run the same command to resume")
+                    why = self.preemption.received or "a signal to another rank"
+                    log.say(f"stopping at step {step} on {why}: checkpoint saved, re-run the "
+                            "same command to resume")
                     return EXIT_PREEMPTED
-        finally:
-            bar.close()
-            logger.close()
         checkpointer.publish_final(self.progress)
-        if env.is_main:
-            lines = summary_lines(checkpointer.run_folder, self.progress, launch, last_record,
-                                  last_validation, self.validator.weights[0])
-            lines[0] += self.recovery.summary()
-            print("\n".join(lines), flush=True)
+        lines = log.summary(checkpointer.run_folder, self.progress, self.validator.summary())
+        self.say(lines[0] + self.recovery.summary(), *lines[1:])
         return 0
 
-    def step_metrics(self, sums: torch.Tensor, window: Window, peak: float | None) -> dict:
+    def say(self, *lines: str) -> None:
+        """Lines of the log, on rank 0 (outside a launch's step bar)."""
+        if self.env.is_main:
+            print(*lines, sep="\n", flush=True)
+
+    def step_metrics(self, sums: torch.Tensor, window: Window) -> dict:
+        """The metrics record of a logged step, over the log interval `window` (collective)."""
         total = all_reduce_sum(sums, self.device).tolist()  # also waits for the step to finish
         tokens_per_s = window.tokens / window.seconds
         grad_norm = self.engine.get_global_grad_norm()
@@ -291,8 +259,8 @@ class Trainer:
             "tokens_seen": self.progress.tokens_seen,
             "step_time": window.seconds_per_step,
             "data_wait": window.data_wait / window.steps,
-            "mfu": (self.flops_per_token * tokens_per_s / (peak * self.env.world_size)
-                    if peak else None),
+            "mfu": (self.flops_per_token * tokens_per_s / (self.peak_flops * self.env.world_size)
+                    if self.peak_flops else None),
             "memory_gb": (torch.cuda.max_memory_allocated(self.device) / 2**30
                           if self.device.type == "cuda" else None),
             **({"skipped_samples": self.skipped_now, "rollbacks": len(self.recovery.rollbacks)}

@@ -1,4 +1,5 @@
-"""Where numbers go: one JSON object per line in out_dir/metrics.jsonl, and wandb when enabled.
+"""Where numbers go: one JSON object per line in out_dir/metrics.jsonl, and wandb when enabled;
+and what a training launch says of them (TrainingLog: the step bar and the log lines).
 
 Only rank 0 writes. wandb is optional: "auto" turns it on only when WANDB_API_KEY is set, and it
 never prompts or waits on the network for a login. The wandb run id is kept in out_dir so a
@@ -180,26 +181,96 @@ def step_line(record: dict, step: int, max_steps: int, seconds_left: float | Non
     return " | ".join(parts)
 
 
-def validation_line(record: dict, step: int, weights: str) -> str:
-    """step 200 | validation (ema weights): left to right 5.4021 (ppl 221.89), any order 6.6343
-    (ppl 761.2)"""
+def validation_losses(record: dict, weights: str) -> str:
+    """validation (ema weights): left to right 5.4021 (ppl 221.89), any order 6.6343 (ppl 761.2)"""
     keys = {reading.label: loss_key(reading, validation=True) for reading in READINGS}
     readings = [f"{label} {record[key]:.4f} (ppl {math.exp(record[key]):,.2f})"
                 for label, key in keys.items() if record.get(key) is not None]
-    return f"step {step} | validation ({weights} weights): {', '.join(readings)}"
+    return f"validation ({weights} weights): {', '.join(readings)}"
 
 
-def summary_lines(run: RunFolder, progress, launch: Window, last: dict, validation: dict,
-                  weights: str) -> list[str]:
+def validation_line(record: dict, step: int, weights: str) -> str:
+    """step 200 | validation (ema weights): left to right 5.4021 (ppl 221.89), any order 6.6343
+    (ppl 761.2)"""
+    return f"step {step} | {validation_losses(record, weights)}"
+
+
+def summary_lines(run: RunFolder, progress, launch: Window, last: dict,
+                  validation: str | None) -> list[str]:
     """The closing lines of a run: what it did (progress: trainer/checkpoint.py's Progress), its
-    last losses, where its results are."""
+    last losses (validation: the last validation_losses), where its results are."""
     losses = [training_loss(last)] if last else []
     if validation:
-        losses.append(validation_line(validation, progress.step, weights).split(" | ", 1)[1])
+        losses.append(validation)
     return [f"done: {progress.step} steps, {progress.tokens_seen:,} tokens; this launch "
             f"{duration(launch.seconds)}, {launch.tokens / max(launch.seconds, 1e-9):,.0f} tokens/s",
             *([f"last step: {'; '.join(losses)}"] if losses else []),
             f"weights: {run.final_weights} (raw and EMA); metrics: {run.metrics_file}"]
+
+
+class TrainingLog:
+    """What a training launch tells: the step records in metrics.jsonl (and wandb), the step bar
+    and the log lines on rank 0, and the throughput of the log interval (`window`) and of the
+    launch. A step is logged every train.log_every steps, at the first and the last, and
+    whenever the loop asks (a step that skipped data)."""
+
+    def __init__(self, cfg, rank: int, step: int, run_config: dict | None = None):
+        """cfg: the run's RunConfig; step: where the launch starts."""
+        self.every, self.max_steps = cfg.train.log_every, cfg.train.max_steps
+        self.tokens_per_step = cfg.train.tokens_per_step
+        self.logger = MetricsLogger(cfg.out_dir, rank, cfg.logging, run_config)
+        self.bar = training_bar(rank, self.max_steps, step)
+        self.is_main = rank == 0
+        self.window, self.launch = Window(), Window()
+        self.last: dict = {}  # the last step record, for the summary
+
+    def say(self, line: str) -> None:
+        """A line of the log, on rank 0, above the bar."""
+        if self.is_main:
+            self.bar.write(line)
+
+    def advance(self, step: int, data_wait: float, asked: bool = False) -> bool:
+        """One more step done (data_wait: the seconds it waited for data); whether it is logged."""
+        self.window.add(self.tokens_per_step, data_wait)
+        self.launch.add(self.tokens_per_step, data_wait)
+        self.bar.update(1)
+        return step % self.every == 0 or step == 1 or step == self.max_steps or asked
+
+    def step(self, step: int, record: dict) -> dict:
+        """A logged step's record (trainer/loop.py's step_metrics over `window`): said, and the
+        next window begins. Written by `write`, with what else the step adds."""
+        self.last, self.window = record, Window()
+        self.say(step_line(record, step, self.max_steps,
+                           self.launch.seconds_per_step * (self.max_steps - step)))
+        return record
+
+    def write(self, step: int, record: dict, lines: list[str]) -> None:
+        """The step's lines said and its record (if any) appended to metrics.jsonl."""
+        for line in lines:
+            self.say(line)
+        if record:
+            self.logger.log(step, **record)
+
+    def restart(self, progress) -> None:
+        """After a rollback to `progress` (trainer/checkpoint.py's Progress): the bar goes back,
+        metrics.jsonl was cut back to its step, the interval starts again."""
+        self.window = Window()
+        self.logger.reopen()
+        self.bar.reset(total=self.max_steps)
+        self.bar.update(progress.step)
+
+    def summary(self, run: RunFolder, progress, validation: str | None) -> list[str]:
+        return summary_lines(run, progress, self.launch, self.last, validation)
+
+    def close(self) -> None:
+        self.bar.close()
+        self.logger.close()
+
+    def __enter__(self) -> TrainingLog:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
 
 
 class Window:

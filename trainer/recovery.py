@@ -10,14 +10,15 @@ ever saved after a bad step that the check could already see.
 `stop` (the default) ends the run there, naming the last complete checkpoint. `rollback`:
 
 1. picks the newest complete checkpoint before the bad step; with none, the run stops (one line);
-2. points `latest` at that checkpoint, removes the tags after it (they may hold weights of a
-   spike: the rule speaks spike_steps steps after it began) and appends the rollback to
-   out_dir/rollbacks.json (the bad steps, why, the checkpoint, the learning-rate window);
-3. reloads it on every rank, then trains on: when the run reaches the bad step again, the data
-   stream first moves past the samples the bad steps were given (their dataset indices go to
-   out_dir/skipped_samples.json and the step's metrics record `skipped_samples`), and the
-   learning rate is multiplied by recovery.lr_factor from the checkpoint until recovery.lr_steps
-   steps past the bad step;
+2. has the Checkpointer point `latest` at that checkpoint and remove the tags after it (they may
+   hold weights of a spike: the rule speaks spike_steps steps after it began; the Checkpointer
+   is the checkpoint folder's only writer), then appends the rollback to out_dir/rollbacks.json
+   (the bad steps, why, the checkpoint, the learning-rate window);
+3. reloads it on every rank (the loop restarts each part of the run from it), then trains on:
+   when the run reaches the bad step again, the data stream first moves past the samples the bad
+   steps were given (their dataset indices go to out_dir/skipped_samples.json and the step's
+   metrics record `skipped_samples`), and the learning rate is multiplied by recovery.lr_factor
+   from the checkpoint until recovery.lr_steps steps past the bad step;
 4. gives up with one line, status 1, at a bad step after recovery.max_rollbacks rollbacks.
 
 A test can make bad data with AOGPT_TEST_POISON (PoisonedSamples): the loss of chosen dataset
@@ -34,7 +35,6 @@ from __future__ import annotations
 import json
 import math
 import os
-import shutil
 import statistics
 from collections import deque
 from dataclasses import dataclass
@@ -43,7 +43,7 @@ import torch
 import torch.distributed as dist
 
 from aogpt import UsageError
-from aogpt.files import write_json_atomic, write_text_atomic
+from aogpt.files import write_json_atomic
 from aogpt.model.run_folder import RunFolder, step_of
 from aogpt.trainer.checkpoint import Checkpointer, Progress
 from aogpt.trainer.config import RecoveryConfig, RunConfig
@@ -290,58 +290,51 @@ class Recovery:
                   f"{self.rollbacks.skipped_file})", flush=True)
         return len(skipped)
 
-    def answer(self, step: int) -> Progress | None:
-        """Collective, at a boundary: None when no step so far was bad. Checked before every
-        save, so no checkpoint ever holds weights updated by a bad step that could be seen. With
+    def answer(self, step: int, last: bool, preempted: bool, device_read: bool) -> Progress | None:
+        """Collective, after every step: None when no step so far was bad, or when this step is no
+        boundary (device_read: the loop read its values from the device, for a log, an
+        evaluation or samples; or the Checkpointer saves it). Checked before every save, so no
+        checkpoint ever holds weights updated by a bad step that could be seen. With
         train.on_nonfinite=stop a bad step ends the run; with rollback the run goes back to the
-        last complete checkpoint before it (its Progress), or ends after max_rollbacks."""
+        last complete checkpoint before it (its Progress, every part of the run still to be
+        restarted from it), or ends after max_rollbacks."""
+        if not (device_read or self.checkpointer.due(step, last, preempted)):
+            return None
         bad = self.bad_steps.check()
         if bad is None:
             return None
         why = bad.why + ("" if bad.step == step else f" (found at step {step})")
         stopped = "stopped without saving this step; the last complete checkpoint is"
-        last = self.checkpointer.last_checkpoint()
+        last_checkpoint = self.checkpointer.last_checkpoint()
         if self.cfg.train.on_nonfinite == "stop":
             raise EveryRankFailure(
-                f"{why}: {stopped} {last} (lower optim.lr or raise optim.warmup_steps if it "
-                "happens again, or set train.on_nonfinite=rollback)")
+                f"{why}: {stopped} {last_checkpoint} (lower optim.lr or raise optim.warmup_steps "
+                "if it happens again, or set train.on_nonfinite=rollback)")
         done = len(self.rollbacks)
         if done >= self.cfg.recovery.max_rollbacks:
             raise EveryRankFailure(
                 f"{why}, after {done} rollback{'s' if done > 1 else ''} "
                 f"(recovery.max_rollbacks={self.cfg.recovery.max_rollbacks}, listed in "
-                f"{self.rollbacks.file}): {stopped} {last}")
-        target = self.checkpoint_before(bad.step)
-        if target is None:
+                f"{self.rollbacks.file}): {stopped} {last_checkpoint}")
+        # `latest` moves back first and the record is written last: a kill in between resumes
+        # from the tag without the record, finds the bad step again and rolls back as a run never
+        # killed did; a record never exists beside a later tag holding weights of the bad steps
+        tag = self.checkpointer.rewind(bad.step)
+        if tag is None:
             raise EveryRankFailure(
                 f"{why}, and train.on_nonfinite=rollback has no complete checkpoint before it to "
-                f"roll back to: {stopped} {last} (a smaller checkpoint.every saves one sooner; a "
-                "larger checkpoint.keep_last keeps one from before a spike)")
-        return self.roll_back(bad, why, target, step)
+                f"roll back to: {stopped} {last_checkpoint} (a smaller checkpoint.every saves one "
+                "sooner; a larger checkpoint.keep_last keeps one from before a spike)")
+        self.record(bad, why, tag, step)
+        progress = self.checkpointer.load(tag, elastic=False)
+        dist.barrier()  # every rank's data stream is back before any draws from it
+        return progress
 
-    def checkpoint_before(self, step: int) -> str | None:
-        """Collective: the newest complete tag saved before `step`, as rank 0 finds it."""
-        found = [None]
-        if self.env.is_main:
-            complete = [tag for tag in self.run_folder.tags()
-                        if step_of(tag) < step and self.run_folder.problem(tag) is None]
-            found = [complete[-1] if complete else None]
-        if self.env.world_size > 1:
-            dist.broadcast_object_list(found, src=0, group=self.host_group)
-        return found[0]
-
-    def roll_back(self, bad: BadStep, why: str, tag: str, found_at: int) -> Progress:
-        """Collective: back to checkpoint `tag`, with the rollback recorded for the steps to come.
-
-        `latest` moves first and the record is written last: a kill in between resumes from
-        `tag` without the record, finds the bad step again and rolls back as a run never killed
-        did; a record never exists beside a later tag holding weights of the bad steps."""
+    def record(self, bad: BadStep, why: str, tag: str, found_at: int) -> None:
+        """Collective: the rollback to `tag` recorded (by rank 0, then adopted by the others) for
+        the steps to come, and said."""
         record = [None]
         if self.env.is_main:
-            write_text_atomic(self.run_folder.latest_file, tag, durable=True)
-            for later in self.run_folder.tags():
-                if step_of(later) > step_of(tag):  # saved after the bad step (a spike's)
-                    shutil.rmtree(self.run_folder.tag_dir(later))
             record = [self.rollbacks.add(bad, found_at, tag, step_of(tag))]
             lowered = (f"; optim.lr x{record[0]['lr_factor']:g} until step "
                        f"{record[0]['lr_until_step']}" if record[0]["lr_factor"] != 1 else "")
@@ -354,10 +347,10 @@ class Recovery:
             dist.broadcast_object_list(record, src=0, group=self.host_group)
         if not self.env.is_main:
             self.rollbacks.adopt(record[0])
-        progress = self.checkpointer.load(tag, elastic=False)
+
+    def restart(self, progress: Progress) -> None:
+        """After a rollback to `progress`: nothing seen yet of the steps to come."""
         self.bad_steps.restart()
-        dist.barrier()  # every rank's data stream is back before any draws from it
-        return progress
 
     def summary(self) -> str:
         return self.rollbacks.summary()

@@ -14,6 +14,7 @@ its copy of the weights.
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
@@ -26,12 +27,23 @@ from aogpt.trainer.data import validation_loader
 from aogpt.trainer.dist_env import DistEnv, all_reduce_sum
 from aogpt.trainer.ema import ShardedEMA, full_weights
 from aogpt.trainer.evaluation import EvalData, Evaluator
-from aogpt.trainer.metrics import loss_key
+from aogpt.trainer.metrics import loss_key, validation_line, validation_losses
 from aogpt.trainer.training_samples import TrainingSamples
 
 
 def token_weighted(nll_sum: float, tokens: float) -> float | None:
     return nll_sum / tokens if tokens else None
+
+
+@dataclass
+class Report:
+    """What the Validator did after a step: its metrics (for metrics.jsonl) and its log lines,
+    rank 0's; `ran`: it read the device, alike on every rank (a boundary where trainer/recovery.py
+    looks for bad steps)."""
+
+    metrics: dict = field(default_factory=dict)
+    lines: list[str] = field(default_factory=list)
+    ran: bool = False
 
 
 class Validator:
@@ -50,6 +62,7 @@ class Validator:
         self._model: AOGPT | None = None
         self._model_holds: tuple[int, str] | None = None  # (step, weights) it was loaded with
         self._last_round = time.perf_counter()
+        self._last_validation: dict = {}  # of the last evaluation, for the run's summary
 
     def should_evaluate(self, step: int, last: bool) -> bool:
         every = self.cfg.eval.every
@@ -63,8 +76,32 @@ class Validator:
         """The time a round's cost is measured against starts now (the loop's start)."""
         self._last_round = time.perf_counter()
 
-    def forget(self) -> None:
-        """The weights copied at a step no longer stand for it (a rollback: the same steps again)."""
+    def after_step(self, step: int, last: bool) -> Report:
+        """Collective, after every step: the evaluation and the round of samples due at `step`
+        (`last`: the run's last step), done; what they found and the lines that say it."""
+        report = Report()
+        if self.should_evaluate(step, last):
+            self._last_validation = self.evaluate(step)
+            report.metrics.update(self._last_validation)
+            report.lines.append(validation_line(report.metrics, step, self.weights[0]))
+            if self.zero_shot_sets:
+                report.lines.append(f"step {step} | " + zero_shot.describe(
+                    report.metrics, list(self.zero_shot_sets), self.weights[0]))
+            report.ran = True
+        if self.should_sample(step, last):
+            report.metrics.update(self.sample(step))
+            report.ran = True
+        return report
+
+    def summary(self) -> str | None:
+        """The last validation losses, for the run's closing lines; None before any."""
+        if not self._last_validation:
+            return None
+        return validation_losses(self._last_validation, self.weights[0])
+
+    def restart(self, progress) -> None:
+        """After a rollback to `progress`: the weights copied at a step no longer stand for it
+        (the same steps again, with other weights)."""
         self._model_holds = None
 
     def model(self, step: int, weights: str, everywhere: bool = True) -> AOGPT | None:

@@ -21,6 +21,7 @@ from aogpt.trainer.checkpoint import (
     rank_files,
     read_run_state,
     restore_rng_states,
+    rewind_tags,
     rng_states,
     save_torch_atomic,
 )
@@ -309,6 +310,19 @@ def test_retention_never_deletes_the_tag_latest_names_nor_newer_complete_ones(tm
     run.latest_file.write_text(tag_for(8))  # edited by hand
     prune_tags(run, keep_last=1)
     assert run.tags() == [tag_for(8), tag_for(12)]
+
+
+def test_a_rewind_points_latest_before_the_bad_step_and_removes_the_tags_after_it(tmp_path):
+    run = RunFolder(tmp_path)
+    for step in (4, 8, 12):
+        _saved_tag(run, step)
+    (run.tag_dir(tag_for(8)) / "model.pt").unlink()  # damaged: not a tag to go back to
+    run.tag_dir(tag_for(16)).mkdir()  # a tag without complete.json, after the bad step
+    assert rewind_tags(run, before_step=12) == tag_for(4)  # the newest complete tag before 12
+    assert run.latest_file.read_text() == tag_for(4)
+    assert run.tags() == [tag_for(4)]  # those after it may hold weights of the bad steps
+    assert rewind_tags(run, before_step=4) is None  # none before: nothing changes
+    assert run.latest_file.read_text() == tag_for(4) and run.tags() == [tag_for(4)]
 
 
 def test_resuming_another_model_shape_names_the_fields(tiny, tmp_path):
