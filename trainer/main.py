@@ -39,7 +39,7 @@ from aogpt.trainer.failsafe import (
     first_line,
     is_collective_failure,
 )
-from aogpt.trainer.genppl import check_judge, check_judge_matches
+from aogpt.trainer.judge import check_judge, check_judge_matches
 from aogpt.trainer.loop import Plan, Trainer
 from aogpt.trainer.out_dir import START_OVER, check_fresh_start, check_out_dir, set_aside
 from aogpt.trainer.run_lock import RunLock
