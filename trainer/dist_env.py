@@ -9,6 +9,9 @@
 
 Each process takes the GPU at its LOCAL_RANK when it sees all of the node's, or the only one it
 sees when the launcher gave it one (srun --gpus-per-task=1): see local_gpu_index.
+
+Nothing here loads DeepSpeed but init_process_group (the trainer's): evaluate.py, the benchmarks
+and the tools read their rank here without paying its import (seconds) or needing it to work.
 """
 
 from __future__ import annotations
@@ -19,8 +22,6 @@ import socket
 from dataclasses import dataclass
 from datetime import timedelta
 
-import deepspeed
-import deepspeed.comm as dist
 import torch
 
 from aogpt import UsageError
@@ -123,13 +124,16 @@ def init_process_group(timeout_s: float) -> None:
     timeout = timedelta(seconds=timeout_s)
     c10d = torch.distributed.distributed_c10d
     c10d.default_pg_timeout = c10d.default_pg_nccl_timeout = timeout
+    import deepspeed  # the trainer's engine; loaded only by the process that trains
+
     deepspeed.init_distributed(timeout=timeout)
 
 
 def all_reduce_sum(values: list[float] | torch.Tensor, device: torch.device) -> torch.Tensor:
-    """Sum over ranks of a small vector (float64 so that token counts stay exact)."""
+    """Sum over ranks of a small vector (float64 so that token counts stay exact). Collective,
+    over the default group (DeepSpeed's too: deepspeed.comm is torch.distributed underneath)."""
     tensor = torch.as_tensor(values, dtype=torch.float64, device=device).clone()
-    dist.all_reduce(tensor)
+    torch.distributed.all_reduce(tensor)
     return tensor
 
 
