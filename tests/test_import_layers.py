@@ -12,11 +12,17 @@ imports) and under TYPE_CHECKING.
 from __future__ import annotations
 
 import ast
+import functools
 from pathlib import Path
 
 from conftest import REPO
 
 SCRIPT_FOLDERS = ("tools", "benchmarks", "experiments")  # scripts import their neighbours by name
+
+
+@functools.cache
+def parsed(path: Path) -> ast.Module:
+    return ast.parse(path.read_text())
 
 
 def packages(root: Path) -> dict[str, str]:
@@ -47,7 +53,7 @@ def is_command(path: Path) -> bool:
     """Runs as a script: a top-level `if __name__ == "__main__":`, or a package's __main__.py."""
     if path.name == "__main__.py":
         return True
-    for node in ast.parse(path.read_text()).body:
+    for node in parsed(path).body:
         if isinstance(node, ast.If) and isinstance(node.test, ast.Compare):
             sides = [node.test.left, *node.test.comparators]
             names = {side.id for side in sides if isinstance(side, ast.Name)}
@@ -68,7 +74,7 @@ def imported(name: str, path: Path, known: dict[str, Path]) -> list[tuple[int, s
         return module if module in known else None
 
     found = []
-    for node in ast.walk(ast.parse(path.read_text())):
+    for node in ast.walk(parsed(path)):
         if isinstance(node, ast.Import):
             targets = [alias.name for alias in node.names]
         elif isinstance(node, ast.ImportFrom):
