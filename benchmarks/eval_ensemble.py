@@ -9,7 +9,7 @@ one process, on the same weights, sequences, base orders, targets and members, i
 NLL of every (sequence, target, member) pair, members 1..M-1 of N targets per sequence:
   straightforward  the paper's eval_ppl_AOGPT_ensemble loop: for each target i and member j, one
                    forward of the whole batch in the member's order, all logits, keep target i
-  batched          trainer/evaluation.py: one forward per member over the slots up to its target
+  batched          trainer/ensemble.py: one forward per member over the slots up to its target
                    only, the head on the target's slot only, rows of all targets and members
                    packed longest first into forwards of B x T slots
 It prints the wall time per pair of each (best of R runs), the ratio, the slots each ran
@@ -33,7 +33,8 @@ from aogpt.model import AOGPT, OrderConfig, OrderSampler, load_checkpoint
 from aogpt.model.config import medium, small, tiny
 from aogpt.model.orders import ANY_ORDER
 from aogpt.model.precision import resolve_device
-from aogpt.trainer.evaluation import EvalData, ensemble_member_nll, straightforward_member_nll
+from aogpt.trainer.ensemble import ensemble_member_nll, straightforward_member_nll
+from aogpt.trainer.evaluation import EvalData
 
 PRESETS = {"tiny": tiny, "small": small, "medium": medium}
 SEED = 0

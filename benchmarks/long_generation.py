@@ -33,7 +33,7 @@ from aogpt.files import OutputFile, check_output_file, write_json_atomic, write_
 from aogpt.model.precision import device_name
 from aogpt.model.sampler import SAMPLERS, KVCacheSampler, SamplingConfig
 from aogpt.model.sampler.window import check_window, chunks, generate_long
-from aogpt.trainer.genppl import check_judge_matches
+from aogpt.trainer.judge import check_judge_matches
 
 # its outputs: --force replaces only what this benchmark wrote (a table can carry no record:
 # it is never replaced)

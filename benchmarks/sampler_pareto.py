@@ -21,7 +21,7 @@ runs until its slowest sample is done), seconds per generated token at each batc
 sampler warmed up first, the timed runs of all samplers interleaved so that load from other
 processes hits them alike), and what the judge says of --num-samples samples: with a synthetic
 language's data folder (data_prep/synthetic_to_mds.py) the exact true NLL per token, its standard
-error and its gap to the language's entropy; with a language model (trainer/genppl.py) the
+error and its gap to the language's entropy; with a language model (trainer/judge.py) the
 generative perplexity; always the unigram entropy and the repetition rate. The JSON is rewritten
 after every row; --plot draws calls per token against the judge's number, --table writes the
 markdown table docs/ shows.
@@ -51,7 +51,7 @@ from aogpt.model.checkpoint import locate_checkpoint, provenance
 from aogpt.model.orders import LEFT_TO_RIGHT
 from aogpt.model.precision import device_name, reproducible_dtype, resolve_device
 from aogpt.model.sampler import PLANNERS, KVCacheSampler, SamplingConfig
-from aogpt.trainer.genppl import Judge, check_judge_matches, diversity, generative_perplexity
+from aogpt.trainer.judge import Judge, check_judge_matches, diversity, generative_perplexity
 
 # its outputs: --force replaces only what this benchmark wrote (a table can carry no record:
 # it is never replaced)

@@ -9,7 +9,7 @@ torchvision is built against PyPI's CUDA torch, and next to a CPU-only torch it 
 Two more repairs are made here, for every process that imports streaming through this module:
 shared-memory blocks that a dataset only attaches to are closed when no longer used
 (_AttachedSharedMemory), and a dataset registers its shared memory without breaking another run's
-on the same host (aogpt/data_prep/shared_memory.py).
+on the same host (aogpt/data_prep/shared_memory/).
 
 Import streaming through this module (`from aogpt.data_prep.streaming_compat import streaming`).
 """
@@ -57,7 +57,7 @@ _get_shm_prefix = streaming.base.dataset.get_shm_prefix
 
 def _get_shm_prefix_registered(streams_local, streams_remote, world, retry: int = 100):
     """Streaming's get_shm_prefix, one dataset at a time on a host and after the blocks of runs
-    that are gone are removed: see aogpt/data_prep/shared_memory.py."""
+    that are gone are removed: see aogpt/data_prep/shared_memory/."""
     from aogpt.data_prep.shared_memory import registration  # it imports this module
 
     with registration(world.is_local_leader):

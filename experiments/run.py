@@ -163,7 +163,7 @@ def run_jobs(jobs: list[Job], parallel: int, env: dict[str, str]) -> dict[str, i
     Returns each job's exit status (None: skipped because a dependency failed). On Ctrl-C or
     SIGTERM, the running jobs get SIGTERM (the trainer saves a checkpoint) before it re-raises.
     Trainings start side by side at once: their streaming datasets keep out of each other's
-    shared memory (data_prep/shared_memory.py)."""
+    shared memory (data_prep/shared_memory/)."""
     status: dict[str, int | None] = {}
     pending, running = list(jobs), {}
     bar = tqdm(total=len(jobs), desc="suite", unit="job", dynamic_ncols=True)

@@ -131,6 +131,14 @@ class RunFolder:
         return [path.name + ("/" if path.is_dir() else "")
                 for path in (self.config_file, self.metrics_file, self.checkpoints) if path.exists()]
 
+    def samples_file(self, step: int) -> Path:
+        """The round of samples drawn while training at `step` (trainer/training_samples.py)."""
+        return self.samples / f"{tag_for(step)}.jsonl"
+
+    def set_aside_folder(self, stamp: str) -> Path:
+        """Where a start from step 0 moves what an earlier attempt left (trainer/out_dir.py)."""
+        return self.previous / stamp
+
     def tag_dir(self, tag: str) -> Path:
         return self.checkpoints / tag
 

@@ -9,6 +9,9 @@
 
 Each process takes the GPU at its LOCAL_RANK when it sees all of the node's, or the only one it
 sees when the launcher gave it one (srun --gpus-per-task=1): see local_gpu_index.
+
+Nothing here loads DeepSpeed but init_process_group (the trainer's): evaluate.py, the benchmarks
+and the tools read their rank here without paying its import (seconds) or needing it to work.
 """
 
 from __future__ import annotations
@@ -19,8 +22,6 @@ import socket
 from dataclasses import dataclass
 from datetime import timedelta
 
-import deepspeed
-import deepspeed.comm as dist
 import torch
 
 from aogpt import UsageError
@@ -123,24 +124,25 @@ def init_process_group(timeout_s: float) -> None:
     timeout = timedelta(seconds=timeout_s)
     c10d = torch.distributed.distributed_c10d
     c10d.default_pg_timeout = c10d.default_pg_nccl_timeout = timeout
+    import deepspeed  # the trainer's engine; loaded only by the process that trains
+
     deepspeed.init_distributed(timeout=timeout)
-    _unlink_cpu_all_reduce_buffer()
+    _unlink_cpu_all_reduce_buffer(deepspeed.get_accelerator().device_name())
 
 
-def _unlink_cpu_all_reduce_buffer() -> None:
+def _unlink_cpu_all_reduce_buffer(accelerator: str) -> None:
     """DeepSpeed's CPU backend (0.19.8), when every rank is on one host (its launcher's
     LOCAL_SIZE = the world size), gives each rank a 66 MiB all-reduce workspace in /dev/shm,
     maps every rank's during init_distributed, and never unlinks them: each launch would leave
     66 MiB per rank in memory until the host reboots. Once all ranks are past init (the barrier),
     each unlinks its own name; the mappings live on and the memory goes with the processes."""
-    world = dist.get_world_size()
-    if (deepspeed.get_accelerator().device_name() != "cpu"
-            or os.environ.get("LOCAL_SIZE") != str(world)):
+    world = torch.distributed.get_world_size()
+    if accelerator != "cpu" or os.environ.get("LOCAL_SIZE") != str(world):
         return  # no workspace was made: the same answer on every rank, so no one waits alone
     if world > 1:
         torch.distributed.barrier()
     name = (f"deepspeed_allreduce_buffer_{os.getuid()}_{os.environ.get('MASTER_ADDR', '')}_"
-            f"{os.environ.get('MASTER_PORT', '')}_{dist.get_rank()}")
+            f"{os.environ.get('MASTER_PORT', '')}_{torch.distributed.get_rank()}")
     try:
         os.unlink(os.path.join("/dev/shm", name))
     except FileNotFoundError:  # the op was not built (it is optional) or no /dev/shm
@@ -148,9 +150,10 @@ def _unlink_cpu_all_reduce_buffer() -> None:
 
 
 def all_reduce_sum(values: list[float] | torch.Tensor, device: torch.device) -> torch.Tensor:
-    """Sum over ranks of a small vector (float64 so that token counts stay exact)."""
+    """Sum over ranks of a small vector (float64 so that token counts stay exact). Collective,
+    over the default group (DeepSpeed's too: deepspeed.comm is torch.distributed underneath)."""
     tensor = torch.as_tensor(values, dtype=torch.float64, device=device).clone()
-    dist.all_reduce(tensor)
+    torch.distributed.all_reduce(tensor)
     return tensor
 
 

@@ -53,7 +53,6 @@ from aogpt.trainer.evaluation import (
     EvalData,
     EvalSettings,
     Evaluator,
-    format_table,
     unigram_reference,
 )
 
@@ -138,6 +137,46 @@ def describe_model(model, weights: str) -> str:
             f"{c.block_size}, {model.num_params() / 1e6:.2f}M parameters, {weights} weights")
 
 
+def format_table(results: list[dict]) -> str:
+    """The results of every --data folder as a plain-text table."""
+    header = (f"{'dataset':<14} {'kind':<14} {'nll':>8} {'ppl':>10} {'± (nll)':>9} {'tokens':>11} "
+              f"{'forwards':>10} {'token-fwd':>13} {'time s':>8}")
+    lines = [header, "-" * len(header)]
+    for result in results:
+        name = result["dataset"]
+        planned = [kind for kind in result if kind.startswith("planner ")]
+        for kind in ("unigram", *READING_WORDS, *planned, "ensemble"):
+            if kind not in result:
+                continue
+            row = result[kind]
+            if kind == "unigram":
+                lines.append(_line(name, "unigram (ref)", row["nll"], row["ppl"], None,
+                                   row["tokens"], ""))
+                continue
+            cost = (f"{row['forwards']:>10,} {row['token_forwards']:>13,} {row['wall_s']:>8.1f}")
+            if kind == "ensemble":
+                for m, score in row["by_members"].items():
+                    lines.append(_line(name, f"ensemble M={m}", score["nll"], score["ppl"],
+                                       score["nll_se"], row["tokens"], cost))
+                    cost = ""  # the cost is that of all sizes together
+                continue
+            label = f"{kind} x{row['num_orders']}" if kind == ANY_ORDER.word else kind
+            spread = row.get("nll_std")
+            lines.append(_line(name, label, row["nll"], row["ppl"], spread, row["tokens"], cost))
+    lines.append(f"nll: nats per token. {ANY_ORDER.word} and ensemble average over orders: their "
+                 f"ppl is an upper bound. ±: std over the orders ({ANY_ORDER.word}), standard "
+                 "error of the target sampling (ensemble). unigram (ref): token frequencies of the "
+                 "training data, no context. planner: the exact likelihood along the order the "
+                 "planner takes, revealing the text's own tokens")
+    return "\n".join(lines)
+
+
+def _line(name: str, label: str, nll: float, ppl: float, spread: float | None, tokens: int,
+          cost: str) -> str:
+    spread_text = "" if spread is None else f"{spread:.4f}"
+    return f"{name:<14} {label:<14} {nll:>8.4f} {ppl:>10.3f} {spread_text:>9} {tokens:>11,} {cost}"
+
+
 def report_costs(results: list[dict]) -> str:
     lines = []
     for result in results:
@@ -208,7 +247,7 @@ def main(argv: list[str] | None = None) -> int:
               f"on {dist_env.world_size} x {device.type}, precision {settings.precision} "
               f"({PRECISIONS[settings.precision]}), seed {settings.seed}", flush=True)
     evaluator = Evaluator(model, settings, device, dist_env.rank, dist_env.world_size)
-    results = [evaluator.run(folder, progress=main_rank) for folder in data]
+    results = [evaluator.score_data(folder, progress=main_rank) for folder in data]
     for result, unigram in zip(results, unigrams, strict=True):
         if unigram is not None:
             result["unigram"] = unigram

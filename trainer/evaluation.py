@@ -15,22 +15,15 @@ For each sequence x of n tokens (a data folder's samples in order, split over ra
     ensemble   the paper's context-order ensemble (Finding 5): for the i-th target of a base order
                σ, p_ens = mean over M members of p(x[σ_i] | the context σ_<i re-permuted), member 0
                being σ itself; the NLL of p_ens per token. One run reports every size M' <= M
-               asked for, each the average over the first M' members.
+               asked for, each the average over the first M' members. Its mathematics, and how
+               it is computed cheaply: trainer/ensemble.py.
 
-Everything is token-weighted (sum of NLL over all ranks / sum of tokens), no sample is scored
-twice and the last partial batch counts. Every random choice is a counter-based hash of (seed,
-global sample index, ...), so results depend neither on the batch size nor on the number of ranks.
-
-The ensemble, cheaply. The paper's script runs, per batch of 4 sequences of n = 1024 tokens,
-1 + n (M-1) full forwards of n+1 slots with all logits. Causal attention makes the prediction of
-target i depend only on slots 0..i, so member j of target i is a forward over its i+1 slots with
-the head on the last slot only: about n^2 (M-1) / 2 slot-forwards per sequence instead of
-n^2 (M-1), and n (M-1) head rows instead of n^2 (M-1). The members of many targets are packed
-into forwards of batch_size x n slots, longest first, right-padded (causal attention hides the
-padding). Member 0 comes from the base order's one full forward. With ensemble_targets = N, N
-targets per sequence are drawn uniformly without replacement and each stands for n/N targets of
-its sequence: an unbiased estimate of the mean NLL, with the standard error of that sampling
-(stratified by sequence, given the drawn orders).
+Evaluator.run is the one batch loop of every score: it takes any iterable of batches, a data
+folder's (score_data: evaluate.py, the zero-shot sets while training) or the training data's val
+loader (trainer/validator.py). Everything is token-weighted (sum of NLL over all ranks / sum of
+tokens), no sample is scored twice and the last partial batch counts. Every random choice is a
+counter-based hash of (seed, global sample index, ...), so results depend neither on the batch
+size nor on the number of ranks.
 
 Samples of a per-example data folder (LAMBADA's --packing per_example) carry a `length`: only
 their first `length` tokens are real, and every order reads them first, so that the EOS padding
@@ -45,7 +38,7 @@ import json
 import math
 import tempfile
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -58,16 +51,14 @@ from aogpt.data_prep import remote
 from aogpt.data_prep.manifest import check_compatible, read_manifest, split_path
 from aogpt.data_prep.streaming_compat import streaming
 from aogpt.model import AOGPT, OrderConfig, OrderSampler
-from aogpt.model.orders import (
-    ANY_ORDER,
-    LEFT_TO_RIGHT,
-    READING_WORDS,
-    Stream,
-    counter_uniform,
-    reading_named,
-)
+from aogpt.model.orders import ANY_ORDER, LEFT_TO_RIGHT, READING_WORDS, reading_named
 from aogpt.model.sampler import PLANNERS, KVCacheSampler, SamplingConfig
 from aogpt.progress import progress as progress_bar
+from aogpt.trainer.ensemble import choose_targets, ensemble_member_nll, ensemble_sums
+
+# One batch of scoring: (sample_indices (b,) the samples' indices in their dataset, which pick
+# their orders; tokens (b, n) int64; lengths (b,) the real tokens of each sample)
+Batch = tuple[torch.Tensor, torch.Tensor, torch.Tensor]
 
 PRECISIONS = {
     "fp32": "fp32 weights and activations, TF32 off, log-softmax in fp32",
@@ -192,10 +183,8 @@ class EvalData:
     def name(self) -> str:
         return self.manifest["dataset"]
 
-    def batches(self, rank: int, world_size: int, batch_size: int
-                ) -> Iterator[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
-        """This rank's samples rank, rank + world_size, ...: (sample_indices (b,), tokens (b, n)
-        int64, lengths (b,): the real tokens of each sample)."""
+    def batches(self, rank: int, world_size: int, batch_size: int) -> Iterator[Batch]:
+        """This rank's samples rank, rank + world_size, ..., in Batches."""
         mine = range(rank, self.num_samples, world_size)
         for start in range(0, len(mine), batch_size):
             indices = mine[start:start + batch_size]
@@ -233,7 +222,7 @@ def unigram_reference(counts_from: str | Path, data: EvalData,
         real = torch.arange(idx.shape[1]) < lengths[:, None]  # (b, n): not padding
         nll -= log_p[idx[real].numpy()].sum()
         tokens += int(real.sum())
-    return {**_score(nll / tokens), "tokens": tokens, "counted_tokens": int(counts.sum() - 0.5 * vocab),
+    return {**_score(nll, tokens), "tokens": tokens, "counted_tokens": int(counts.sum() - 0.5 * vocab),
             "counts_from": str(counts_from)}
 
 
@@ -244,155 +233,6 @@ def real_first(orders: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
     in their relative order, then its padding: a uniform order stays uniform over the real ones."""
     is_padding = (orders >= lengths[:, None]).to(torch.int8)
     return orders.gather(1, torch.sort(is_padding, dim=1, stable=True).indices)
-
-
-def member_orders(base_orders: torch.Tensor, sample_indices: torch.Tensor, targets: torch.Tensor,
-                  members: torch.Tensor, seed: int, length: int) -> torch.Tensor:
-    """The ensemble members' orders, one per row, cut after `length` entries: (R, length).
-
-    Row r is member members[r] of the targets[r]-th target of the base order base_orders[r]
-    (R, n): the context (the first targets[r] entries) uniformly re-permuted, the target and
-    everything after it kept. Member 0 is the base order itself. The permutation depends only on
-    (seed, sample, target, member), so a cut prefix is the prefix of the full order.
-    """
-    positions = torch.arange(length, device=base_orders.device)
-    keys = counter_uniform(seed, Stream.ENSEMBLE_MEMBERS, sample_indices[:, None],
-                           targets[:, None], members[:, None], positions)  # (R, length) in [0, 1)
-    keys = torch.where(members[:, None] == 0, positions.double() / length, keys)
-    keys = torch.where(positions >= targets[:, None], 2.0 + positions.double(), keys)
-    return base_orders[:, :length].gather(1, torch.argsort(keys, dim=1, stable=True))
-
-
-def choose_targets(seed: int, sample_indices: torch.Tensor, lengths: torch.Tensor,
-                   per_sequence: int | None, seq_len: int
-                   ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """The targets (indices into the base order) the ensemble scores: all real ones, or
-    `per_sequence` of them per sample, uniformly without replacement.
-
-    Returns unit_sample (U,) (the row of the batch), unit_target (U,), and counts (b,).
-    """
-    positions = torch.arange(seq_len, device=lengths.device)
-    counts = lengths if per_sequence is None else lengths.clamp(max=per_sequence)
-    keys = counter_uniform(seed, Stream.ENSEMBLE_TARGETS, sample_indices[:, None],
-                           positions)  # (b, n)
-    ranked = torch.argsort(torch.where(positions < lengths[:, None], keys, 2.0), dim=1, stable=True)
-    unit_sample, rank = torch.nonzero(positions < counts[:, None], as_tuple=True)
-    return unit_sample, ranked[unit_sample, rank], counts
-
-
-# ---- scoring ---------------------------------------------------------------------------------------
-
-def last_slot_hidden(model: AOGPT, idx: torch.Tensor, orders: torch.Tensor,
-                     targets: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """The final hidden state of the slot that predicts the targets[r]-th token of orders[r]
-    given the ones before it, (R, d), and that token's id, (R,).
-
-    idx (R, n) token ids; orders (R, L) may be cut anywhere after the row's target: causal
-    attention hides the slots after it.
-    """
-    rows = torch.arange(len(idx), device=idx.device)
-    tokens = idx.gather(1, orders)  # (R, L) in order
-    hidden = model.forward_stream(*model.slots(tokens, orders))  # (R, L, d)
-    return hidden[rows, targets], tokens[rows, targets]
-
-
-def last_slot_nll(model: AOGPT, idx: torch.Tensor, orders: torch.Tensor,
-                  targets: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """-log p of the targets[r]-th token of orders[r] given the ones before it, (R,) fp32, and
-    the hidden state it came from, (R, d) (see last_slot_hidden). Only the target's slot reaches
-    the output head."""
-    hidden, tokens = last_slot_hidden(model, idx, orders, targets)
-    return model.lm_head(hidden, tokens, model.config.loss_chunk_size), hidden
-
-
-def longest_first_chunks(lengths: torch.Tensor, slots_per_forward: int
-                         ) -> Iterator[tuple[torch.Tensor, int]]:
-    """Rows of `lengths` slots, longest first, packed into forwards of at most slots_per_forward
-    slots (at least one row each): (the chunk's row indices, its longest length) per forward."""
-    order = torch.argsort(lengths, descending=True, stable=True)
-    sorted_lengths = lengths[order].tolist()
-    start = 0
-    while start < len(sorted_lengths):
-        length = sorted_lengths[start]
-        stop = min(start + max(1, slots_per_forward // length), len(sorted_lengths))
-        yield order[start:stop], length
-        start = stop
-
-
-def ensemble_member_nll(model: AOGPT, idx: torch.Tensor, base_orders: torch.Tensor,
-                        unit_keys: torch.Tensor, unit_sample: torch.Tensor,
-                        unit_target: torch.Tensor, members: int, seed: int,
-                        slots_per_forward: int,
-                        each_hidden: Callable[[torch.Tensor, torch.Tensor], None] | None = None
-                        ) -> tuple[torch.Tensor, int, int]:
-    """-log p of each unit's target under members 1..members-1: (U, members-1), and the cost
-    (forwards, slot-forwards). The one member loop of every ensemble (evaluate.py's, lm-eval's).
-
-    A unit is one target of one sequence: unit_sample (U,) its row of idx (b, n), unit_target
-    (U,) the target's index in that row's base order (base_orders (b, n)), unit_keys (U,) what
-    its members' permutations are drawn from (member_orders: the sample's index in its dataset,
-    or a key of its context). The rows of all (unit, member) pairs are packed longest first into
-    forwards of at most slots_per_forward slots (at least one row each); only each row's target
-    slot reaches the output head. each_hidden(units, hidden), when given, sees every forward's
-    final hidden states of those slots (R, d) with their units (R,), a unit appearing once per
-    member (lm-eval's greedy check over the mixture)."""
-    nll = torch.empty(len(unit_target), members - 1, dtype=torch.float64, device=idx.device)
-    row_unit = torch.arange(len(unit_target), device=idx.device).repeat_interleave(members - 1)
-    row_member = torch.arange(1, members, device=idx.device).repeat(len(unit_target))
-    forwards = slot_forwards = 0
-    for chunk, length in longest_first_chunks(unit_target[row_unit] + 1, slots_per_forward):
-        unit, member = row_unit[chunk], row_member[chunk]
-        sample = unit_sample[unit]
-        orders = member_orders(base_orders[sample], unit_keys[unit], unit_target[unit], member,
-                               seed, length)
-        row_nll, hidden = last_slot_nll(model, idx[sample], orders, unit_target[unit])
-        nll[unit, member - 1] = row_nll.double()
-        if each_hidden is not None:
-            each_hidden(unit, hidden)
-        forwards, slot_forwards = forwards + len(chunk), slot_forwards + len(chunk) * length
-    return nll, forwards, slot_forwards
-
-
-def straightforward_member_nll(model: AOGPT, idx: torch.Tensor, base_orders: torch.Tensor,
-                               sample_indices: torch.Tensor, target: int, member: int,
-                               seed: int) -> torch.Tensor:
-    """The paper's way, kept as the reference and the benchmark's baseline: one full forward
-    over the batch in member `member`'s order of target `target`, the logits of every slot made
-    (in chunks), of which only that target's NLL is kept. (b,)"""
-    b, n = idx.shape
-    full = torch.full((b,), target, device=idx.device)
-    orders = member_orders(base_orders, sample_indices, full, torch.full_like(full, member), seed, n)
-    return model(idx, orders)[:, target].double()
-
-
-def mixture_nll(member_nll: torch.Tensor) -> torch.Tensor:
-    """-log p_ens of each unit's target, p_ens being the mean of its members' probabilities:
-    (U, M) member NLLs -> (U,)."""
-    return math.log(member_nll.shape[1]) - torch.logsumexp(-member_nll, dim=1)
-
-
-def ensemble_sums(unit_nll: torch.Tensor, unit_sample: torch.Tensor, counts: torch.Tensor,
-                  lengths: torch.Tensor, sizes: tuple[int, ...]) -> torch.Tensor:
-    """Per ensemble size M': the estimated sum of -log p_ens over all real targets, and the
-    variance of that estimate: (len(sizes), 2) float64.
-
-    unit_nll (U, M): member 0 first. A sample b with N_b of its L_b targets scored weighs each
-    by L_b / N_b; the variance is that of stratified sampling without replacement,
-    sum_b L_b^2 (1 - N_b / L_b) s_b^2 / N_b (NaN when some N_b = 1 < L_b: not estimable).
-    """
-    counts, lengths = counts.double(), lengths.double()
-    weights = (lengths / counts)[unit_sample]
-    out = []
-    for m in sizes:
-        nll = mixture_nll(unit_nll[:, :m])
-        total = (weights * nll).sum()
-        sums = counts.new_zeros(len(counts)).index_add_(0, unit_sample, nll)
-        squares = counts.new_zeros(len(counts)).index_add_(0, unit_sample, nll * nll)
-        spread = ((squares - sums**2 / counts) / (counts - 1)).clamp(min=0)  # s_b^2, (b,)
-        sampled = counts < lengths
-        variance = torch.where(sampled, lengths**2 * (1 - counts / lengths) * spread / counts, 0.0)
-        out.append(torch.stack([total, variance.sum()]))
-    return torch.stack(out)
 
 
 def planner_kind(planner: str) -> str:
@@ -432,8 +272,11 @@ def _finite(value: float) -> float | None:
     return value if math.isfinite(value) else None
 
 
-def _score(nll: float) -> dict:
-    return {"nll": nll, "ppl": math.exp(nll)}
+def _score(nll_sum: float, tokens: float) -> dict:
+    """The token-weighted NLL and its perplexity; None for both when no token was scored."""
+    if not tokens:
+        return {"nll": None, "ppl": None}
+    return {"nll": nll_sum / tokens, "ppl": math.exp(nll_sum / tokens)}
 
 
 class Evaluator:
@@ -462,23 +305,29 @@ class Evaluator:
         tally.seconds += time.perf_counter() - start
 
     @torch.inference_mode()
-    def run(self, data: EvalData, progress: bool = False) -> dict:
-        """The results for one data folder (every rank gets them; collective)."""
-        s = self.settings
-        tallies, sampler = self.new_tallies(), self.order_sampler(data.seq_len)
-        batches = data.batches(self.rank, self.world_size, s.batch_size)
-        total = data.num_batches(self.rank, self.world_size, s.batch_size)
-        with self.precision(), progress_bar(batches, total=total, desc=data.name, unit="batch",
-                                           disable=not progress) as bar:
-            for sample_indices, idx, lengths in bar:
-                self.score_batch(sampler, tallies, *(t.to(self.device) for t in
-                                                     (sample_indices, idx, lengths)))
+    def run(self, batches: Iterable[Batch], seq_len: int) -> dict[str, dict]:
+        """Every score the settings ask for over this rank's `batches` of sequences of seq_len
+        tokens, summed over all ranks, by kind (l2r, random, ensemble, planner P): every rank
+        gets them (collective: each rank passes its own share of the samples)."""
+        tallies, sampler = self.new_tallies(), self.order_sampler(seq_len)
+        with self.precision():
+            for batch in batches:
+                self.score_batch(sampler, tallies, *(t.to(self.device) for t in batch))
         summarize = {LEFT_TO_RIGHT.word: self.summarize_l2r,
                      ANY_ORDER.word: self.summarize_random, "ensemble": self.summarize_ensemble,
                      **{planner_kind(p): self.summarize_planner for p in self.settings.planners}}
+        return {kind: summarize[kind](tally.reduced()) for kind, tally in tallies.items()}
+
+    def score_data(self, data: EvalData, progress: bool = False) -> dict:
+        """The results for one data folder, this rank scoring its strided share of the samples
+        (every rank gets them; collective)."""
+        size = self.settings.batch_size
+        batches = data.batches(self.rank, self.world_size, size)
+        with progress_bar(batches, total=data.num_batches(self.rank, self.world_size, size),
+                          desc=data.name, unit="batch", disable=not progress) as bar:
+            scores = self.run(bar, data.seq_len)
         return {"data": str(data.path), "dataset": data.name, "split": data.split,
-                "samples": data.num_samples, "seq_len": data.seq_len,
-                **{kind: summarize[kind](tally.reduced()) for kind, tally in tallies.items()}}
+                "samples": data.num_samples, "seq_len": data.seq_len, **scores}
 
     def new_tallies(self) -> dict[str, Tally]:
         """Empty sums per kind of score: (nll, tokens), per random order for the any-order
@@ -602,18 +451,18 @@ class Evaluator:
 
     def summarize_l2r(self, tally: Tally) -> dict:
         nll_sum, tokens = tally.sums.tolist()
-        return {**_score(nll_sum / tokens), "tokens": round(tokens), **self._cost(tally)}
+        return {**_score(nll_sum, tokens), "tokens": round(tokens), **self._cost(tally)}
 
     def summarize_planner(self, tally: Tally) -> dict:
         nll_sum, tokens = tally.sums.tolist()
-        return {**_score(nll_sum / tokens), "tokens": round(tokens), "likelihood": "exact",
+        return {**_score(nll_sum, tokens), "tokens": round(tokens), "likelihood": "exact",
                 "network_calls": tally.extra["network_calls"], **self._cost(tally)}
 
     def summarize_random(self, tally: Tally) -> dict:
         per_order = (tally.sums[:, 0] / tally.sums[:, 1]).tolist()
         sums = tally.sums.sum(dim=0).tolist()
         std = float(np.std(per_order, ddof=1)) if len(per_order) > 1 else None
-        return {**_score(sums[0] / sums[1]), "tokens": round(tally.sums[0, 1].item()),
+        return {**_score(*sums), "tokens": round(tally.sums[0, 1].item()),
                 "num_orders": len(per_order), "nll_std": std, "nll_per_order": per_order,
                 **self._cost(tally)}
 
@@ -621,51 +470,9 @@ class Evaluator:
         s, tokens = self.settings, tally.extra["tokens"]
         by_members = {}
         for m, (total, variance) in zip(s.ensemble, tally.sums.tolist(), strict=True):
-            by_members[str(m)] = {**_score(total / tokens),
+            by_members[str(m)] = {**_score(total, tokens),
                                   "nll_se": _finite(math.sqrt(variance) / tokens)}
         return {"base": s.ensemble_base, "members": s.members,
                 "targets_per_sequence": s.ensemble_targets, "tokens": tokens,
                 "scored_targets": tally.extra["scored_targets"], "by_members": by_members,
                 **self._cost(tally), "paper_token_forwards": tally.paper_slot_forwards}
-
-
-# ---- output ----------------------------------------------------------------------------------------
-
-def format_table(results: list[dict]) -> str:
-    """The results of evaluate_all as a plain-text table."""
-    header = (f"{'dataset':<14} {'kind':<14} {'nll':>8} {'ppl':>10} {'± (nll)':>9} {'tokens':>11} "
-              f"{'forwards':>10} {'token-fwd':>13} {'time s':>8}")
-    lines = [header, "-" * len(header)]
-    for result in results:
-        name = result["dataset"]
-        planned = [kind for kind in result if kind.startswith("planner ")]
-        for kind in ("unigram", *READING_WORDS, *planned, "ensemble"):
-            if kind not in result:
-                continue
-            row = result[kind]
-            if kind == "unigram":
-                lines.append(_line(name, "unigram (ref)", row["nll"], row["ppl"], None,
-                                   row["tokens"], ""))
-                continue
-            cost = (f"{row['forwards']:>10,} {row['token_forwards']:>13,} {row['wall_s']:>8.1f}")
-            if kind == "ensemble":
-                for m, score in row["by_members"].items():
-                    lines.append(_line(name, f"ensemble M={m}", score["nll"], score["ppl"],
-                                       score["nll_se"], row["tokens"], cost))
-                    cost = ""  # the cost is that of all sizes together
-                continue
-            label = f"{kind} x{row['num_orders']}" if kind == ANY_ORDER.word else kind
-            spread = row.get("nll_std")
-            lines.append(_line(name, label, row["nll"], row["ppl"], spread, row["tokens"], cost))
-    lines.append(f"nll: nats per token. {ANY_ORDER.word} and ensemble average over orders: their "
-                 f"ppl is an upper bound. ±: std over the orders ({ANY_ORDER.word}), standard "
-                 "error of the target sampling (ensemble). unigram (ref): token frequencies of the "
-                 "training data, no context. planner: the exact likelihood along the order the "
-                 "planner takes, revealing the text's own tokens")
-    return "\n".join(lines)
-
-
-def _line(name: str, label: str, nll: float, ppl: float, spread: float | None, tokens: int,
-          cost: str) -> str:
-    spread_text = "" if spread is None else f"{spread:.4f}"
-    return f"{name:<14} {label:<14} {nll:>8.4f} {ppl:>10.3f} {spread_text:>9} {tokens:>11,} {cost}"

@@ -34,7 +34,7 @@ The request types, read left to right (orders of the identity: exact likelihoods
 Every sequence starts at the model's [None] slot, as in training and in trainer/evaluation.py: no
 BOS/EOS token is prepended, and an empty context is the [None] slot alone.
 
-order=ensemble:M is the paper's context-order ensemble (Finding 5, trainer/evaluation.py) applied
+order=ensemble:M is the paper's context-order ensemble (Finding 5, trainer/ensemble.py) applied
 to each scored token x_i: p_ens(x_i) = the mean over M members of p(x_i | x_<i read in a permuted
 order), member 0 left to right; is_greedy then asks for the argmax of p_ens. Members are keyed by
 (seed, x_<i, i, member), so a score depends neither on the batch nor on the other requests. The sampler has no ensemble: generate_until under it is an error.
@@ -65,12 +65,8 @@ from aogpt.model.orders import ANY_ORDER, LEFT_TO_RIGHT, reading_named
 from aogpt.model.precision import resolve_device
 from aogpt.model.sampler import KVCacheSampler, SamplingConfig, given_tokens
 from aogpt.progress import progress
-from aogpt.trainer.evaluation import (
-    PRECISIONS,
-    ensemble_member_nll,
-    mixture_nll,
-    precision_policy,
-)
+from aogpt.trainer.ensemble import ensemble_member_nll, mixture_nll
+from aogpt.trainer.evaluation import PRECISIONS, precision_policy
 
 NAME = "aogpt"
 # Registered by path rather than by decorating the class: `python -m aogpt.trainer.lm_harness`

@@ -39,7 +39,7 @@ from aogpt.trainer.failsafe import (
     first_line,
     is_collective_failure,
 )
-from aogpt.trainer.genppl import check_judge, check_judge_matches
+from aogpt.trainer.judge import check_judge, check_judge_matches
 from aogpt.trainer.loop import Plan, Trainer
 from aogpt.trainer.out_dir import START_OVER, check_fresh_start, check_out_dir, set_aside
 from aogpt.trainer.run_lock import RunLock
@@ -122,17 +122,17 @@ def lock_run_folder(plan: Plan, dist_env: DistEnv) -> RunLock | None:
     The other ranks follow rank 0: if it stops, the launcher ends them."""
     if not dist_env.is_main:
         return None
-    lock = RunLock(RunFolder(plan.cfg.out_dir).lock_file)
+    run = RunFolder(plan.cfg.out_dir)
+    lock = RunLock(run.lock_file)
     lock.acquire()
-    start_run_folder(plan)
+    start_run_folder(plan, run)
     return lock
 
 
-def start_run_folder(plan: Plan) -> None:
+def start_run_folder(plan: Plan, run: RunFolder) -> None:
     """A run starting from step 0 sets aside what an earlier run left (else its metrics would
     hold the same steps twice; trainer/out_dir.py says when that needs --start-over); the config
     is recorded, with what a relaunch changed (config_changes.jsonl)."""
-    run = RunFolder(plan.cfg.out_dir)
     if plan.resume_tag is None:
         moved = set_aside(run)
         if moved:

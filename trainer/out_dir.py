@@ -120,7 +120,7 @@ def set_aside(run: RunFolder) -> tuple[Path, list[str]] | None:
     if not entries:
         return None
     stamp = datetime.datetime.now(datetime.timezone.utc).strftime("%Y%m%d-%H%M%S")
-    folder = run.previous / stamp
+    folder = run.set_aside_folder(stamp)
     folder.mkdir(parents=True)
     for path in entries:
         path.rename(folder / path.name)

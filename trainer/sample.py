@@ -53,7 +53,6 @@ trainer/genppl.py).
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 import sys
 import time
@@ -72,20 +71,19 @@ from aogpt.model.precision import reproducible_dtype, resolve_device
 from aogpt.model.sampler import (
     PLANNERS,
     SAMPLERS,
-    Generation,
     KVCacheSampler,
     SamplingConfig,
     given_tokens,
+    sample_records,
 )
 from aogpt.model.sampler.window import (
     STOP_ENTROPY_TOKENS,
-    LongGeneration,
     StopRules,
     check_window,
     generate_long,
 )
 from aogpt.progress import progress
-from aogpt.trainer.genppl import (
+from aogpt.trainer.judge import (
     Judge,
     check_judge,
     check_judge_matches,
@@ -209,30 +207,6 @@ def given_by_flags(encoding, length: int, prompt: str | None, infill: dict | Non
         flags = " and ".join(flag for flag, value in (("--prompt", prompt), ("--infill", infill))
                              if value is not None)
         raise UsageError(f"{flags} ({length_flag} {length}): {err}") from None
-
-
-def sample_records(sample_ids: list[int], out: Generation | LongGeneration, encoding,
-                   config: SamplingConfig, **fields) -> list[dict]:
-    """One JSON-ready record per sample of a generate() call, as --out writes them (and the
-    trainer's samples while training), with `fields` added to each. A text made by the sliding
-    window or cut by a stop rule (a LongGeneration) also carries its length, seams and why it
-    stopped, and its order lists the positions generated, in the order generated."""
-    if isinstance(out, LongGeneration):
-        texts, orders, calls, stats = out.texts, out.orders, out.sample_calls, out.stats
-        extra = [{"length": len(text), "seams": [p for p in out.seams if p < len(text)],
-                  "stopped": stopped} for text, stopped in zip(texts, out.stopped, strict=True)]
-    else:
-        texts, orders, calls = out.tokens.tolist(), out.orders.tolist(), out.sample_calls.tolist()
-        stats = {name: values.tolist() for name, values in out.stats.items()}
-        extra = [{} for _ in texts]
-    settings = dataclasses.asdict(config)
-    return [{"sample": i, "tokens": tokens, "text": encoding.decode(tokens), "order": order,
-             **extra[k], "steps": config.steps if config.sampler == "parallel" else None,
-             "network_calls": sample_calls, "batch_network_calls": out.network_calls,
-             **{name: values[k] for name, values in stats.items()}, "settings": settings,
-             **fields}
-            for k, (i, tokens, order, sample_calls) in enumerate(zip(
-                sample_ids, texts, orders, calls, strict=True))]
 
 
 def window_summary(records: list[dict], length: int, window: int | None) -> str:

@@ -11,7 +11,7 @@ tokens (on the same device and precision). Each round writes out_dir/samples/ste
 
     sample_entropy    mean unigram entropy of the samples (nats; natural 1024-token text: ~5.5-5.7,
                       degenerate repetitions far less)
-    sample_gen_ppl    their generative perplexity under `eval.judge` (trainer/genppl.py's mean_ppl),
+    sample_gen_ppl    their generative perplexity under `eval.judge` (trainer/judge.py's mean_ppl),
                       when a judge is configured, and sample_repetition (repeated 4-grams)
     sample_true_nll   with a synthetic language's data folder as the judge: their exact NLL per
                       token, and sample_true_nll_gap, its excess over the language's entropy
@@ -32,11 +32,11 @@ from aogpt.files import write_text_atomic
 from aogpt.model import AOGPT
 from aogpt.model.config import ModelConfig
 from aogpt.model.orders import ANY_ORDER, LEFT_TO_RIGHT
-from aogpt.model.run_folder import RunFolder, tag_for
-from aogpt.model.sampler import KVCacheSampler, SamplingConfig
+from aogpt.model.run_folder import RunFolder
+from aogpt.model.sampler import KVCacheSampler, SamplingConfig, sample_records
+from aogpt.model.sampler.window import unigram_entropy
 from aogpt.trainer.config import EvalConfig
-from aogpt.trainer.genppl import Judge, generative_perplexity, unigram_entropy
-from aogpt.trainer.sample import sample_records
+from aogpt.trainer.judge import Judge, generative_perplexity
 
 
 def sampling_config(cfg: EvalConfig, any_order: bool) -> SamplingConfig:
@@ -57,7 +57,7 @@ class TrainingSamples:
     def __init__(self, cfg: EvalConfig, model: ModelConfig, run_root: Path, device: torch.device):
         self.cfg, self.seq_len, self.device = cfg, model.block_size, device
         self.config = sampling_config(cfg, model.any_order)
-        self.folder = RunFolder(run_root).samples
+        self.run_folder = RunFolder(run_root)
         self.encoding = load_gpt2() if model.reads_gpt2 else TokenIds()
         self._judge: Judge | None = None
 
@@ -76,7 +76,7 @@ class TrainingSamples:
         tokens = out.tokens.tolist()
         records = sample_records(list(range(count)), out, self.encoding, self.config, step=step,
                                  weights=weights)
-        write_text_atomic(self.folder / f"{tag_for(step)}.jsonl",
+        write_text_atomic(self.run_folder.samples_file(step),
                           "".join(json.dumps(record) + "\n" for record in records))
         metrics = {"sample_entropy": sum(map(unigram_entropy, tokens)) / count}
         judge = self.judge()

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
+from itertools import islice
 from pathlib import Path
 
 import torch
@@ -24,7 +25,7 @@ from aogpt.model.orders import ANY_ORDER, LEFT_TO_RIGHT
 from aogpt.trainer import zero_shot
 from aogpt.trainer.config import RunConfig
 from aogpt.trainer.data import validation_loader
-from aogpt.trainer.dist_env import DistEnv, all_reduce_sum
+from aogpt.trainer.dist_env import DistEnv
 from aogpt.trainer.ema import ShardedEMA, full_weights
 from aogpt.trainer.evaluation import EvalData, Evaluator
 from aogpt.trainer.metrics import loss_key, validation_line, validation_losses
@@ -158,22 +159,13 @@ class Validator:
 
     def validate(self, evaluator: Evaluator) -> dict[str, float | None]:
         """val_loss_l2r and val_loss_ao (token-weighted over eval.num_orders seeded orders, keyed
-        on each sample's index in the dataset, as the loader gives it) on the val split."""
-        cfg = self.cfg
-        tallies, sampler = evaluator.new_tallies(), evaluator.order_sampler(cfg.model.block_size)
-        with evaluator.precision():
-            for batch_index, (idx, sample_ids) in enumerate(self.val_loader):
-                if batch_index == cfg.eval.batches:
-                    break
-                idx, sample_ids = idx.to(self.device), sample_ids.to(self.device)  # (b, t), (b,)
-                lengths = torch.full_like(sample_ids, idx.shape[1])  # no padding in training data
-                evaluator.score_batch(sampler, tallies, sample_ids, idx, lengths)
-        l2r = tallies[LEFT_TO_RIGHT.word].sums  # (nll, tokens)
-        any_order = (tallies[ANY_ORDER.word].sums.sum(dim=0) if ANY_ORDER.word in tallies
-                     else torch.zeros_like(l2r))
-        total = all_reduce_sum(torch.cat([l2r, any_order]), self.device).tolist()
-        return {loss_key(LEFT_TO_RIGHT, validation=True): token_weighted(total[0], total[1]),
-                loss_key(ANY_ORDER, validation=True): token_weighted(total[2], total[3])}
+        on each sample's index in the dataset, as the loader gives it) on eval.batches batches of
+        the val split: the evaluator's own batch loop over the loader's batches."""
+        batches = ((sample_ids, idx, torch.full_like(sample_ids, idx.shape[1]))  # no padding
+                   for idx, sample_ids in islice(self.val_loader, self.cfg.eval.batches))
+        scores = evaluator.run(batches, self.cfg.model.block_size)
+        return {loss_key(reading, validation=True): scores[reading.word]["nll"]
+                if reading.word in scores else None for reading in (LEFT_TO_RIGHT, ANY_ORDER)}
 
     def close(self) -> None:
         if self.val_loader is not None:

@@ -96,7 +96,7 @@ def settings(model: AOGPT, precision: str, batch_size: int, num_orders: int) -> 
 
 def score(evaluator: Evaluator, data: EvalData, weights: str, set_name: str) -> dict[str, float]:
     """One set's metrics under one set of weights (collective: every rank runs it)."""
-    result = evaluator.run(data)
+    result = evaluator.score_data(data)
     return {metric_name(set_name, weights, reading.metric, stat): result[reading.word][stat]
             for reading in READINGS if reading.word in result for stat in ("nll", "ppl")}
 

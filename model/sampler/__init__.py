@@ -17,7 +17,8 @@ from aogpt.model.sampler.config import PLANNERS, SAMPLERS, SamplingConfig
 from aogpt.model.sampler.draw import filter_logits, inverse_cdf, sample_from_logits, token_probs
 from aogpt.model.sampler.engine import STRATEGIES, KVCacheSampler
 from aogpt.model.sampler.given import given_tokens
-from aogpt.model.sampler.outputs import Generation, StepOutput
+from aogpt.model.sampler.outputs import Generation, LongGeneration, StepOutput, sample_records
 
-__all__ = ["PLANNERS", "SAMPLERS", "STRATEGIES", "Generation", "KVCacheSampler", "SamplingConfig", "StepOutput",
-           "filter_logits", "given_tokens", "inverse_cdf", "sample_from_logits", "token_probs"]
+__all__ = ["PLANNERS", "SAMPLERS", "STRATEGIES", "Generation", "KVCacheSampler", "LongGeneration",
+           "SamplingConfig", "StepOutput", "filter_logits", "given_tokens", "inverse_cdf",
+           "sample_from_logits", "sample_records", "token_probs"]

@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from aogpt import UsageError
+from aogpt.model.sampler.outputs import LongGeneration
 
 if TYPE_CHECKING:
     from aogpt.model.sampler.engine import KVCacheSampler
@@ -55,23 +56,10 @@ class StopRules:
 
 def unigram_entropy(tokens: Sequence[int]) -> float:
     """Entropy (nats) of the token frequencies of one text: the stop rule's, and what the judge
-    (trainer/genppl.py) reports of samples."""
+    (trainer/judge.py) reports of samples."""
     counts = Counter(tokens).values()
     total = sum(counts)
     return -sum(c / total * math.log(c / total) for c in counts)
-
-
-@dataclass
-class LongGeneration:
-    texts: list[list[int]]  # each sample's tokens, cut where it stopped
-    orders: list[list[int]]  # the positions it generated, in the order it generated them
-    network_calls: int  # calls of the batch, every chunk
-    sample_calls: list[int]  # each sample's own calls (until it stopped)
-    seams: list[int]  # the positions where each chunk after the first begins to generate
-    stopped: list[str | None]  # why each sample stopped early (None: it reached the length)
-    # each sample's generation stats summed over its chunks (a planner's log_likelihood, each
-    # chunk's given its window; speculative drafts decided and accepted)
-    stats: dict[str, list[float]]
 
 
 def check_window(block: int, window: int) -> None:

@@ -1,4 +1,4 @@
-"""data_prep/shared_memory.py: streaming's shared memory on a host shared by several runs. Real
+"""data_prep/shared_memory/: streaming's shared memory on a host shared by several runs. Real
 processes open real streaming datasets; one is killed with SIGKILL, as a lost run is."""
 
 import os

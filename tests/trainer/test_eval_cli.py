@@ -58,11 +58,17 @@ def results(path) -> dict:
 
 
 def test_command_prints_a_table_and_writes_the_json(folders, tmp_path):
+    """... and never loads DeepSpeed (-X importtime lists every module the run imported): it
+    reads its rank from the launcher's environment (trainer/dist_env.py)."""
     out = tmp_path / "result.json"
-    done = run_cli(EVALUATE, "--ckpt", str(folders["adaln"]), "--data", str(folders["data"]),
-                   "--num-orders", "2", "--ensemble", "1,2", "--max-samples", "3",
-                   "--batch-size", "2", "--json", str(out))
+    done = run_cli("-X", "importtime", EVALUATE, "--ckpt", str(folders["adaln"]), "--data",
+                   str(folders["data"]), "--num-orders", "2", "--ensemble", "1,2",
+                   "--max-samples", "3", "--batch-size", "2", "--json", str(out))
     assert done.returncode == 0, done.stderr
+    imported = [line.rsplit("|", 1)[-1].strip() for line in done.stderr.splitlines()
+                if line.startswith("import time:")]
+    assert "torch" in imported and "aogpt.trainer.dist_env" in imported
+    assert not [name for name in imported if name.split(".")[0] == "deepspeed"]
     for text in ("l2r", "random x2", "ensemble M=1", "ensemble M=2", "token-forwards",
                  "precision fp32", "AO-GPT"):
         assert text in done.stdout

@@ -20,15 +20,13 @@ import torch.nn.functional as F
 from eval_testing import build_lambada, build_wikitext, read_folder, tiny_model
 
 from aogpt.model import OrderConfig, OrderSampler
-from aogpt.trainer.evaluation import (
-    EvalData,
-    EvalSettings,
-    Evaluator,
+from aogpt.trainer.ensemble import (
     choose_targets,
     ensemble_member_nll,
     member_orders,
     straightforward_member_nll,
 )
+from aogpt.trainer.evaluation import EvalData, EvalSettings, Evaluator
 
 CPU = torch.device("cpu")
 
@@ -52,7 +50,7 @@ def model64(model):
 def evaluate(model, folder, **settings):
     settings.setdefault("max_samples", 6)
     data = EvalData(folder, model.config.block_size, settings["max_samples"])
-    return Evaluator(model, EvalSettings(**settings), CPU).run(data)
+    return Evaluator(model, EvalSettings(**settings), CPU).score_data(data)
 
 
 def test_l2r_nll_equals_per_token_cross_entropy_of_full_logits(wikitext, model):

@@ -15,8 +15,10 @@ from aogpt import UsageError
 from aogpt.model import AOGPT, save_consolidated
 from aogpt.model.config import ModelConfig
 from aogpt.model.run_folder import RunFolder, tag_for
+from aogpt.model.sampler.window import unigram_entropy
 from aogpt.trainer import sample
-from aogpt.trainer.genppl import Judge, generative_perplexity, main, unigram_entropy
+from aogpt.trainer.genppl import main
+from aogpt.trainer.judge import Judge, generative_perplexity
 
 COMMIT = r"[0-9a-f]{40}(\+dirty)?"  # git_sha()'s form; its value moves with each commit
 

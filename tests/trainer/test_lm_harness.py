@@ -38,7 +38,7 @@ from aogpt import UsageError  # noqa: E402
 from aogpt.data_prep.tokenizer import EOS, load_gpt2  # noqa: E402
 from aogpt.model import load_checkpoint  # noqa: E402
 from aogpt.model.config import GPT2_VOCAB  # noqa: E402
-from aogpt.trainer.evaluation import member_orders  # noqa: E402
+from aogpt.trainer.ensemble import member_orders  # noqa: E402
 from aogpt.trainer.lm_harness import AOGPTLM, context_key  # noqa: E402
 
 BLOCK = 48  # tiny_config's block_size

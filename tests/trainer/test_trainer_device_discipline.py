@@ -15,15 +15,8 @@ from device_testing import META, DeviceCrossings, let_meta_run_without_autocast,
 
 from aogpt.model import OrderConfig, OrderSampler
 from aogpt.trainer.ema import ShardedEMA
-from aogpt.trainer.evaluation import (
-    EvalSettings,
-    Evaluator,
-    Tally,
-    ensemble_sums,
-    last_slot_nll,
-    member_orders,
-    real_first,
-)
+from aogpt.trainer.ensemble import ensemble_sums, last_slot_nll, member_orders
+from aogpt.trainer.evaluation import EvalSettings, Evaluator, Tally, real_first
 
 N, B = 16, 3  # sequence length, batch
 

