@@ -17,7 +17,8 @@ __version__ = "0.1.0"
 
 
 class UsageError(Exception):
-    """Bad input from a user (a flag, a config value, a file): the message says what and how to fix it.
+    """Bad input from a user (a flag, a config value, a file): the message says what and how to fix
+    it.
 
     Command-line entry points print it as one line and exit 2 instead of showing a traceback;
     everything else (a bug) still raises with its traceback.

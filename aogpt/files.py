@@ -5,8 +5,9 @@ A file is written under a temporary name in its own folder (".NAME.partial-PID":
 same filesystem, one per process) and renamed over NAME, so a reader (another rank, a resumed run,
 a user's tool) sees the old file or the new one, never half of one, and a crash leaves at most a
 hidden temporary behind. The file gets the permissions of any file its user creates (0666 less
-the umask), whatever the writer chose (safetensors: readable by the owner only). durable=True also flushes the data and the rename to the disk, for what
-must survive the loss of the node (checkpoints).
+the umask), whatever the writer chose (safetensors: readable by the owner only). durable=True
+also flushes the data and the rename to the disk, for what must survive the loss of the node
+(checkpoints).
 
 This module imports no torch: data_prep uses it too.
 """
@@ -177,7 +178,7 @@ def _dataset_files(path: Path) -> str | None:
     return describe_dataset_file(path)
 
 
-# ---- provenance recorded in files -----------------------------------------------------------------
+# ---- provenance recorded in files ----------------------------------------------------------------
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 PROVENANCE = "provenance"  # the key of a file's provenance record; the PNG text chunk's name

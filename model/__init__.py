@@ -10,5 +10,5 @@ from aogpt.model.gpt import AOGPT
 from aogpt.model.orders import OrderConfig, OrderSampler, shuffle, unshuffle
 from aogpt.model.sampler import KVCacheSampler, SamplingConfig
 
-__all__ = ["AOGPT", "KVCacheSampler", "ModelConfig", "OrderConfig", "OrderSampler", "SamplingConfig",
-           "load_checkpoint", "save_consolidated", "shuffle", "unshuffle"]
+__all__ = ["AOGPT", "KVCacheSampler", "ModelConfig", "OrderConfig", "OrderSampler",
+           "SamplingConfig", "load_checkpoint", "save_consolidated", "shuffle", "unshuffle"]

@@ -95,7 +95,8 @@ def show_infill(record: dict, encoding) -> str:
     """The filled line with the generated gap in [brackets]."""
     given = set(record["given_positions"])
     pieces = []
-    for is_given, run in itertools.groupby(enumerate(record["tokens"]), key=lambda t: t[0] in given):
+    for is_given, run in itertools.groupby(enumerate(record["tokens"]),
+                                           key=lambda t: t[0] in given):
         text = encoding.decode([token for _, token in run])
         pieces.append(text if is_given else f"[{text}]")
     return " ".join("".join(pieces).split())
@@ -107,8 +108,10 @@ def first_sample_text(path: Path) -> str:
 
 @cli_entry
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python tools/demo.py", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--out", type=Path, default=REPO / "runs" / "demo", help="default: runs/demo")
+    parser = argparse.ArgumentParser(prog="python tools/demo.py",
+                                     description=__doc__.split("\n\n")[0])
+    parser.add_argument("--out", type=Path, default=REPO / "runs" / "demo",
+                        help="default: runs/demo")
     parser.add_argument("--steps", type=int, default=None,
                         help=f"training steps (default: {CONFIG}'s train.max_steps)")
     parser.add_argument("--eval-samples", type=int, default=None,
@@ -148,7 +151,8 @@ def main(argv: list[str] | None = None) -> int:
           f"{tokens_per_step // (seq_len * micro_batch * processes)} accumulation steps")
     train_dir = out / "ao_gpt_tiny"
     env = dict(os.environ, OMP_NUM_THREADS="1")
-    run([str(bin_dir / "deepspeed"), "--num_gpus", str(processes), "--master_port", str(free_port()),
+    run([str(bin_dir / "deepspeed"), "--num_gpus", str(processes),
+         "--master_port", str(free_port()),
          "trainer/main.py", "--ds_config", ds_config, "--config", CONFIG,
          f"out_dir={train_dir}", f"data.path={data}", f"train.max_steps={steps}",
          f"optim.decay_steps={steps}", f"train.micro_batch_size={micro_batch}",

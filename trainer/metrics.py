@@ -57,7 +57,8 @@ class MetricsLogger:
         try:
             import wandb
         except ImportError:
-            raise UsageError("logging.wandb is on but wandb is not installed: pip install wandb") from None
+            raise UsageError("logging.wandb is on but wandb is not installed: "
+                             "pip install wandb") from None
         id_file = self.run_folder.wandb_id_file
         run_id = id_file.read_text().strip() if id_file.is_file() else secrets.token_hex(4)
         id_file.write_text(run_id)
@@ -197,7 +198,8 @@ def summary_lines(run: RunFolder, progress, launch: Window, last: dict, validati
     if validation:
         losses.append(validation_line(validation, progress.step, weights).split(" | ", 1)[1])
     return [f"done: {progress.step} steps, {progress.tokens_seen:,} tokens; this launch "
-            f"{duration(launch.seconds)}, {launch.tokens / max(launch.seconds, 1e-9):,.0f} tokens/s",
+            f"{duration(launch.seconds)}, "
+            f"{launch.tokens / max(launch.seconds, 1e-9):,.0f} tokens/s",
             *([f"last step: {'; '.join(losses)}"] if losses else []),
             f"weights: {run.final_weights} (raw and EMA); metrics: {run.metrics_file}"]
 
