@@ -2,17 +2,12 @@
 
     python tools/export_hf.py --ckpt RUN_OR_FILE --out DIR [--weights ema|raw] [--force]
 
-DIR gets config.json, generation_config.json, model.safetensors, the modelling code (model/hf/ and
-the model modules it imports, see model/hf/remote_code.py), GPT-2's tokenizer made from the
-ranks this project tokenizes with (vocab.json, merges.txt, tokenizer.json) and aogpt_export.json:
-where it came from (the checkpoint file read, its tag and step, the weights, the code's version
-and commit) and the files the export wrote. Then, anywhere:
+    model = AutoModelForCausalLM.from_pretrained(DIR, trust_remote_code=True)   # then, anywhere
 
-    model = AutoModelForCausalLM.from_pretrained(DIR, trust_remote_code=True)
-    tokenizer = AutoTokenizer.from_pretrained(DIR)
-    model(ids).logits                       # left to right: logits[:, k] predicts token k + 1
-    model.generate(ids, max_new_tokens=20)
-    model.generate_any_order(num_samples=4, given={0: tokenizer.encode("The")}, steps=32, top_p=0.9)
+DIR gets the weights, the modelling code (model/hf/remote_code.py copies it), GPT-2's tokenizer
+and aogpt_export.json, the export's provenance and the files it wrote. What the folder holds, how
+the model scores and generates (left to right, and in any order with the KV-cache sampler) and
+how lm-evaluation-harness reads it: README.md, "Hugging Face export".
 
 The folder is written beside DIR and renamed into place: DIR is complete or absent. DIR may be
 new or empty; --force replaces an earlier export only (a folder holding aogpt_export.json and no
