@@ -1,1 +1,1 @@
-"""DeepSpeed training, streaming loader, EMA, checkpoints, eval and sample CLIs."""
+"""Training, and the scoring and generation it also runs: why they share a folder, README.md, Layout."""
