@@ -1,4 +1,7 @@
-"""Where numbers go: one JSON object per line in out_dir/metrics.jsonl, and wandb when enabled.
+"""Where numbers go: one JSON object per line in out_dir/metrics.jsonl, wandb when enabled, and
+the lines a run prints (step_line, validation_line, summary_lines); read back for plots by
+run_records and curve. The devices' peaks that MFU and the decode step's floor are measured
+against are kept here too.
 
 Only rank 0 writes. wandb is optional: "auto" turns it on only when WANDB_API_KEY is set, and it
 never prompts or waits on the network for a login. The wandb run id is kept in out_dir so a
