@@ -107,9 +107,10 @@ class EMAConfig:
 class CheckpointConfig:
     every: int = 10_000  # steps; also on SIGTERM, SIGUSR1 and Ctrl-C
     keep_last: int = 3
-    # After SIGTERM, SIGUSR1 or Ctrl-C, the run saves at the next step and exits; if it has not within this
-    # many seconds (no step can finish), it exits anyway, status 1, without a checkpoint. Keep it
-    # below the launcher's own grace (AOGPT_SIGNAL_GRACE, 240 s, in the SLURM templates).
+    # After SIGTERM, SIGUSR1 or Ctrl-C, the run saves at the next step and exits; if it has not
+    # within this many seconds (no step can finish), it exits anyway, status 1, without a
+    # checkpoint. Keep it below the launcher's own grace (AOGPT_SIGNAL_GRACE, 240 s, in the SLURM
+    # templates).
     signal_grace_s: float = 180.0
 
 

@@ -86,7 +86,8 @@ def resolve_ds_config(ds_config: dict, cfg: RunConfig, world_size: int) -> dict:
                              "\"fp32\" (or absent), bf16 accumulation drops small gradients")
         # bf16 has fp32's range, so gradients do not overflow; ZeRO-2's check of every gradient
         # for inf/NaN reads the device at each optimizer step. The trainer checks the loss and
-        # the gradient norm itself, at log boundaries (trainer/loop.py).
+        # the gradient norm itself, at its log, evaluation and checkpoint boundaries
+        # (trainer/recovery.py).
         resolved["bf16"].setdefault("check_grad_overflow", False)
     stage = zero_stage(resolved)
     if stage == 3 and cfg.train.compile is True and cfg.train.compile_scope == "network":
