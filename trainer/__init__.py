@@ -1,1 +1,1 @@
-"""Training, and the scoring and generation it also runs: why they share a folder, README.md, Layout."""
+"""Training, and the scoring and generation it runs too: why one folder, README.md's Layout."""
