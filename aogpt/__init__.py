@@ -2,8 +2,10 @@
 
 The code lives in the top-level folders model/, data_prep/ and trainer/, installed as
 `aogpt.model`, `aogpt.data_prep` and `aogpt.trainer` (see setup.py). This root holds only what
-all of them share: the version, the error types that commands print as one line, and
-`aogpt.files`, through which every file is written (complete or absent).
+all of them share: the version; the error types that commands print as one line, with cli_entry
+that prints them and the checks of a command's input (check_counts, check_input_file);
+`aogpt.files`, through which every file is written (complete or absent); and `aogpt.progress`,
+how long work shows how far it is.
 """
 
 import functools
@@ -17,7 +19,8 @@ __version__ = "0.1.0"
 
 
 class UsageError(Exception):
-    """Bad input from a user (a flag, a config value, a file): the message says what and how to fix it.
+    """Bad input from a user (a flag, a config value, a file): the message says what is wrong and
+    how to fix it.
 
     Command-line entry points print it as one line and exit 2 instead of showing a traceback;
     everything else (a bug) still raises with its traceback.

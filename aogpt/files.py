@@ -1,12 +1,19 @@
-"""Files and folders that are complete or absent, and the commit that wrote them: every writer goes
-through here.
+"""Files and folders that are complete or absent, who may replace them, and the commit that wrote
+them: every writer goes through here.
 
 A file is written under a temporary name in its own folder (".NAME.partial-PID": hidden, on the
 same filesystem, one per process) and renamed over NAME, so a reader (another rank, a resumed run,
 a user's tool) sees the old file or the new one, never half of one, and a crash leaves at most a
 hidden temporary behind. The file gets the permissions of any file its user creates (0666 less
-the umask), whatever the writer chose (safetensors: readable by the owner only). durable=True also flushes the data and the rename to the disk, for what
-must survive the loss of the node (checkpoints).
+the umask), whatever the writer chose (safetensors: readable by the owner only). durable=True
+also flushes the data and the rename to the disk, for what must survive the loss of the node
+(checkpoints).
+
+What a file was written by is recorded in it (file_record: a JSON report's or JSON Lines' first
+object, a PNG's text chunk, a safetensors header), so that a command replaces only its own
+outputs: check_output_file, before any work, refuses an existing file unless --force is given and
+the same command wrote it, naming what the file is otherwise (a run's, a dataset's, another
+command's).
 
 This module imports no torch: data_prep uses it too.
 """
@@ -177,7 +184,7 @@ def _dataset_files(path: Path) -> str | None:
     return describe_dataset_file(path)
 
 
-# ---- provenance recorded in files -----------------------------------------------------------------
+# ---- provenance recorded in files ----------------------------------------------------------------
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 PROVENANCE = "provenance"  # the key of a file's provenance record; the PNG text chunk's name

@@ -91,8 +91,9 @@ class PlainProgress:
     def line(self) -> str:
         elapsed = time.monotonic() - self._start
         rate = (self.n - self._start_n) / elapsed if elapsed > 0 else 0.0
-        done = f"{self.n:,.0f}" + (f"/{self.total:,.0f} {self.unit} ({100 * self.n / self.total:.0f}%)"
-                                   if self.total else f" {self.unit}")
+        done = f"{self.n:,.0f}" + (
+            f"/{self.total:,.0f} {self.unit} ({100 * self.n / self.total:.0f}%)" if self.total
+            else f" {self.unit}")
         left = (f", {duration((self.total - self.n) / rate)} left"
                 if self.total and rate > 0 and self.n < self.total else "")
         return (f"{self.desc + ': ' if self.desc else ''}{done}, {rate:,.1f} {self.unit}/s{left}"

@@ -69,8 +69,10 @@ def compiled_rows(args, tensors) -> None:
 
 @cli_entry
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--tokens", type=int, default=4096, help="tokens per step (tiny.yaml: 4,096)")
+    parser = argparse.ArgumentParser(description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--tokens", type=int, default=4096,
+                        help="tokens per step (tiny.yaml: 4,096)")
     parser.add_argument("--width", type=int, default=64, help="hidden width (tiny.yaml: 64)")
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--compiled-chunk", type=int, default=1024,
@@ -86,7 +88,8 @@ def main(argv: list[str] | None = None) -> int:
     fitted = loss.cache_fitted_chunk(PADDED_VOCAB)
     print(f"{device_name(torch.device('cpu'))}, native bf16: {cpu_has_native_bf16()}")
     print(f"{args.tokens:,} tokens x width {args.width} x vocab {PADDED_VOCAB:,}, "
-          f"{torch.get_num_threads()} threads, cache-fitted chunk {fitted} tokens; best of {args.repeats}")
+          f"{torch.get_num_threads()} threads, cache-fitted chunk {fitted} tokens; "
+          f"best of {args.repeats}")
     ours = best_seconds(loss.chunk_math, fitted, args, tensors)
     print(f"  {'loss':<40}{'chunk':>7}{'ms':>9}{'ours faster by':>16}")
     print(f"  {'model/loss.py (in place)':<40}{fitted:>7}{ours * 1e3:>9.0f}{'':>16}")

@@ -115,7 +115,8 @@ def sampler_at_step(model: AOGPT, args: argparse.Namespace, compiled: bool,
 
 
 def step_shape(args: argparse.Namespace) -> tuple[int, int, int]:
-    """(rows, targets, keys) as the sampler's bucketed plan gives them (model/sampler/parallel.py)."""
+    """(rows, targets, keys) as the sampler's bucketed plan gives them
+    (model/sampler/parallel.py)."""
     rows = max(args.targets, 1)
     keys = min(-(-(args.known + rows) // KEY_BLOCK) * KEY_BLOCK, args.seq_len)
     if args.device.type == "cpu" and rows <= WHOLE_CACHE_ROWS:

@@ -86,8 +86,8 @@ class Case:
         self.samples = torch.arange(len(idx), device=device)
         self.base = OrderSampler(OrderConfig(kind=ANY_ORDER.word), n, SEED)(0, self.samples)[0]
         # the same targets in every sequence, so that one full forward serves the whole batch
-        self.targets = torch.randperm(n, generator=torch.Generator().manual_seed(SEED))[:args.targets]
-        self.targets = self.targets.sort().values.tolist()
+        shuffled = torch.randperm(n, generator=torch.Generator().manual_seed(SEED))
+        self.targets = shuffled[:args.targets].sort().values.tolist()
         self.pairs = len(idx) * len(self.targets) * (args.members - 1)
         self.autocast = (torch.autocast(device.type, dtype=torch.bfloat16)
                          if args.precision == "bf16" else contextlib.nullcontext())
@@ -134,7 +134,8 @@ def bench(name: str, model: AOGPT, args: argparse.Namespace, device: torch.devic
     case = Case(model.to(device).eval(), args, device)
     b, n = case.idx.shape
     print(f"{name}: {model.num_params() / 1e6:.2f}M params, {device.type}, {args.precision}, "
-          f"{b} sequences x {n} tokens, {len(case.targets)} targets each, members 1..{args.members - 1}: "
+          f"{b} sequences x {n} tokens, {len(case.targets)} targets each, "
+          f"members 1..{args.members - 1}: "
           f"{case.pairs} (target, member) pairs", flush=True)
     rows = {}
     for path in ("straightforward", "batched"):
@@ -143,7 +144,8 @@ def bench(name: str, model: AOGPT, args: argparse.Namespace, device: torch.devic
                       "token_forwards": slots, "nll": nll}
         print(f"  {path:<16} {rows[path]['ms_per_pair']:9.3f} ms/pair  {seconds:8.2f} s  "
               f"{slots:>12,} token-forwards", flush=True)
-    difference = (rows["batched"].pop("nll") - rows["straightforward"].pop("nll")).abs().max().item()
+    difference = (rows["batched"].pop("nll")
+                  - rows["straightforward"].pop("nll")).abs().max().item()
     speedup = rows["straightforward"]["seconds"] / rows["batched"]["seconds"]
     fewer = rows["straightforward"]["token_forwards"] / rows["batched"]["token_forwards"]
     print(f"  batched / straightforward: speed {speedup:.2f}x, {fewer:.2f}x fewer token-forwards, "

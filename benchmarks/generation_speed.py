@@ -1,4 +1,5 @@
-"""Generation time: the decoder's KV-cache sampler against an encoder-style masked-diffusion sampler.
+"""Generation time: the decoder's KV-cache sampler against an encoder-style masked-diffusion
+sampler.
 
     python benchmarks/generation_speed.py [--preset small] [--batch-size B] [--seq-len N]
         [--steps 16,64,256,N] [--compile auto|on|off|both] [--json OUT]
@@ -19,15 +20,15 @@ call), so the ratio is reported eager/eager and compiled/compiled (--compile bot
 on a GPU; a CPU compiles for longer than these runs take, so it defaults to eager). Compilation
 and graph capture never count as generation: each sampler first generates once on other samples
 (the same step shapes), and that warm-up is reported apart (decoder_warm_up_s,
-encoder_warm_up_s: compilation, capture and one generation). The
-decoder's milliseconds per network call are set against the floor of the device's memory
-bandwidth: every call must read the weights its matmuls use and the KV cache its attention
-sees (on average half of it over a generation of S = n steps).
+encoder_warm_up_s: compilation, capture and one generation). The decoder's milliseconds per
+network call are set against the floor of the device's memory bandwidth: every call must read the
+weights its matmuls use and the KV cache its attention sees (on average half of it over a
+generation of S = n steps).
 Defaults: the paper's setting on a GPU (small model, batch 32, n = 1024); a smaller one on a CPU
 (batch 8, n = 128); bf16 weights on a GPU and on CPUs with native bf16 (AVX512-BF16 or AMX),
-fp32 on others, where bf16 is emulated ~50x slower (--dtype overrides). Each sampler is warmed up before it is timed; their timed runs are
-interleaved so that load from other processes hits both alike. The JSON is written after every
-row (benchmarks/results.py).
+fp32 on others, where bf16 is emulated ~50x slower (--dtype overrides). The samplers' timed runs
+are interleaved so that load from other processes hits both alike. The JSON is written after
+every row (benchmarks/results.py).
 """
 
 import argparse
@@ -55,18 +56,23 @@ CPU_DEFAULTS = {"batch_size": 8, "seq_len": 128, "steps": "16,64,128"}
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--preset", default="small", choices=sorted(PRESETS))
     parser.add_argument("--device", default="auto", help="auto (cuda if available), cpu, cuda")
     parser.add_argument("--batch-size", type=int, help="sequences per batch (GPU 32, CPU 8)")
     parser.add_argument("--dtype", choices=("auto", "bf16", "fp32"), default="auto",
-                        help="auto (default): bf16 on a GPU or a CPU with AVX512-BF16/AMX, else fp32")
+                        help="auto (default): bf16 on a GPU or a CPU with AVX512-BF16/AMX, "
+                             "else fp32")
     parser.add_argument("--seq-len", type=int, help="tokens per sequence (GPU 1024, CPU 128)")
-    parser.add_argument("--steps", help="comma list of step counts (GPU 16,64,256,1024; CPU 16,64,128)")
+    parser.add_argument("--steps",
+                        help="comma list of step counts (GPU 16,64,256,1024; CPU 16,64,128)")
     parser.add_argument("--repeats", type=int, default=1, help="timed runs per sampler, best kept")
-    parser.add_argument("--no-cuda-graphs", action="store_true", help="eager decoder steps on a GPU")
+    parser.add_argument("--no-cuda-graphs", action="store_true",
+                        help="eager decoder steps on a GPU")
     parser.add_argument("--compile", choices=("auto", "on", "off", "both"), default="auto",
-                        help="torch.compile both samplers: auto (default) = both on a GPU, off on a CPU")
+                        help="torch.compile both samplers: auto (default) = both on a GPU, "
+                             "off on a CPU")
     parser.add_argument("--json", type=Path, help="also write the results here")
     return parser.parse_args(argv)
 
@@ -79,7 +85,8 @@ class EncoderSampler:
 
     def __init__(self, model: AOGPT, batch_size: int, seq_len: int, config: SamplingConfig,
                  cuda_graphs: bool, compiled: bool = False):
-        self.model, self.seq_len, self.config, self.cuda_graphs = model, seq_len, config, cuda_graphs
+        self.model, self.seq_len, self.config = model, seq_len, config
+        self.cuda_graphs = cuda_graphs
         device = model.lm_head.weight.device
         # the network's inputs, at fixed addresses for the graph: known slots read their token
         # at their position, masked ones read [None] (position -1)
@@ -157,7 +164,8 @@ def measure(model: AOGPT, steps: int, args: argparse.Namespace, device: torch.de
     # warm-up: the same step shapes (compiled, captured) on other samples
     decoder_warm_up_s, _ = timed(lambda: decoder.generate(ids + b), device)
     encoder = EncoderSampler(model, b, n, config, cuda_graphs=graphs, compiled=compiled)
-    with torch.no_grad():  # warm-up: its one network shape (compiled, captured), as generate runs it
+    # warm-up: its one network shape (compiled, captured), as generate runs it
+    with torch.no_grad():
         encoder_warm_up_s, _ = timed(encoder.hidden, device)
     # interleaved runs, the shortest of each kept: load from elsewhere only ever adds time
     decoder_s = encoder_s = float("inf")
@@ -182,7 +190,8 @@ def floor_bytes_per_call(model: AOGPT, batch_size: int, seq_len: int) -> float:
     lookups = [m.weight for m in model.modules() if isinstance(m, torch.nn.Embedding)]
     adaln = [p for name, p in model.named_parameters() if "adaLN" in name]
     skipped = {id(p) for p in lookups + adaln}
-    weight_bytes = sum(p.numel() * p.element_size() for p in model.parameters() if id(p) not in skipped)
+    weight_bytes = sum(p.numel() * p.element_size() for p in model.parameters()
+                       if id(p) not in skipped)
     element = model.lm_head.weight.element_size()
     kv_bytes = c.n_layer * 2 * batch_size * c.n_embd * (seq_len + 2) / 2 * element
     return weight_bytes + kv_bytes
@@ -204,7 +213,8 @@ def main(argv: list[str] | None = None) -> int:
         raise UsageError(f"--steps must each be in 1..{args.seq_len} (the sequence length)")
     config = PRESETS[args.preset]()
     if args.seq_len > config.block_size:
-        raise UsageError(f"--seq-len {args.seq_len} exceeds the {args.preset} block size {config.block_size}")
+        raise UsageError(f"--seq-len {args.seq_len} exceeds the {args.preset} block size "
+                         f"{config.block_size}")
     torch.manual_seed(0)
     dtype = (auto_dtype(device) if args.dtype == "auto"
              else torch.bfloat16 if args.dtype == "bf16" else torch.float32)

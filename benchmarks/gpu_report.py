@@ -131,7 +131,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     args.parts = [p.strip() for p in (args.only or ",".join(PARTS)).split(",") if p.strip()]
     unknown = sorted(set(args.parts) - set(PARTS))
     if unknown:
-        raise UsageError(f"--only: unknown part(s) {', '.join(unknown)}; choose from {', '.join(PARTS)}")
+        raise UsageError(f"--only: unknown part(s) {', '.join(unknown)}; "
+                         f"choose from {', '.join(PARTS)}")
     if args.budget <= 0:
         raise UsageError(f"--budget must be positive, got {args.budget}")
     args.paper = args.paper.resolve()  # the items run from the repository's root
@@ -324,7 +325,8 @@ def checks(report: Report, timeout: float) -> None:
     summary = [line.strip("= ") for line in output.splitlines()
                if re.search(r"\d+ (passed|failed|skipped|deselected|error)", line)]
     reasons = re.findall(r"^(?:FAILED|ERROR) (tests/\S+) - (.+)$", output, re.MULTILINE)
-    data.update(exit_code=code, seconds=seconds, summary=summary[-1] if summary else failure(output),
+    data.update(exit_code=code, seconds=seconds,
+                summary=summary[-1] if summary else failure(output),
                 reasons={test: reason[:300] for test, reason in reasons})
     if code not in (0, 5):  # 5: nothing collected
         data["error"] = failure(output) if code == 124 else data["summary"]
@@ -376,7 +378,8 @@ def train_throughput(setting: dict, data: Path, report: Report, timeout: float) 
                "--steps", "2" if args.smoke else "4", "--warmup", "1" if args.smoke else "2",
                "--loader-batches", "10",
                f"data.path={data}", f"model.block_size={seq}",
-               f"train.micro_batch_size={setting['micro']}", f"train.tokens_per_step={tokens_per_step}",
+               f"train.micro_batch_size={setting['micro']}",
+               f"train.tokens_per_step={tokens_per_step}",
                f"train.precision={setting['precision']}",
                f"train.compile={str(setting['compile']).lower()}",
                f"train.compile_scope={setting['scope']}",
@@ -482,7 +485,8 @@ def end_to_end(report: Report, timeout: float) -> None:
     result = {
         "steps": steps, "first_launch_steps": first, "tokens_per_step": micro * seq * 4,
         "exit_codes": [code1, code2], "seconds": [seconds1, seconds2],
-        "first_loss": losses[0][1] if losses else None, "last_loss": losses[-1][1] if losses else None,
+        "first_loss": losses[0][1] if losses else None,
+        "last_loss": losses[-1][1] if losses else None,
         "last_step": losses[-1][0] if losses else None, "checkpoints": trained.tags(),
         "resumed": f"at step {first}" in output2 and "resumed from" in output2,
         "final_weights": trained.final_weights.is_file(),
@@ -623,7 +627,8 @@ def _num(value: float | None) -> str:
 def environment() -> dict:
     on_gpu = torch.cuda.is_available()
     return {
-        "device": torch.cuda.get_device_name() if on_gpu else f"CPU ({platform.processor() or platform.machine()})",
+        "device": (torch.cuda.get_device_name() if on_gpu
+                   else f"CPU ({platform.processor() or platform.machine()})"),
         "torch": torch.__version__, "cuda": torch.version.cuda if on_gpu else None,
         "cudnn": torch.backends.cudnn.version() if on_gpu else None,
         "python": platform.python_version(),
@@ -670,8 +675,9 @@ def goals(report: dict) -> list[str]:
             continue
         versus = (f"{best['ratio']:.2f}x tokens/s (bare training steps, each side's fastest)"
                   if preset == "small" and best else "")
-        lines.append(f"| {preset}: MFU >= {goal:.0%} | {row['mfu']:.1%} ({row['tokens_per_s']:,.0f} "
-                     f"tokens/s) | {row['mfu'] / goal:.2f} | {versus} |")
+        lines.append(f"| {preset}: MFU >= {goal:.0%} | {row['mfu']:.1%} "
+                     f"({row['tokens_per_s']:,.0f} tokens/s) | {row['mfu'] / goal:.2f} | "
+                     f"{versus} |")
     step = _as_sample_py(report)
     decode = report.get("decode", {})
     versus = (f"{at_n['ratio_generate']:.2f}x faster generation (S = 1024, compilation apart)"
@@ -689,7 +695,8 @@ def goals(report: dict) -> list[str]:
 
 def markdown(report: dict) -> str:
     env = report["environment"]
-    lines = [f"# GPU report{' (smoke run: tiny sizes, not a measurement)' if report['smoke'] else ''}",
+    smoke = " (smoke run: tiny sizes, not a measurement)" if report["smoke"] else ""
+    lines = [f"# GPU report{smoke}",
              "",
              f"{env['device']}, torch {env['torch']}, CUDA {env['cuda']}, cuDNN {env['cudnn']}, "
              f"Python {env['python']}, {env['date']}, commit {env['git']}. Made by "

@@ -33,17 +33,23 @@ CPU_SHAPES = {"tiny": (8, 128), "small": (4, 128), "medium": (2, 128)}
 
 
 def peak_flops(device: torch.device) -> float | None:
-    return trainer_metrics.peak_flops(torch.cuda.get_device_name(device)) if device.type == "cuda" else None
+    if device.type != "cuda":
+        return None
+    return trainer_metrics.peak_flops(torch.cuda.get_device_name(device))
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--presets", default="tiny,small", help="comma list of tiny, small, medium")
     parser.add_argument("--device", default="auto", help="auto (cuda if available), cpu, cuda")
-    parser.add_argument("--batch-size", type=int, help="sequences per step (GPU 16; CPU 8 tiny, 4 small)")
-    parser.add_argument("--seq-len", type=int, help="tokens per sequence (GPU 1024, CPU 128; <= block size)")
+    parser.add_argument("--batch-size", type=int,
+                        help="sequences per step (GPU 16; CPU 8 tiny, 4 small)")
+    parser.add_argument("--seq-len", type=int,
+                        help="tokens per sequence (GPU 1024, CPU 128; <= block size)")
     parser.add_argument("--loss-chunk-size", type=int,
-                        help="tokens per loss chunk (default: the config's, at most a quarter of the batch)")
+                        help="tokens per loss chunk (default: the config's, at most a quarter of "
+                             "the batch)")
     parser.add_argument("--steps", type=int, default=3, help="timed steps per path")
     parser.add_argument("--warmup", type=int, default=1, help="untimed steps per path")
     parser.add_argument("--json", type=Path, help="also write the results here")
@@ -98,7 +104,8 @@ class Bench:
             self.step(chunk)
             return torch.cuda.max_memory_allocated() - before
         # CPU: replay the profiler's allocation and free events in time order
-        with _quiet_stderr(), profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+        with (_quiet_stderr(),
+              profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof):
             self.step(chunk)
         current = peak = 0
         for event in sorted(prof.events(), key=lambda e: e.time_range.start):
@@ -128,7 +135,8 @@ def run_preset(preset: str, args: argparse.Namespace, device: torch.device) -> d
     model = bench.model
     flops_per_step = model.flops_per_token(bench.seq_len) * tokens
     peak = peak_flops(device)
-    print(f"\n{preset}: {model.num_params() / 1e6:.2f}M params, attention {model.attention_backend}, "
+    print(f"\n{preset}: {model.num_params() / 1e6:.2f}M params, "
+          f"attention {model.attention_backend}, "
           f"batch {bench.batch} x {bench.seq_len} tokens, {device.type} "
           f"{'bf16 autocast' if on_gpu else 'fp32'}, best of {args.steps} steps")
     print(f"  {'path':<18}{'tokens/s':>12}{'step ms':>10}{'peak MiB':>10}{'MFU':>8}")

@@ -105,7 +105,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     args.parts = [p.strip() for p in args.part.split(",") if p.strip()]
     unknown = sorted(set(args.parts) - set(PARTS))
     if unknown:
-        raise UsageError(f"--part: unknown part(s) {', '.join(unknown)}; choose from {', '.join(PARTS)}")
+        raise UsageError(f"--part: unknown part(s) {', '.join(unknown)}; "
+                         f"choose from {', '.join(PARTS)}")
     args.train_modes = [m.strip() for m in args.train_modes.split(",") if m.strip()]
     unknown = sorted(set(args.train_modes) - set(TRAIN_MODES))
     if unknown or not args.train_modes:
@@ -160,7 +161,7 @@ def synchronize(device: str) -> None:
         torch.cuda.synchronize()
 
 
-# ---- train ----------------------------------------------------------------------------------------
+# ---- train ---------------------------------------------------------------------------------------
 
 
 def time_loop(step, args) -> tuple[float, float]:
@@ -263,7 +264,7 @@ def measure_training(folder: Path, args, results: ResultsFile) -> None:
         results.row_done()
 
 
-# ---- generation -----------------------------------------------------------------------------------
+# ---- generation ----------------------------------------------------------------------------------
 
 def paper_modes(args) -> list[dict]:
     """The paper sampler's configurations: @torch.compile on (as released) or off; bf16
@@ -359,7 +360,8 @@ def measure_generation(folder: Path, args, results: ResultsFile) -> None:
         for steps in args.step_counts:
             best: dict[str, dict] = {}
             for _ in range(args.repeats):  # interleaved: load from elsewhere hits all alike
-                for spec in [{"side": "ours"}] + [{"side": "paper", **m} for m in paper_modes(args)]:
+                specs = [{"side": "ours"}] + [{"side": "paper", **m} for m in paper_modes(args)]
+                for spec in specs:
                     key = json.dumps(spec, sort_keys=True)
                     timing = run_worker(args, weights, {**spec, "steps": steps})
                     if key not in best or timing["generate_s"] < best[key]["generate_s"]:

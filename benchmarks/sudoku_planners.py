@@ -206,8 +206,8 @@ def table(rows: list[dict], givens: list[int]) -> str:
     techniques = [t for t in TECHNIQUES if any(t in row["solved_by_technique"] for row in rows)]
     first = rows[0]
     head = (["temperature", "budget", "method", "calls per blank", "rows per puzzle", "solved",
-             "x random order", "cells right"] + [f"{g} givens (n={first['solved_by_givens'][g]['puzzles']})"
-                               for g in givens]
+             "x random order", "cells right"]
+            + [f"{g} givens (n={first['solved_by_givens'][g]['puzzles']})" for g in givens]
             + [f"{t} (n={first['solved_by_technique'][t]['puzzles']})" for t in techniques])
     lines = ["| " + " | ".join(head) + " |", "|---" * len(head) + "|"]
     for row in rows:

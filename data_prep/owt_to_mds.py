@@ -3,24 +3,20 @@
     python data_prep/owt_to_mds.py --out data/owt [--source SRC ...] [--seq-len 1024]
         [--val-fraction 0.0005] [--workers N] [--tokenizer-file PATH] [--overwrite]
 
-Without --source it streams OpenWebText from the Hugging Face hub (its parquet export: datasets
->= 4 cannot run the original loading script). SRC may also be local files or folders (.txt one
-document per file, .jsonl[.gz] field "text", .parquet column "text", OpenWebText's .tar/.xz
-archives; see sources.py). A .txt file is one whole document: text with one document per line
-goes in as .jsonl, one {"text": ...} per line. Every document is tokenized with GPT-2's BPE and
-followed by EOS (50256); the token stream is cut into samples of --seq-len tokens, the remainder
-carried into the next document (only the final tail is dropped), and written as MDS shards with
-one column `tokens` = ndarray:uint16:<seq-len>. A document goes to val/ when a hash of its text
-falls below --val-fraction (0.0005 like nanoGPT), so the split never changes between runs; when
-that leaves val/ without a sample (a small corpus), the run says which --val-fraction gives it one.
-
-The output does not depend on --workers. An interrupted run resumes where it stopped when re-run
-with the same arguments; a finished folder (manifest.json present) is left alone unless
---overwrite. Disk: the work files in DIR/.partial need about as much space as the output.
-
---out s3://BUCKET/PREFIX builds in a local --staging folder, then uploads (data_prep/remote.py).
-A corpus too large for one node is tokenized by N tasks with --slice I/N, then written by one
-with --merge-slices N: the same dataset, byte for byte (data_prep/slices.py).
+What it reads (the hub's OpenWebText, or local .txt, .jsonl[.gz], .parquet and OpenWebText's
+archives), what it writes and how a re-run, --overwrite, --out s3://... and --slice I/N behave:
+README.md, "1. Data" (and docs/cluster.md for buckets and SLURM arrays). This command wires the
+pieces together; each says why it is built as it is:
+    sources.py    the inputs, cut into chunks by the input alone (the hub's parquet export:
+                  datasets >= 4 cannot run OpenWebText's loading script)
+    packing.py    GPT-2 BPE with EOS after each document, cut into --seq-len samples with the
+                  remainder carried into the next document, the same bytes for any --workers;
+                  val/ by a hash of each document's text, so the split never moves
+    build_dir.py  DIR/.partial: resumable, and DIR complete (manifest.json last) or absent
+    remote.py     a bucket as --out, complete or absent without a rename
+    slices.py     one corpus tokenized across nodes, byte for byte the one-task dataset
+Each sample is one column `tokens` = ndarray:uint16:<seq-len>. Disk: the work files in
+DIR/.partial need about as much space as the output.
 """
 
 import argparse

@@ -92,8 +92,9 @@ def draw_puzzles(sudoku: Sudoku, givens: list[int], per_count: int, seed: int) -
                                             for _ in range(GRIDS_PER_PUZZLE))), None)
                 if puzzle is None:
                     raise UsageError(
-                        f"--givens {count}: no {sudoku.size} x {sudoku.size} puzzle of {count} givens with a "
-                        f"unique solution in {GRIDS_PER_PUZZLE} grids: give more givens")
+                        f"--givens {count}: no {sudoku.size} x {sudoku.size} puzzle of {count} "
+                        f"givens with a unique solution in {GRIDS_PER_PUZZLE} grids: "
+                        "give more givens")
                 records.append({"puzzle": sudoku.to_text(puzzle.grid),
                                 "solution": sudoku.to_text(puzzle.solution), "givens": count,
                                 "technique": sudoku.technique(puzzle.grid)})

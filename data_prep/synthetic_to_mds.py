@@ -8,8 +8,9 @@ language itself in the manifest, so that its exact probabilities judge what a mo
 
 Each sample is one sequence of --seq-len tokens of the language (data_prep/synthetic.py: a hidden
 Markov model, a topic per sequence and sticky states of that topic, each emitting a few token
-ids); train/ and val/ are drawn apart, from seeds of their own. The manifest records the language (every table, and its fingerprint) and the entropy
-per token of sequences of --seq-len tokens: the loss a perfect model reaches, in any order.
+ids); train/ and val/ are drawn apart, from seeds of their own. The manifest records the language
+(every table, and its fingerprint) and the entropy per token of sequences of --seq-len tokens: the
+loss a perfect model reaches, in any order.
 Train a model on it with configs/synthetic.yaml; judge samples with
 `python trainer/genppl.py --samples FILE --judge DIR` (or sample.py --judge DIR).
 
@@ -59,7 +60,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     add("--smoothing", type=float, default=spec.smoothing,
         help=f"mass spread over every next token (default {spec.smoothing})")
     add("--concentration", type=float, default=spec.concentration,
-        help=f"Dirichlet concentration of a state's emission weights (default {spec.concentration})")
+        help=f"Dirichlet concentration of a state's emission weights "
+             f"(default {spec.concentration})")
     add("--seed", type=int, default=spec.seed, help="the language's seed (default 0)")
     add("--overwrite", action="store_true", help="rebuild OUT even when it is complete")
     args = parser.parse_args(argv)

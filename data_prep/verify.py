@@ -8,9 +8,9 @@ data_prep/eval_to_mds.py, or such a dataset in a bucket (s3://BUCKET/PREFIX). Ev
 in full to check the shards' hashes (xxh64, written by the builders); a dataset built before
 shards carried hashes is checked for sizes, headers and counts only ("no hashes recorded"). A
 bucket's shards are downloaded one at a time into a temporary folder, checked there and deleted;
---sizes-only checks them by listing the bucket, without downloading any. Exit status: 0 every split is good (one summary line each);
-1 one line per damaged shard or index on stderr, saying what is wrong and how to fix it; 2 DIR is
-not a finished data folder.
+--sizes-only checks them by listing the bucket, without downloading any. Exit status: 0 every
+split is good (one summary line each); 1 one line per damaged shard or index on stderr, saying
+what is wrong and how to fix it; 2 DIR is not a finished data folder.
 """
 
 import argparse

@@ -1,4 +1,5 @@
-"""The findings report: each claim of the paper checked against the suite's numbers, as Markdown + PNG.
+"""The findings report: each claim of the paper checked against the suite's numbers, as Markdown
+and PNG.
 
     write_report(out)   # reads out/suite.json, out/runs/*/metrics.jsonl, out/evals/*.json,
                         # out/speed.json; writes out/report.md and out/*.png
@@ -42,7 +43,7 @@ UNDECIDED_HERE = "inconclusive (not yet using context)"
 NOT_RUN = "not run"
 
 
-# ---- the verdict logic (pure) ----------------------------------------------------------------------
+# ---- the verdict logic (pure) --------------------------------------------------------------------
 
 
 def spread(values: list[float]) -> float | None:
@@ -162,8 +163,8 @@ def speed_comparisons(rows: list[dict]) -> list[Comparison]:
                         math.log(1 + TIMING_MARGIN), source)
     growth = Comparison(f"ln(time at {last['steps']} / time at {first['steps']} steps)",
                         "decoder", [math.log(last["decoder_s"] / first["decoder_s"])], "encoder",
-                        [math.log(last["encoder_s"] / first["encoder_s"])], math.log(1 + TIMING_MARGIN),
-                        source)
+                        [math.log(last["encoder_s"] / first["encoder_s"])],
+                        math.log(1 + TIMING_MARGIN), source)
     return [faster, growth]
 
 
@@ -249,7 +250,7 @@ def load_results(out: Path) -> SuiteResults:
     return results
 
 
-# ---- the findings ----------------------------------------------------------------------------------
+# ---- the findings --------------------------------------------------------------------------------
 
 
 @dataclass
@@ -570,7 +571,8 @@ def plot_speed(r: SuiteResults, filename: str) -> list[str]:
     figure, axis = plt.subplots(figsize=(6.5, 4.5))
     steps = [row["steps"] for row in rows]
     axis.plot(steps, [row["decoder_s"] for row in rows], "-o", label="decoder, KV cache (AO-GPT)")
-    axis.plot(steps, [row["encoder_s"] for row in rows], "-s", label="encoder-style (full forwards)")
+    axis.plot(steps, [row["encoder_s"] for row in rows], "-s",
+              label="encoder-style (full forwards)")
     axis.set_ylim(bottom=0)
     axis.set(title="Sampling time vs steps", xlabel="sampling steps", ylabel="seconds per batch")
     finish(figure, [axis], r.out / filename)

@@ -60,8 +60,9 @@ POLL_S = 2.0
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="python experiments/run.py",
-                                     description=__doc__.split("\n\n")[0], epilog=__doc__.split(
-                                         "\n\n", 2)[2], formatter_class=argparse.RawDescriptionHelpFormatter)
+                                     description=__doc__.split("\n\n")[0],
+                                     epilog=__doc__.split("\n\n", 2)[2],
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
     add = parser.add_argument
     add("--suite", choices=("findings",), default="findings", help="the suite (findings)")
     add("--out", type=Path, required=True, help="where runs, evaluations and the report go")
@@ -279,11 +280,13 @@ def training_progress(run: plan.Run) -> Callable[[], str]:
     return progress
 
 
-def eval_is_current(path: Path, run: plan.Run, expected: dict, result_keys: tuple[str, ...]) -> bool:
+def eval_is_current(path: Path, run: plan.Run, expected: dict,
+                    result_keys: tuple[str, ...]) -> bool:
     """A cached evaluation counts when it scored these settings on the run's final weights and
     holds these results (one made before the suite asked for them is redone)."""
     weights = RunFolder(run.out_dir).final_weights
-    if not path.is_file() or not weights.is_file() or path.stat().st_mtime < weights.stat().st_mtime:
+    if (not path.is_file() or not weights.is_file()
+            or path.stat().st_mtime < weights.stat().st_mtime):
         return False
     payload = json.loads(path.read_text())
     return (all(payload["settings"].get(key) == value for key, value in expected.items())
@@ -323,7 +326,8 @@ class Suite:
         the run's evaluations."""
         s = plan.SCALE_SETTINGS[self.scale]
         samples = self.eval_samples(ensemble=False)
-        commands = [("", plan.eval_command(self.scale, run, self.data, self.eval_path(run), samples),
+        command = plan.eval_command(self.scale, run, self.data, self.eval_path(run), samples)
+        commands = [("", command,
                      {"orders": list(READING_WORDS), "num_orders": s.num_orders,
                       "max_samples": samples}, (*READING_WORDS, "unigram"))]
         if run.arm.name == plan.ENSEMBLE_ARM:
@@ -347,7 +351,8 @@ class Suite:
                                   run.out_dir / "train.log", progress=training_progress(run),
                                   finished=lambda code, s, run=run: record_launch(run, code, s)))
             for kind, command, expected, result_keys in self.eval_commands(run):
-                if trained and eval_is_current(self.eval_path(run, kind), run, expected, result_keys):
+                if trained and eval_is_current(self.eval_path(run, kind), run, expected,
+                                               result_keys):
                     cached += 1
                     continue
                 evals.append(Job(f"eval {run.name}{kind}", command,
@@ -375,19 +380,22 @@ class Suite:
         for run in self.runs:
             state = run_state(run)
             runs[run.name] = {**run.to_json(), "done": is_trained(run),
-                              "wall_s": round(sum(launch["wall_s"] for launch in state["launches"]), 1),
+                              "wall_s": round(sum(launch["wall_s"]
+                                                  for launch in state["launches"]), 1),
                               "launches": len(state["launches"]),
                               "command": plan.show(plan.train_command(self.scale, run)),
                               "config": config_to_dict(run.config)}
         steps = sorted({run.config.train.max_steps for run in self.runs})
         tokens = sorted({run.config.train.tokens_per_step for run in self.runs})
         payload = {
-            "suite": self.args.suite, "scale": self.scale, "created": previous.get("created", now()),
+            "suite": self.args.suite, "scale": self.scale,
+            "created": previous.get("created", now()),
             "updated": now(), "seeds": plan.parse_seeds(self.args.seeds),
             "git_commit": git_sha(), "hardware": hardware(self.scale), "software": software(),
             "base_config": str(plan.base_config(self.scale).relative_to(plan.REPO)),
-            "steps_text": f"{'/'.join(map(str, steps))} steps x {'/'.join(f'{t:,}' for t in tokens)} "
-                          f"tokens ({steps[-1] * tokens[-1] / 1e6:.2f}M tokens per run)",
+            "steps_text": f"{'/'.join(map(str, steps))} steps x "
+                          f"{'/'.join(f'{t:,}' for t in tokens)} tokens "
+                          f"({steps[-1] * tokens[-1] / 1e6:.2f}M tokens per run)",
             "data": {"path": str(self.data), "description": describe_data(self.data)},
             "eval_command": plan.show(self.eval_commands(first)[0][1]).replace(first.name, "NAME"),
             "ensemble_command": plan.show(plan.ensemble_command(

@@ -1,4 +1,5 @@
-"""AO-GPT network, orders, sampler and checkpoint loading (no DeepSpeed here).
+"""The AO-GPT network, its orders, its sampler, the run folder and checkpoint loading: no DeepSpeed
+and nothing of trainer/, so that the commands, tools and benchmarks load a model without either.
 
 What the trainer, evaluation and sampler call on the network, and where a new order kind or
 decoder variant goes: docs/extending.md.
@@ -10,5 +11,5 @@ from aogpt.model.gpt import AOGPT
 from aogpt.model.orders import OrderConfig, OrderSampler, shuffle, unshuffle
 from aogpt.model.sampler import KVCacheSampler, SamplingConfig
 
-__all__ = ["AOGPT", "KVCacheSampler", "ModelConfig", "OrderConfig", "OrderSampler", "SamplingConfig",
-           "load_checkpoint", "save_consolidated", "shuffle", "unshuffle"]
+__all__ = ["AOGPT", "KVCacheSampler", "ModelConfig", "OrderConfig", "OrderSampler",
+           "SamplingConfig", "load_checkpoint", "save_consolidated", "shuffle", "unshuffle"]

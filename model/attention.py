@@ -37,7 +37,8 @@ class KVCache(Protocol):
     all keys/values the new queries may see, (b, h, s_k, hd), with an explicit mask to match.
     """
 
-    def update(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def update(self, layer: int, k: torch.Tensor,
+               v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         ...
 
 
@@ -54,7 +55,8 @@ def flash_attn_supported(device: torch.device) -> bool:
 def check_backend(attn_impl: str) -> None:
     """Rejects an attn_impl that can never run in this process."""
     if attn_impl not in BACKENDS:
-        raise UsageError(f"model.attn_impl={attn_impl!r} is unknown: use one of {', '.join(BACKENDS)}")
+        raise UsageError(f"model.attn_impl={attn_impl!r} is unknown: "
+                         f"use one of {', '.join(BACKENDS)}")
     if attn_impl == "flash_attn" and flash_attn_func is None:
         raise UsageError(
             "model.attn_impl=flash_attn but flash-attn is not installed: "
@@ -95,7 +97,8 @@ def attention_bias(mask: torch.Tensor | str | None, x: torch.Tensor) -> torch.Te
         return mask
     device = x.device.type
     dtype = torch.get_autocast_dtype(device) if torch.is_autocast_enabled(device) else x.dtype
-    return torch.zeros(mask.shape, dtype=dtype, device=mask.device).masked_fill_(~mask, float("-inf"))
+    return torch.zeros(mask.shape, dtype=dtype,
+                       device=mask.device).masked_fill_(~mask, float("-inf"))
 
 
 def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kernel: AttentionKernel | str,

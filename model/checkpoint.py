@@ -219,7 +219,8 @@ def _read_version_1(file: Path, map_location, weights: tuple[str, ...]) -> dict:
         # mmap: only the tensors used are read (the weight set asked for, not the other one)
         ckpt = torch.load(file, map_location=map_location, weights_only=True, mmap=True)
     except (pickle.UnpicklingError, RuntimeError, EOFError) as err:
-        raise UsageError(f"{file} is not a readable aogpt checkpoint: {str(err).splitlines()[0]}") from err
+        raise UsageError(f"{file} is not a readable aogpt checkpoint: "
+                         f"{str(err).splitlines()[0]}") from err
     _check_header(file, ckpt, version=1)
     return {"model_config": ckpt["model_config"], "meta": ckpt["meta"],
             "weights": {which: ckpt["weights"].get(which) for which in weights}}

@@ -85,7 +85,7 @@ class ModelConfig:
         return self.injection.family
 
     def require_any_order(self, fix: str) -> None:
-        """Refuses any-order use of a left-to-right-only model; `fix` says what to ask for instead."""
+        """Refuses any-order use of a left-to-right-only model; `fix` says what to ask instead."""
         if not self.any_order:
             raise UsageError(f"this model is a {self.family} (model.target_injection=none) and "
                              f"reads left to right only: {fix}")
@@ -132,7 +132,8 @@ def medium() -> ModelConfig:
 
 
 def tiny() -> ModelConfig:
-    """A few hundred thousand parameters in the blocks: trains on CPU in minutes, for tests and the demo."""
+    """A few hundred thousand parameters in the blocks: trains on CPU in minutes, for tests and
+    the demo."""
     return ModelConfig(n_layer=2, n_head=2, n_embd=64, block_size=128, cond_dim=32)
 
 

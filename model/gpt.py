@@ -14,9 +14,10 @@ target position enters only through AdaLN: a 128-d embedding shared by all layer
 block to 6 per-token modulations (shift, scale, gate for attention and MLP) and to 2 (shift,
 scale) in the final layer. A slot's modulations depend on its target position alone, so each
 forward projects the block_size codes once, into one table per block (adaln_tables), and every
-slot gathers its row: block_size rows through each projection instead of one per token. The paper's code also runs a last slot holding x[σ_{t-1}] with a zero
-condition; its output is discarded and causal attention hides it from every other slot, so it is
-not computed here (the logits of all t predictions are identical).
+slot gathers its row: block_size rows through each projection instead of one per token. The
+paper's code also runs a last slot holding x[σ_{t-1}] with a zero condition; its output is
+discarded and causal attention hides it from every other slot, so it is not computed here (the
+logits of all t predictions are identical).
 
 Module names follow the paper's code (transformer.wte/wpe/wtpe/wnonee/h/final_layer, attn.c_attn,
 adaLN, ...), so importing its checkpoints is an identity map on names (model/official.py).
@@ -210,7 +211,8 @@ class AOGPT(nn.Module):
         d = config.n_embd
         layers = {
             "wte": nn.Embedding(config.vocab_size, d),
-            "wpe": nn.Embedding(config.block_size + 1, d),  # row 0: the [None] slot; p + 1: position p
+            # row 0: the [None] slot; p + 1: position p
+            "wpe": nn.Embedding(config.block_size + 1, d),
         }
         target_table = config.injection.target_table(config)  # of the target positions
         if target_table is not None:
@@ -235,7 +237,8 @@ class AOGPT(nn.Module):
             return cls(config)
 
     def _init_weights(self) -> None:
-        """Every linear and embedding weight ~ N(0, 0.02), cut at 3 std for "trunc_normal"; biases 0.
+        """Every linear and embedding weight ~ N(0, 0.02), cut at 3 std for "trunc_normal";
+        biases 0.
 
         The residual projections (c_proj) get std / sqrt(2 n_layer), GPT-2's scaling that keeps the
         residual stream's variance independent of depth. Norm weights stay 1.
@@ -285,7 +288,7 @@ class AOGPT(nn.Module):
         return sum(p.numel() for p in self.parameters())
 
     def param_groups(self, weight_decay: float) -> list[dict]:
-        """AdamW groups: decay on matrices and embeddings (>= 2-D), none on biases and norm weights."""
+        """AdamW groups: decay on matrices and embeddings (>= 2-D), none on biases or norms."""
         params = list(self.parameters())
         return [
             {"params": [p for p in params if p.dim() >= 2], "weight_decay": weight_decay},
@@ -353,7 +356,8 @@ class AOGPT(nn.Module):
         tables, rows = ((adaln_tables, target_positions) if adaln_tables is not None
                         else self.adaln_tables(target_positions))
         mask = attention_bias(mask, x)  # converted once for all layers
-        recompute = self.config.activation_checkpointing and self.training and torch.is_grad_enabled()
+        recompute = (self.config.activation_checkpointing and self.training
+                     and torch.is_grad_enabled())
         for block, table in zip(self.transformer.h, tables[:-1], strict=True):
             if recompute:
                 x = checkpoint(block, x, table, rows, mask, cache, use_reentrant=False)
@@ -371,7 +375,8 @@ class AOGPT(nn.Module):
         idx = idx.long()  # e.g. uint16 straight from the MDS shards
         b, t = idx.shape
         if t > self.config.block_size:
-            raise UsageError(f"sequence length {t} exceeds model.block_size {self.config.block_size}")
+            raise UsageError(f"sequence length {t} exceeds model.block_size "
+                             f"{self.config.block_size}")
         if orders is None:
             orders = torch.arange(t, device=idx.device).expand(b, t)
         elif orders.shape != idx.shape:
@@ -388,8 +393,8 @@ class AOGPT(nn.Module):
         in_order (b, L) read at orders (b, L): slot 0 is [None], slot k holds the (k-1)-th token
         of the order at its position and asks for the k-th. L may stop short of the sequence."""
         start = torch.full_like(orders[:, :1], -1)  # the [None] slot
-        return (torch.cat([start, in_order[:, :-1]], dim=1), torch.cat([start, orders[:, :-1]], dim=1),
-                orders)
+        return (torch.cat([start, in_order[:, :-1]], dim=1),
+                torch.cat([start, orders[:, :-1]], dim=1), orders)
 
     def forward(self, idx: torch.Tensor, orders: torch.Tensor | None = None,
                 return_mean: bool = False):

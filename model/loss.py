@@ -64,7 +64,8 @@ def _upcast(x: torch.Tensor) -> torch.Tensor:
 def chunk_math(logits: torch.Tensor, targets: torch.Tensor, token_weights: torch.Tensor | None,
                want_grad: bool, want_bias_grad: bool):
     """One chunk's softmax work: logits (n, vocab) -> nll (n,) in >= fp32, and, if wanted,
-    token_weights * (softmax - onehot) in the logits' dtype and its column sum (the bias gradient)."""
+    token_weights * (softmax - onehot) in the logits' dtype and its column sum (the bias
+    gradient)."""
     logits32 = _upcast(logits)
     lse = logits32.logsumexp(dim=-1)
     nll = lse - logits32.gather(1, targets[:, None]).squeeze(1)
@@ -246,8 +247,8 @@ def linear_cross_entropy(hidden: torch.Tensor, weight: torch.Tensor, bias: torch
         nll, mean = _ChunkedLinearCrossEntropy.apply(flat_hidden, weight, bias, flat_targets,
                                                      chunk_size, cast_weight)
     else:
-        nll = _chunked_pass(*_in_compute_dtype(flat_hidden, weight, bias, cast_weight), flat_targets,
-                            chunk_size, want=(False, False, False))[0]
+        nll = _chunked_pass(*_in_compute_dtype(flat_hidden, weight, bias, cast_weight),
+                            flat_targets, chunk_size, want=(False, False, False))[0]
         mean = nll.mean()
     nll = nll.view_as(targets)
     return (nll, mean) if return_mean else nll

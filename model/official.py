@@ -62,14 +62,16 @@ def load_official(path: str | os.PathLike, trust_pickle: bool = False) -> dict:
             "re-run with --trust-pickle"
         ) from err
     except (RuntimeError, EOFError) as err:
-        raise UsageError(f"{path} is not a readable torch checkpoint: {str(err).splitlines()[0]}") from err
+        raise UsageError(f"{path} is not a readable torch checkpoint: "
+                         f"{str(err).splitlines()[0]}") from err
 
 
 def config_from_official(model_args: dict, state: dict[str, torch.Tensor]) -> ModelConfig:
     """The AO-GPT config that the paper's `model_args` describe (cond_dim read off wtpe)."""
     missing = [k for k in MODEL_ARGS if k not in model_args]
     if missing:
-        raise UsageError(f"the checkpoint's model_args lacks {missing}: is it an AO-GPT checkpoint?")
+        raise UsageError(f"the checkpoint's model_args lacks {missing}: "
+                         "is it an AO-GPT checkpoint?")
     wtpe = state.get("transformer.wtpe.weight")
     return ModelConfig(**{k: model_args[k] for k in MODEL_ARGS},
                        cond_dim=wtpe.shape[1] if wtpe is not None else 128)
@@ -91,7 +93,8 @@ def _check_state(state: dict[str, torch.Tensor], expected: dict[str, torch.Size]
 def convert_official(ckpt: dict, source: str = "") -> tuple[ModelConfig, dict, dict | None, dict]:
     """(config, raw state dict, EMA state dict or None, meta) from a loaded official checkpoint."""
     if not isinstance(ckpt, dict) or "model" not in ckpt or "model_args" not in ckpt:
-        raise UsageError("not a checkpoint of the paper's code: it needs the keys 'model' and 'model_args'")
+        raise UsageError("not a checkpoint of the paper's code: "
+                         "it needs the keys 'model' and 'model_args'")
     state = strip_prefixes(ckpt["model"])
     config = config_from_official(ckpt["model_args"], state)
     expected = {n: p.shape for n, p in AOGPT.unfilled(config).named_parameters()}
@@ -100,7 +103,8 @@ def convert_official(ckpt: dict, source: str = "") -> tuple[ModelConfig, dict, d
     _check_state(state, expected)
     raw = {n: state[n] for n in names}
 
-    ema, meta = None, {"source": source, "step": ckpt.get("iter_num"), "official_config": ckpt.get("config")}
+    ema, meta = None, {"source": source, "step": ckpt.get("iter_num"),
+                       "official_config": ckpt.get("config")}
     if ckpt.get("ema_model") is not None:
         shadow = list(ckpt["ema_model"]["shadow_params"])
         if len(shadow) != len(names):

@@ -110,7 +110,8 @@ def _hugging_face_gpt2(path: Path, config: ModelConfig) -> tuple[dict, str]:
 
     files = _check_hugging_face_gpt2(path, config)
     try:
-        tensors = {k.removeprefix("transformer."): v for f in files for k, v in load_file(f).items()}
+        tensors = {k.removeprefix("transformer."): v
+                   for f in files for k, v in load_file(f).items()}
     except SafetensorError as err:
         raise UsageError(f"model.init_from: {files[0]} is not readable: {err}") from None
     state = {"transformer.wte.weight": tensors["wte.weight"],
@@ -121,9 +122,9 @@ def _hugging_face_gpt2(path: Path, config: ModelConfig) -> tuple[dict, str]:
              "lm_head.weight": tensors.get("lm_head.weight", tensors["wte.weight"])}
     for i in range(config.n_layer):
         for ours_name, theirs_name, conv in (
-                ("ln_1", "ln_1", False), ("ln_2", "ln_2", False), ("attn.c_attn", "attn.c_attn", True),
-                ("attn.c_proj", "attn.c_proj", True), ("mlp.c_fc", "mlp.c_fc", True),
-                ("mlp.c_proj", "mlp.c_proj", True)):
+                ("ln_1", "ln_1", False), ("ln_2", "ln_2", False),
+                ("attn.c_attn", "attn.c_attn", True), ("attn.c_proj", "attn.c_proj", True),
+                ("mlp.c_fc", "mlp.c_fc", True), ("mlp.c_proj", "mlp.c_proj", True)):
             weight = tensors[f"h.{i}.{theirs_name}.weight"]
             state[f"transformer.h.{i}.{ours_name}.weight"] = weight.T if conv else weight
             state[f"transformer.h.{i}.{ours_name}.bias"] = tensors[f"h.{i}.{theirs_name}.bias"]

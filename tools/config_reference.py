@@ -69,7 +69,8 @@ def section(cls: type, prefix: str) -> list[str]:
     lines = []
     if rows:
         title = prefix.rstrip(".") or "top level"
-        lines += [f"**{title}**", "", "| key | type | default | meaning |", "|---|---|---|---|", *rows, ""]
+        lines += [f"**{title}**", "", "| key | type | default | meaning |", "|---|---|---|---|",
+                  *rows, ""]
     for hint, sub_prefix in nested:
         lines += section(hint, sub_prefix)
     return lines

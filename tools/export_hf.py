@@ -2,17 +2,12 @@
 
     python tools/export_hf.py --ckpt RUN_OR_FILE --out DIR [--weights ema|raw] [--force]
 
-DIR gets config.json, generation_config.json, model.safetensors, the modelling code (model/hf/ and
-the model modules it imports, see model/hf/remote_code.py), GPT-2's tokenizer made from the
-ranks this project tokenizes with (vocab.json, merges.txt, tokenizer.json) and aogpt_export.json:
-where it came from (the checkpoint file read, its tag and step, the weights, the code's version
-and commit) and the files the export wrote. Then, anywhere:
+    model = AutoModelForCausalLM.from_pretrained(DIR, trust_remote_code=True)   # then, anywhere
 
-    model = AutoModelForCausalLM.from_pretrained(DIR, trust_remote_code=True)
-    tokenizer = AutoTokenizer.from_pretrained(DIR)
-    model(ids).logits                              # left to right: logits[:, k] predicts token k + 1
-    model.generate(ids, max_new_tokens=20)
-    model.generate_any_order(num_samples=4, given={0: tokenizer.encode("The")}, steps=32, top_p=0.9)
+DIR gets the weights, the modelling code (model/hf/remote_code.py copies it), GPT-2's tokenizer
+and aogpt_export.json, the export's provenance and the files it wrote. What the folder holds, how
+the model scores and generates (left to right, and in any order with the KV-cache sampler) and
+how lm-evaluation-harness reads it: README.md, "Hugging Face export".
 
 The folder is written beside DIR and renamed into place: DIR is complete or absent. DIR may be
 new or empty; --force replaces an earlier export only (a folder holding aogpt_export.json and no
@@ -56,18 +51,22 @@ from aogpt.model.run_folder import check_not_a_run
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], epilog=__doc__.split(
-        "\n\n", 1)[1], formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--ckpt", required=True, help="out_dir, checkpoint folder or consolidated model.pt")
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                     epilog=__doc__.split("\n\n", 1)[1],
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--ckpt", required=True,
+                        help="out_dir, checkpoint folder or consolidated model.pt")
     parser.add_argument("--out", required=True, type=Path, help="the folder to write")
-    parser.add_argument("--weights", choices=("ema", "raw"), default="ema", help="default ema (as the paper)")
+    parser.add_argument("--weights", choices=("ema", "raw"), default="ema",
+                        help="default ema (as the paper)")
     parser.add_argument("--force", action="store_true",
                         help="replace --out if it holds an earlier export (never other files)")
-    parser.add_argument("--tokenizer-file", default=None, help="GPT-2 ranks file (offline tokenizer)")
+    parser.add_argument("--tokenizer-file", default=None,
+                        help="GPT-2 ranks file (offline tokenizer)")
     return parser.parse_args(argv)
 
 
-# ---- the tokenizer ---------------------------------------------------------------------------------
+# ---- the tokenizer -------------------------------------------------------------------------------
 
 
 def gpt2_merges(ranks: dict[bytes, int]) -> list[tuple[bytes, bytes]]:
@@ -127,7 +126,7 @@ def write_tokenizer(encoding: tiktoken.Encoding, dest: Path, model_max_length: i
     tokenizer.save_pretrained(dest)  # adds tokenizer.json and tokenizer_config.json
 
 
-# ---- the model -------------------------------------------------------------------------------------
+# ---- the model -----------------------------------------------------------------------------------
 
 
 def write_model(model: AOGPT, dest: Path) -> None:
@@ -144,7 +143,7 @@ def write_model(model: AOGPT, dest: Path) -> None:
     hf_model.save_pretrained(dest)
 
 
-# ---- the folder ------------------------------------------------------------------------------------
+# ---- the folder ----------------------------------------------------------------------------------
 
 
 MARKER = "aogpt_export.json"  # in every folder this tool writes: what --force may replace
@@ -184,7 +183,7 @@ def exported_files(folder: Path) -> set[str]:
 
 def write_marker(folder: Path, source: CheckpointSource, weights: str,
                  tokenizer_file: str | None) -> None:
-    """MARKER: the export's provenance and the files it wrote (written last, so it lists them all)."""
+    """MARKER: the export's provenance and the files it wrote (written last, to list them all)."""
     record = {"made_by": "tools/export_hf.py",
               **provenance(source, weights, {"tokenizer_file": tokenizer_file}),
               "files": sorted(os.listdir(folder))}

@@ -3,7 +3,8 @@
     python tools/import_official.py --ckpt ckpt_250000.pt --out runs/aogpt_small_official [--force]
 
 writes OUT/model.safetensors (and model.json) with the raw weights and the EMA (the weights the
-paper evaluates), so `trainer/evaluate.py --ckpt OUT` and `trainer/sample.py --ckpt OUT` use the released models.
+paper evaluates), so `trainer/evaluate.py --ckpt OUT` and `trainer/sample.py --ckpt OUT` use the
+released models.
 Files already in OUT are replaced only with --force, and only when this tool wrote them; a
 training run's folder is refused.
 """
@@ -23,13 +24,17 @@ CONVERTED = OutputFile("tools/import_official.py", "converted checkpoint",
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--ckpt", required=True, help="checkpoint file saved by the paper's training script")
-    parser.add_argument("--out", required=True, help="output folder; model.safetensors and model.json are written inside")
+    parser = argparse.ArgumentParser(description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--ckpt", required=True,
+                        help="checkpoint file saved by the paper's training script")
+    parser.add_argument("--out", required=True,
+                        help="output folder; model.safetensors and model.json are written inside")
     parser.add_argument("--force", action="store_true",
                         help="replace the checkpoint files of --out if they exist")
     parser.add_argument("--trust-pickle", action="store_true",
-                        help="allow arbitrary Python objects in the file (only for files you trust)")
+                        help="allow arbitrary Python objects in the file "
+                             "(only for files you trust)")
     return parser.parse_args(argv)
 
 
@@ -47,11 +52,13 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     check_out(Path(args.out), args.force)
     ckpt = load_official(args.ckpt, trust_pickle=args.trust_pickle)
-    config, raw, ema, meta = convert_official(ckpt, source=f"official AO-GPT checkpoint {args.ckpt}")
+    config, raw, ema, meta = convert_official(ckpt,
+                                              source=f"official AO-GPT checkpoint {args.ckpt}")
     out = save_consolidated(Path(args.out), config, raw, ema, **meta, made_by=CONVERTED.made_by)
     n_params = sum(t.numel() for t in raw.values())
     print(f"wrote {out}: AO-GPT {config.n_layer} layers x {config.n_embd}, {n_params / 1e6:.2f}M "
-          f"parameters, weights raw{' + EMA' if ema is not None else ' only (no EMA in the file)'}, "
+          f"parameters, weights raw"
+          f"{' + EMA' if ema is not None else ' only (no EMA in the file)'}, "
           f"step {meta['step']}")
     return 0
 

@@ -1,7 +1,8 @@
-"""Training curves of one or more runs, as in the paper's figures 1-2: left-to-right vs any-order loss.
+"""Training curves of one or more runs, as in the paper's figures 1-2: left-to-right vs any-order
+loss.
 
-    python tools/plot_metrics.py --run runs/ao_gpt_small [--run runs/gpt_small ...] [--out curves.png]
-        [--force]
+    python tools/plot_metrics.py --run runs/ao_gpt_small [--run runs/gpt_small ...]
+        [--out curves.png] [--force]
 
 First panel: the training loss of the left-to-right samples (loss_l2r) and of the any-order ones
 (loss_ao) against the step; second: the validation losses (val_loss_l2r, val_loss_ao); then one

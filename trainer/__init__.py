@@ -1,1 +1,1 @@
-"""DeepSpeed training, streaming loader, EMA, checkpoints, eval and sample CLIs."""
+"""Training, and the scoring and generation it runs too: why one folder, README.md's Layout."""

@@ -1,6 +1,7 @@
 """A training run's configuration: typed dataclasses loaded from YAML presets plus dotted overrides.
 
-    cfg = load_config("configs/ao_gpt_small.yaml", ["train.max_steps=100", "order.p_left_to_right=0"])
+    cfg = load_config("configs/ao_gpt_small.yaml",
+                      ["train.max_steps=100", "order.p_left_to_right=0"])
 
 A preset may start from another with `base: other.yaml` (a path relative to the preset). Every
 value is type-checked, unknown keys are rejected with the closest valid name, and cross-field
@@ -104,11 +105,12 @@ class EMAConfig:
 
 @dataclass
 class CheckpointConfig:
-    every: int = 10_000  # steps; also on SIGTERM/SIGUSR1
+    every: int = 10_000  # steps; also on SIGTERM, SIGUSR1 and Ctrl-C
     keep_last: int = 3
-    # After SIGTERM/SIGUSR1, the run saves at the next step and exits; if it has not within this
-    # many seconds (no step can finish), it exits anyway, status 1, without a checkpoint. Keep it
-    # below the launcher's own grace (AOGPT_SIGNAL_GRACE, 240 s, in the SLURM templates).
+    # After SIGTERM, SIGUSR1 or Ctrl-C, the run saves at the next step and exits; if it has not
+    # within this many seconds (no step can finish), it exits anyway, status 1, without a
+    # checkpoint. Keep it below the launcher's own grace (AOGPT_SIGNAL_GRACE, 240 s, in the SLURM
+    # templates).
     signal_grace_s: float = 180.0
 
 
@@ -212,7 +214,8 @@ class RunConfig:
                              f"{self.model.block_size} tokens, got {self.eval.max_tokens} (null: "
                              "every sample of each set)")
         if self.eval.sample_every < 0:
-            raise UsageError(f"eval.sample_every must be >= 0 (0 = off), got {self.eval.sample_every}")
+            raise UsageError(f"eval.sample_every must be >= 0 (0 = off), "
+                             f"got {self.eval.sample_every}")
         if self.eval.sample_every:
             if self.eval.sample_count < 1:
                 raise UsageError(f"eval.sample_count must be >= 1, got {self.eval.sample_count}")
@@ -241,7 +244,8 @@ class RunConfig:
         if not 0.0 < self.ema.decay < 1.0:
             raise UsageError(f"ema.decay must be in (0, 1), got {self.ema.decay}")
         if not self.data.path and not self.data.streams:
-            raise UsageError("data.path is empty: point it at a folder made by data_prep/owt_to_mds.py")
+            raise UsageError("data.path is empty: "
+                             "point it at a folder made by data_prep/owt_to_mds.py")
         tokens_per_micro_batch = self.train.micro_batch_size * self.model.block_size
         if self.train.tokens_per_step % tokens_per_micro_batch:
             raise UsageError(
@@ -271,7 +275,8 @@ class RunConfig:
 
 
 def load_config(path: str | os.PathLike, overrides: list[str] = ()) -> RunConfig:
-    """Reads a YAML preset (following `base:` links), applies `key.sub=value` overrides, validates types."""
+    """Reads a YAML preset (following `base:` links), applies `key.sub=value` overrides, validates
+    types."""
     tree = _read_preset(Path(path), seen=())
     for override in overrides:
         key, sep, raw = override.partition("=")
@@ -356,7 +361,8 @@ def _read_preset(path: Path, seen: tuple[Path, ...]) -> dict:
     except yaml.YAMLError as err:
         mark = getattr(err, "problem_mark", None)
         where = f" line {mark.line + 1}" if mark else ""
-        raise UsageError(f"config {path}{where} is not valid YAML: {getattr(err, 'problem', err)}") from None
+        raise UsageError(f"config {path}{where} is not valid YAML: "
+                         f"{getattr(err, 'problem', err)}") from None
     if not isinstance(tree, dict):
         raise UsageError(f"config {path} must be a mapping of keys to values")
     base = tree.pop("base", None)
@@ -387,14 +393,16 @@ def _set_dotted(tree: dict, dotted: str, value: Any) -> None:
 
 def _build(cls: type, values: Any, prefix: str) -> Any:
     if not isinstance(values, dict):
-        raise UsageError(f"{prefix.rstrip('.') or 'config'} must be a section (a mapping), got {values!r}")
+        raise UsageError(f"{prefix.rstrip('.') or 'config'} must be a section (a mapping), "
+                         f"got {values!r}")
     fields = {f.name: f for f in dataclasses.fields(cls)}
     hints = typing.get_type_hints(cls)
     kwargs = {}
     for key, value in values.items():
         if key not in fields:
             close = difflib.get_close_matches(str(key), list(fields), n=1)
-            hint = f" (did you mean {prefix}{close[0]}?)" if close else f" (known: {', '.join(fields)})"
+            hint = (f" (did you mean {prefix}{close[0]}?)" if close
+                    else f" (known: {', '.join(fields)})")
             raise UsageError(f"unknown config key {prefix}{key}{hint}")
         # a field's metadata may name aliases of its Literal values (order.kind=uniform is random)
         aliases = fields[key].metadata.get("aliases", {})

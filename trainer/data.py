@@ -49,7 +49,8 @@ is_remote = remote.is_remote
 
 
 def training_locations(cfg: RunConfig) -> list[tuple[str, float | None]]:
-    """(location, proportion) of every dataset mixed into training; proportions sum to 1 or are None."""
+    """(location, proportion) of every dataset mixed into training; proportions sum to 1 or are
+    None."""
     if not cfg.data.streams:
         return [(cfg.data.path, None)]
     given = [s.proportion for s in cfg.data.streams if s.proportion is not None]
@@ -128,7 +129,8 @@ def check_data(cfg: RunConfig, dist_env: DistEnv) -> dict[str, dict]:
     if train_samples < per_step:
         raise UsageError(f"the training data holds {train_samples} samples, fewer than one "
                          f"micro-batch on every rank ({per_step}): use more data")
-    if cfg.eval.every and not manifests[validation_location(cfg)]["splits"]["val"].get("samples", 1):
+    if (cfg.eval.every
+            and not manifests[validation_location(cfg)]["splits"]["val"].get("samples", 1)):
         raise UsageError(f"the val split of {validation_location(cfg)} is empty: rebuild with "
                          "--val-fraction > 0, or set eval.every=0")
     return manifests
@@ -364,7 +366,8 @@ class TrainBatches:
         self.dataset = IndexedStreamingDataset(
             streams=streams, shuffle=True, shuffle_seed=cfg.train.seed,
             shuffle_algo=cfg.data.shuffle_algo, num_canonical_nodes=cfg.data.num_canonical_nodes,
-            batch_size=cfg.train.micro_batch_size,  # streaming's resumption needs the per-rank batch
+            # streaming's resumption needs the per-rank batch
+            batch_size=cfg.train.micro_batch_size,
         )
         # drop_last: every micro-batch is full, so every optimizer step sees exactly
         # tokens_per_step tokens; an epoch's few leftover samples are skipped, never repeated.

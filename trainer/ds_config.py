@@ -3,8 +3,8 @@
 The YAML owns everything about the optimization (batch sizes, accumulation, clipping, the
 optimizer and its schedule, the precision); the JSON owns how DeepSpeed runs it (ZeRO stage,
 buckets, communication). A YAML-owned key in the JSON is either "auto" (filled here) or a
-value that agrees with the YAML: anything else, or an optimizer/scheduler block, is a UsageError before any heavy
-work starts, so the two files can never silently disagree.
+value that agrees with the YAML: anything else, or an optimizer/scheduler block, is a UsageError
+before any heavy work starts, so the two files can never silently disagree.
 
 DeepSpeed's own instruments stay off unless the JSON asks for them: its throughput timer (on by
 default) waits for the device at the start of every forward and at every engine.step(), twice
@@ -53,7 +53,7 @@ def yaml_owned_values(cfg: RunConfig, world_size: int) -> dict[str, tuple[Any, s
 
 
 def resolve_ds_config(ds_config: dict, cfg: RunConfig, world_size: int) -> dict:
-    """A copy of `ds_config` with the YAML-owned values filled in; UsageError on any contradiction."""
+    """A copy of `ds_config` with the YAML-owned values filled in; UsageError if they disagree."""
     resolved = copy.deepcopy(ds_config)
     for block in ("optimizer", "scheduler"):
         if block in resolved:
@@ -86,7 +86,8 @@ def resolve_ds_config(ds_config: dict, cfg: RunConfig, world_size: int) -> dict:
                              "\"fp32\" (or absent), bf16 accumulation drops small gradients")
         # bf16 has fp32's range, so gradients do not overflow; ZeRO-2's check of every gradient
         # for inf/NaN reads the device at each optimizer step. The trainer checks the loss and
-        # the gradient norm itself, at log boundaries (trainer/loop.py).
+        # the gradient norm itself, at its log, evaluation and checkpoint boundaries
+        # (trainer/recovery.py).
         resolved["bf16"].setdefault("check_grad_overflow", False)
     stage = zero_stage(resolved)
     if stage == 3 and cfg.train.compile is True and cfg.train.compile_scope == "network":
@@ -94,7 +95,8 @@ def resolve_ds_config(ds_config: dict, cfg: RunConfig, world_size: int) -> dict:
                          "block's weights in hooks around it, which one graph cannot hold "
                          "(use train.compile_scope=block)")
     if stage not in (1, 2, 3):
-        raise UsageError(f"zero_optimization.stage is {stage}: use 1, 2 or 3 (ds_configs/zero*.json); "
+        raise UsageError(f"zero_optimization.stage is {stage}: "
+                         "use 1, 2 or 3 (ds_configs/zero*.json); "
                          "the EMA follows the fp32 master partition that ZeRO keeps")
     leftover = [key for key, value in _walk(resolved) if value == AUTO]
     if leftover:
@@ -146,8 +148,9 @@ def sync_warnings(ds_config: dict) -> list[str]:
         warnings.append("the DeepSpeed config sets bf16.check_grad_overflow=true: every optimizer "
                         "step then reads an overflow flag from the device (bf16 does not overflow)")
     if zero_stage(ds_config) in (1, 2) and ds_config["zero_optimization"].get("overlap_comm"):
-        warnings.append("the DeepSpeed config sets zero_optimization.overlap_comm=true: ZeRO-1/2 then "
-                        "wait for the whole device before each gradient bucket's reduction "
+        warnings.append("the DeepSpeed config sets zero_optimization.overlap_comm=true: "
+                        "ZeRO-1/2 then wait for the whole device before each gradient bucket's "
+                        "reduction "
                         "(docs/performance.md: false is faster on one node)")
     return warnings
 

@@ -34,7 +34,7 @@ import torch
 from aogpt import RunFailure
 
 EXIT_FAILED = 1  # what aogpt.cli_entry returns for a RunFailure
-EXIT_PREEMPTED = 75  # sysexits' EX_TEMPFAIL: stopped by a signal after a checkpoint, re-run to resume
+EXIT_PREEMPTED = 75  # sysexits' EX_TEMPFAIL: stopped after a checkpoint, re-run to resume
 EXIT_INTERRUPTED = 130  # the shell's status for a process ended by Ctrl-C
 SECOND_CTRL_C = ("Ctrl-C: saving a checkpoint at the end of this step, then stopping (press Ctrl-C "
                  "again to stop at once without saving)")

@@ -1,5 +1,7 @@
-"""Where numbers go: one JSON object per line in out_dir/metrics.jsonl, and wandb when enabled;
-and what a training launch says of them (TrainingLog: the step bar and the log lines).
+"""Where numbers go: one JSON object per line in out_dir/metrics.jsonl, wandb when enabled, and
+what a training launch says of them (TrainingLog: the step bar and the log lines step_line,
+validation_line, summary_lines); read back for plots by run_records and curve. The devices' peaks
+that MFU and the decode step's floor are measured against are kept here too.
 
 Only rank 0 writes. wandb is optional: "auto" turns it on only when WANDB_API_KEY is set, and it
 never prompts or waits on the network for a login. The wandb run id is kept in out_dir so a
@@ -58,7 +60,8 @@ class MetricsLogger:
         try:
             import wandb
         except ImportError:
-            raise UsageError("logging.wandb is on but wandb is not installed: pip install wandb") from None
+            raise UsageError("logging.wandb is on but wandb is not installed: "
+                             "pip install wandb") from None
         id_file = self.run_folder.wandb_id_file
         run_id = id_file.read_text().strip() if id_file.is_file() else secrets.token_hex(4)
         id_file.write_text(run_id)
@@ -203,7 +206,8 @@ def summary_lines(run: RunFolder, progress, launch: Window, last: dict,
     if validation:
         losses.append(validation)
     return [f"done: {progress.step} steps, {progress.tokens_seen:,} tokens; this launch "
-            f"{duration(launch.seconds)}, {launch.tokens / max(launch.seconds, 1e-9):,.0f} tokens/s",
+            f"{duration(launch.seconds)}, "
+            f"{launch.tokens / max(launch.seconds, 1e-9):,.0f} tokens/s",
             *([f"last step: {'; '.join(losses)}"] if losses else []),
             f"weights: {run.final_weights} (raw and EMA); metrics: {run.metrics_file}"]
 

@@ -14,12 +14,13 @@ step reads it at every optimizer step, in three helpers:
 the norm's inf/NaN is marked -1 in place with a Python scalar; clipping multiplies by DeepSpeed's
 own coefficient where it is below 1 and by exactly 1.0 elsewhere, decided on the device (so the
 gradients are bit for bit those of the original, whatever the norm); and DeepSpeed no longer
-decides on the host to skip a step whose gradient norm is not finite. Instead the trainer folds
-the norm's finiteness into its own check of the loss (Trainer's non-finite flag), which ends the
-run at the next
-boundary without saving anything past the last finite step, as it ends a run whose loss is not
-finite. (With bf16 or fp32 gradients, which do not overflow, a non-finite norm means a
-non-finite loss or a broken step: there is nothing to skip and go on from.)
+decides on the host to skip a step whose gradient norm is not finite. Instead the trainer's check
+of bad steps (trainer/recovery.py) notes every step's gradient norm with its loss, on the device,
+and reads both at its next boundary, before any save: train.on_nonfinite=stop ends the run there,
+rollback goes back to the last complete checkpoint before the step; no checkpoint ever holds
+weights that a non-finite step updated. (With bf16 or fp32 gradients, which do not overflow, a
+non-finite norm means a non-finite loss or a broken step: there is nothing to skip and go on
+from.)
 
 The other syncs of a ZeRO step are settings (trainer/ds_config.py and docs/performance.md):
 the throughput timer, bf16's overflow check, and overlap_comm's stream waits.

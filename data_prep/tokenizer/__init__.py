@@ -62,7 +62,8 @@ def _read_ranks(path: Path) -> dict[bytes, int]:
     digest = sha256_of(path)
     if digest != RANKS_SHA256:
         raise UsageError(
-            f"tokenizer file {path} has sha256 {digest[:12]}..., not GPT-2's {RANKS_SHA256[:12]}...: "
+            f"tokenizer file {path} has sha256 {digest[:12]}..., "
+            f"not GPT-2's {RANKS_SHA256[:12]}...: "
             f"{HOW_TO_FIX}"
         )
     ranks = {}
@@ -104,7 +105,8 @@ def load_gpt2(tokenizer_file: str | os.PathLike | None = None) -> tiktoken.Encod
 
 def describe(encoding: tiktoken.Encoding) -> dict:
     """What a data manifest records about the tokenizer, so readers can refuse a mismatch."""
-    return {"name": encoding.name, "n_vocab": encoding.n_vocab, "eos": EOS, "ranks_sha256": RANKS_SHA256}
+    return {"name": encoding.name, "n_vocab": encoding.n_vocab, "eos": EOS,
+            "ranks_sha256": RANKS_SHA256}
 
 
 def fetch(dest: Path) -> Path:
@@ -113,13 +115,15 @@ def fetch(dest: Path) -> Path:
         cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--no-binary", ":all:",
                "--no-build-isolation", "-q", "-d", tmp, WHISPER_SDIST]
         result = subprocess.run(cmd, capture_output=True, text=True)
-        sdists = list(Path(tmp).glob("openai_whisper-*.tar.gz")) or list(Path(tmp).glob("openai-whisper-*.tar.gz"))
+        sdists = (list(Path(tmp).glob("openai_whisper-*.tar.gz"))
+                  or list(Path(tmp).glob("openai-whisper-*.tar.gz")))
         if not sdists:
             last_line = (result.stderr.strip().splitlines() or ["no output"])[-1]
             raise UsageError(f"pip could not download {WHISPER_SDIST} ({last_line}); "
                              f"copy a gpt2.tiktoken file here by hand and set {ENV_VAR}")
         with tarfile.open(sdists[0]) as archive:
-            member = next((m for m in archive.getmembers() if m.name.endswith(WHISPER_MEMBER)), None)
+            member = next((m for m in archive.getmembers()
+                           if m.name.endswith(WHISPER_MEMBER)), None)
             if member is None:
                 raise UsageError(f"{sdists[0].name} has no {WHISPER_MEMBER}; set {ENV_VAR} instead")
             data = archive.extractfile(member).read()

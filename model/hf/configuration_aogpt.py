@@ -33,4 +33,5 @@ class AOGPTConfig(PretrainedConfig):
         return self.block_size - 1
 
     def to_model_config(self) -> ModelConfig:
-        return ModelConfig(**{f.name: getattr(self, f.name) for f in dataclasses.fields(ModelConfig)})
+        return ModelConfig(**{f.name: getattr(self, f.name)
+                              for f in dataclasses.fields(ModelConfig)})

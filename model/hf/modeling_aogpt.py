@@ -55,7 +55,8 @@ class AOGPTForCausalLM(PreTrainedModel, GenerationMixin):
         """
         t = input_ids.size(1)
         if t > self.config.max_position_embeddings:
-            raise ValueError(f"{t} tokens exceed the model's {self.config.max_position_embeddings}: "
+            raise ValueError(f"{t} tokens exceed the model's "
+                             f"{self.config.max_position_embeddings}: "
                              f"block_size {self.config.block_size} slots, one of them [None]")
         mask = None  # causal
         real = torch.ones_like(input_ids, dtype=torch.bool)
@@ -76,7 +77,8 @@ class AOGPTForCausalLM(PreTrainedModel, GenerationMixin):
         """logits (b, t, vocab), fp32 or wider: logits[:, k] predicts input_ids[:, k + 1]. With
         labels (usually input_ids, -100 = ignored), loss is their shifted mean cross-entropy;
         kwargs go to transformers' loss (e.g. num_items_in_batch)."""
-        tokens, positions, target_positions, mask = self.left_to_right_stream(input_ids, attention_mask)
+        tokens, positions, target_positions, mask = self.left_to_right_stream(input_ids,
+                                                                              attention_mask)
         hidden = self.aogpt.forward_stream(tokens, positions, target_positions, mask)
         logits = self.aogpt.lm_head(hidden[:, 1:])
         logits = logits.to(torch.promote_types(logits.dtype, torch.float32))

@@ -22,7 +22,8 @@ AUTO_MAP = {"AutoConfig": "configuration_aogpt.AOGPTConfig",
 
 # `from aogpt.model.gpt import ...`, `from aogpt.model.hf.configuration_aogpt import ...` or a
 # package's module, `from aogpt.model.sampler.engine import ...`
-_MODEL_IMPORT = re.compile(r"^(\s*)from aogpt\.model\.(?:hf\.)?(\w+(?:\.\w+)?) import", re.MULTILINE)
+_MODEL_IMPORT = re.compile(r"^(\s*)from aogpt\.model\.(?:hf\.)?(\w+(?:\.\w+)?) import",
+                           re.MULTILINE)
 _ROOT_IMPORT = re.compile(r"^(\s*)from aogpt import", re.MULTILINE)
 _ANY_AOGPT_IMPORT = re.compile(r"^\s*(?:from|import) aogpt\b", re.MULTILINE)
 
