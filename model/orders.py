@@ -82,6 +82,7 @@ READING_SITES = (
     "model/sampler/engine.py ORDER_KEYS",  # the order a sample's positions are generated in
     "trainer/evaluation.py READING_SCORES",  # the orders a text is scored along
     "trainer/lm_harness.py LM_EVAL_READINGS",  # scored by lm-eval, or refused with the reason
+    "tools/plot_metrics.py STYLES",  # its curves' line style
 )
 _Entry = TypeVar("_Entry")
 
@@ -395,7 +396,7 @@ class OrderKind:
     OrderSampler follows."""
 
     draw: Callable[[OrderConfig, int, int, int | torch.Tensor, torch.Tensor], torch.Tensor]
-    # one order for every sample and step (drawn once, from order.fixed_seed), or one per both
+    # one order for every sample and step (drawn once, from order.fixed_seed), or a fresh one each
     fixed: Callable[[OrderConfig], bool] = _never
     mixture: bool = False  # left to right with probability p_left_to_right, else `draw`
 

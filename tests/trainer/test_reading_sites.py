@@ -19,15 +19,21 @@ REPO = Path(__file__).resolve().parents[2]
 THIRD_READING = Path(__file__).with_name("third_reading.py")
 
 
-def third_reading(*args: str) -> dict:
-    done = subprocess.run([sys.executable, str(THIRD_READING), *args], capture_output=True,
-                          text=True, timeout=600)
+@pytest.fixture(scope="module")
+def third_reading(tmp_path_factory) -> dict:
+    """What third_reading.py found, unhandled and handled, on a tiny checkpoint and eval set."""
+    root = tmp_path_factory.mktemp("third_reading")
+    data = build_wikitext(root / "wikitext2", seq_len=12, lines=12)
+    checkpoint = save_checkpoint(root / "ckpt")
+    done = subprocess.run([sys.executable, str(THIRD_READING), str(checkpoint), str(data)],
+                          capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
     return json.loads(done.stdout.splitlines()[-1])
 
 
-def test_a_site_without_an_entry_for_a_new_reading_fails_at_import_naming_every_site():
-    errors = third_reading("unhandled")
+def test_a_site_without_an_entry_for_a_new_reading_fails_at_import_naming_every_site(
+        third_reading):
+    errors = third_reading["unhandled"]
     assert set(errors) == set(READING_SITES)
     for site, error in errors.items():
         assert error is not None, f"{site} imported with no entry for the new reading"
@@ -37,15 +43,14 @@ def test_a_site_without_an_entry_for_a_new_reading_fails_at_import_naming_every_
         assert "docs/extending.md" in error
 
 
-def test_a_new_reading_given_its_entries_samples_scores_and_is_refused_by_lm_eval(tmp_path):
-    data = build_wikitext(tmp_path / "wikitext2", seq_len=12, lines=12)
-    checkpoint = save_checkpoint(tmp_path / "ckpt")
-    found = third_reading("handled", str(checkpoint), str(data))
+def test_a_new_reading_given_its_entries_samples_scores_and_is_refused_by_lm_eval(third_reading):
+    found = third_reading["handled"]
     # the sampler generates right to left
     assert found["sampled_orders"] == [list(range(11, -1, -1))] * 2
     # the evaluator scores it, along the reversed order, as an exact likelihood
     scored = found["evaluated"]
     assert {"l2r", "r2l"} <= set(scored)
+    # the same fp32 per-token values from the same batches, summed in float64 in another order
     assert scored["r2l"]["nll"] == pytest.approx(found["direct_r2l_nll"], rel=1e-9)
     assert "num_orders" not in scored["r2l"] and scored["r2l"]["tokens"] == scored["l2r"]["tokens"]
     assert not math.isclose(scored["r2l"]["nll"], scored["l2r"]["nll"], rel_tol=1e-6)

@@ -1,18 +1,20 @@
 """A third reading, right to left, added to model/orders.py READINGS in a fresh interpreter
 before any site that does something per reading is imported (test_reading_sites.py runs it).
 
-    python third_reading.py unhandled
-        for each site of READING_SITES, imports its module with every other site given its entry:
-        prints {site: the import's error}
-    python third_reading.py handled CHECKPOINT DATA
-        every site given its entry: samples, scores DATA with CHECKPOINT (trainer/evaluate.py) and
-        asks lm-eval for the reading; prints what each did
+    python third_reading.py CHECKPOINT DATA
+
+prints, as JSON, {"unhandled": for each site of READING_SITES, the error of importing its module
+with every other site given its entry; "handled": with every site given its entry, what the
+sampler generates, what trainer/evaluate.py scores on DATA with CHECKPOINT (and the network's
+own right-to-left nll), and what lm-eval says of the reading}. One interpreter does both: torch
+and the sites are imported once.
 
 A site is given its entry as a developer would write it, by adding it to the site's table: the
 table is checked by per_reading at import, so the entry is added there.
 """
 
 import importlib
+import importlib.util
 import json
 import sys
 import tempfile
@@ -29,10 +31,12 @@ orders.READING_WORDS = tuple(reading.word for reading in orders.READINGS)
 orders._BY_NAME.update({name: RIGHT_TO_LEFT for name in RIGHT_TO_LEFT.names})
 orders.ALIASES.update({alias: RIGHT_TO_LEFT.word for alias in RIGHT_TO_LEFT.aliases})
 
+REPO = Path(__file__).resolve().parents[2]
 # each site's module, and the entry a developer adds to its table
 MODULES = {"model/sampler/engine.py ORDER_KEYS": "aogpt.model.sampler.engine",
            "trainer/evaluation.py READING_SCORES": "aogpt.trainer.evaluation",
-           "trainer/lm_harness.py LM_EVAL_READINGS": "aogpt.trainer.lm_harness"}
+           "trainer/lm_harness.py LM_EVAL_READINGS": "aogpt.trainer.lm_harness",
+           "tools/plot_metrics.py STYLES": "tools/plot_metrics.py"}
 LM_EVAL_REFUSAL = "right to left reads a continuation before its context"
 
 
@@ -52,7 +56,17 @@ def _entry(site: str):
             return evaluation.real_first(flipped.expand(len(sample_indices), n), lengths)
 
         return evaluation.ReadingScore(reversed_orders, random=False)
+    if site.startswith("tools/plot_metrics.py"):
+        return "-."
     return LM_EVAL_REFUSAL
+
+
+def import_site(module: str) -> None:
+    if module.endswith(".py"):  # a script of tools/, not a package's module
+        spec = importlib.util.spec_from_file_location(Path(module).stem, REPO / module)
+        spec.loader.exec_module(importlib.util.module_from_spec(spec))
+    else:
+        importlib.import_module(module)
 
 
 handled: set[str] = set()
@@ -84,7 +98,7 @@ def unhandled() -> dict:
         handled.update(set(MODULES) - {site})
         forget_sites()
         try:
-            importlib.import_module(module)
+            import_site(module)
             errors[site] = None
         except orders.UnhandledReading as err:
             errors[site] = str(err)
@@ -93,6 +107,7 @@ def unhandled() -> dict:
 
 def handled_everywhere(checkpoint: str, data: str) -> dict:
     handled.update(MODULES)
+    import_site(MODULES["tools/plot_metrics.py STYLES"])  # draws the reading's curves
     from aogpt.model import load_checkpoint
     from aogpt.model.sampler import KVCacheSampler, SamplingConfig
     from aogpt.trainer.evaluate import main as evaluate
@@ -125,5 +140,6 @@ def handled_everywhere(checkpoint: str, data: str) -> dict:
 
 
 if __name__ == "__main__":
-    mode = sys.argv[1]
-    print(json.dumps(unhandled() if mode == "unhandled" else handled_everywhere(*sys.argv[2:])))
+    errors = unhandled()
+    forget_sites()
+    print(json.dumps({"unhandled": errors, "handled": handled_everywhere(*sys.argv[1:])}))
