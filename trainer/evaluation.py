@@ -507,7 +507,7 @@ class Evaluator:
             for sample_indices, idx, lengths in bar:
                 self.score_batch(sampler, tallies, *(t.to(self.device) for t in
                                                      (sample_indices, idx, lengths)))
-        summarize = {**{word: self.summarize_random if score.random else self.summarize_l2r
+        summarize = {**{word: self.summarize_random if score.random else self.summarize_exact
                         for word, score in READING_SCORES.items()},
                      "ensemble": self.summarize_ensemble,
                      **{planner_kind(p): self.summarize_planner for p in self.settings.planners}}
@@ -630,7 +630,7 @@ class Evaluator:
         return {"forwards": tally.forwards, "token_forwards": tally.slot_forwards,
                 "wall_s": round(tally.seconds, 3)}
 
-    def summarize_l2r(self, tally: Tally) -> dict:
+    def summarize_exact(self, tally: Tally) -> dict:
         nll_sum, tokens = tally.sums.tolist()
         return {**_score(nll_sum / tokens), "tokens": round(tokens), **self._cost(tally)}
 
