@@ -114,8 +114,7 @@ class OrderConfig:
 
     # mixture: left-to-right with probability p_left_to_right, else any order (the paper, p = 0.1)
     # random (also uniform): any order; l2r: left to right; fixed: one random order for every
-    # sample; blockwise: contiguous blocks of block_size, see block_mode. KINDS: the keys of
-    # ORDER_KINDS (below), which says what each draws.
+    # sample; blockwise: contiguous blocks of block_size, see block_mode.
     kind: Literal[KINDS] = field(default="mixture", metadata={"aliases": ALIASES})
     p_left_to_right: float = 0.1
     # p_left_to_right moves to p_left_to_right_end over schedule_steps (constant: never moves).
