@@ -10,17 +10,22 @@ batch it sits in, the world size, the rank or what was drawn before. Resuming or
 number of GPUs reproduces the same orders, and no per-sample Python loop or Generator is needed.
 
 READINGS names the two ways a sequence is read (left to right, any order) once for every
-command, and Stream numbers every independent stream of random numbers of the project.
+command, ORDER_KINDS the ways training draws its orders, and Stream numbers every independent
+stream of random numbers of the project. Each is a closed vocabulary: a table defines its words,
+and every place that does something per word dispatches through a table of its own that is
+checked against them at import (per_reading), so a new word cannot fall through an `if` into
+another word's behaviour (docs/extending.md lists the tables).
 """
 
 from __future__ import annotations
 
 import json
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from enum import IntEnum
 from pathlib import Path
-from typing import Literal
+from typing import Literal, TypeVar
 
 import numpy as np
 import torch
@@ -70,8 +75,37 @@ def reading_named(word: str, what: str) -> Reading:
     return _BY_NAME[word]
 
 
-# order.kind: the readings and the training-only kinds
-KINDS = ("mixture", ANY_ORDER.word, LEFT_TO_RIGHT.word, "fixed", "blockwise")
+# Every table outside this file that does something per reading, as "file NAME": each is built by
+# per_reading, so that a reading added to READINGS fails at import until each of them has its
+# entry (the sampler would otherwise read it left to right, the evaluator drop it).
+READING_SITES = (
+    "model/sampler/engine.py ORDER_KEYS",  # the order a sample's positions are generated in
+    "trainer/evaluation.py READING_SCORES",  # the orders a text is scored along
+    "trainer/lm_harness.py LM_EVAL_READINGS",  # scored by lm-eval, or refused with the reason
+    "tools/plot_metrics.py STYLES",  # its curves' line style
+)
+_Entry = TypeVar("_Entry")
+
+
+class UnhandledReading(Exception):
+    """A table keyed by reading does not match READINGS: a programming error, raised at import."""
+
+
+def per_reading(site: str, entries: dict[str, _Entry]) -> dict[str, _Entry]:
+    """entries, a site's table keyed by reading word, checked to have one entry per reading of
+    READINGS and no other; UnhandledReading naming every site to extend otherwise."""
+    if site not in READING_SITES:
+        raise UnhandledReading(f"{site} is keyed by reading but not listed in model/orders.py "
+                               "READING_SITES: add it there, so that a new reading names it")
+    missing = [word for word in READING_WORDS if word not in entries]
+    unknown = [word for word in entries if word not in READING_WORDS]
+    if missing or unknown:
+        what = (f"has {', '.join(map(repr, missing))}, which {site} does not handle" if missing
+                else f"has no {', '.join(map(repr, unknown))}, which {site} names")
+        raise UnhandledReading(
+            f"model/orders.py READINGS {what}: a reading needs an entry in each of "
+            f"{', '.join(READING_SITES)} (docs/extending.md, 'A new reading')")
+    return entries
 
 
 @dataclass
@@ -261,10 +295,10 @@ class OrderSampler:
 
     def _fixed_order(self) -> torch.Tensor | None:
         c = self.config
-        if c.kind == "fixed" and c.fixed_file is not None:
+        if c.fixed_file is not None:  # order.kind=fixed's (validate refuses it elsewhere)
             return load_order_file(c.fixed_file, self.seq_len)
-        if c.kind == "fixed" or (c.kind == "blockwise" and c.blockwise_fixed):
-            return self._draw(c.kind, c.fixed_seed, 0, torch.zeros(1, dtype=torch.int64))[0]
+        if ORDER_KINDS[c.kind].fixed(c):
+            return self._draw(c.fixed_seed, 0, torch.zeros(1, dtype=torch.int64))[0]
         return None
 
     def p_left_to_right(self, step: int) -> float:
@@ -284,14 +318,11 @@ class OrderSampler:
         """(b,) global sample indices -> orders (b, seq_len) int64, is_l2r (b,) bool (same device)."""
         sample_indices = sample_indices.to(torch.int64)
         b, device = sample_indices.numel(), sample_indices.device
-        identity = torch.arange(self.seq_len, device=device).expand(b, -1)
-        kind = self.config.kind
-        if kind == LEFT_TO_RIGHT.word:
-            return identity.clone(), torch.ones(b, dtype=torch.bool, device=device)
-        if self._fixed is not None:
+        if self._fixed is not None:  # l2r's identity among them
             if device not in self._fixed_on:
                 self._fixed_on[device] = self._fixed.to(device)
             orders = self._fixed_on[device].expand(b, -1).clone()
+            identity = torch.arange(self.seq_len, device=device).expand(b, -1)
             return orders, (orders == identity).all(dim=1)
         # made on the device (a fill, no copy from the host): tensors, so a compiled draw is
         # one graph for every step
@@ -303,33 +334,77 @@ class OrderSampler:
                 ) -> tuple[torch.Tensor, torch.Tensor]:
         """Orders of a random kind, and is_l2r: step and p_left_to_right are 0-dim tensors."""
         b, device = sample_indices.numel(), sample_indices.device
-        kind = self.config.kind
-        orders = self._draw(kind, self.seed, step, sample_indices)
-        if kind != "mixture":
+        orders = self._draw(self.seed, step, sample_indices)
+        if not ORDER_KINDS[self.config.kind].mixture:
             return orders, torch.zeros(b, dtype=torch.bool, device=device)
         is_l2r = counter_uniform(self.seed, step, sample_indices, Stream.COIN) < p_left_to_right
         identity = torch.arange(self.seq_len, device=device).expand(b, -1)
         return torch.where(is_l2r[:, None], identity, orders), is_l2r
 
-    def _draw(self, kind: str, seed: int, step: int | torch.Tensor,
-              sample_indices: torch.Tensor) -> torch.Tensor:
-        """Random orders of this kind, one per sample index: (b, seq_len)."""
-        t, device = self.seq_len, sample_indices.device
-        samples = sample_indices[:, None]  # (b, 1), broadcast against positions
-        if kind != "blockwise":  # random, and the random part of mixture and fixed
-            positions = torch.arange(t, device=device)
-            keys = counter_hash(seed, step, samples, Stream.PERMUTATION, positions)
-            return _random_permutations(keys)
-        size = self.config.block_size
-        n_blocks = t // size
-        if self.config.block_mode == "across_blocks":
-            blocks = torch.arange(n_blocks, device=device)
-            keys = counter_hash(seed, step, samples, Stream.BLOCKS, blocks)
-            block_order = _random_permutations(keys)
-            within = torch.arange(size, device=device)
-            return (block_order[:, :, None] * size + within).flatten(1)  # (b, n_blocks*size)
-        positions = torch.arange(t, device=device).view(n_blocks, size)
-        keys = counter_hash(seed, step, samples[:, :, None], Stream.PERMUTATION, positions)
-        within = _random_permutations(keys)  # (b, n_blocks, size): a permutation per block
-        offsets = torch.arange(n_blocks, device=device)[:, None] * size
-        return (within + offsets).flatten(1)
+    def _draw(self, seed: int, step: int | torch.Tensor, sample_indices: torch.Tensor
+              ) -> torch.Tensor:
+        """Orders of the configured kind, one per sample index: (b, seq_len)."""
+        draw = ORDER_KINDS[self.config.kind].draw
+        return draw(self.config, self.seq_len, seed, step, sample_indices[:, None])
+
+
+# ---- the order kinds -----------------------------------------------------------------------------
+# Each draw: (config, seq_len, seed, step, sample indices (b, 1)) -> orders (b, seq_len).
+
+def _identity(config: OrderConfig, t: int, seed: int, step: int | torch.Tensor,
+              samples: torch.Tensor) -> torch.Tensor:
+    return torch.arange(t, device=samples.device).expand(len(samples), -1)
+
+
+def _permutations(config: OrderConfig, t: int, seed: int, step: int | torch.Tensor,
+                  samples: torch.Tensor) -> torch.Tensor:
+    """Uniformly random orders."""
+    positions = torch.arange(t, device=samples.device)
+    return _random_permutations(counter_hash(seed, step, samples, Stream.PERMUTATION, positions))
+
+
+def _blocks(config: OrderConfig, t: int, seed: int, step: int | torch.Tensor,
+            samples: torch.Tensor) -> torch.Tensor:
+    """Orders of contiguous blocks of config.block_size, as config.block_mode says."""
+    device, size = samples.device, config.block_size
+    n_blocks = t // size
+    if config.block_mode == "across_blocks":
+        blocks = torch.arange(n_blocks, device=device)
+        keys = counter_hash(seed, step, samples, Stream.BLOCKS, blocks)
+        block_order = _random_permutations(keys)
+        within = torch.arange(size, device=device)
+        return (block_order[:, :, None] * size + within).flatten(1)  # (b, n_blocks*size)
+    positions = torch.arange(t, device=device).view(n_blocks, size)
+    keys = counter_hash(seed, step, samples[:, :, None], Stream.PERMUTATION, positions)
+    within = _random_permutations(keys)  # (b, n_blocks, size): a permutation per block
+    offsets = torch.arange(n_blocks, device=device)[:, None] * size
+    return (within + offsets).flatten(1)
+
+
+def _always(config: OrderConfig) -> bool:
+    return True
+
+
+def _never(config: OrderConfig) -> bool:
+    return False
+
+
+@dataclass(frozen=True)
+class OrderKind:
+    """What order.kind=<word> draws: the one definition of a kind, which OrderConfig accepts and
+    OrderSampler follows."""
+
+    draw: Callable[[OrderConfig, int, int, int | torch.Tensor, torch.Tensor], torch.Tensor]
+    # one order for every sample and step (drawn once, from order.fixed_seed), or a fresh one each
+    fixed: Callable[[OrderConfig], bool] = _never
+    mixture: bool = False  # left to right with probability p_left_to_right, else `draw`
+
+
+ORDER_KINDS = {
+    "mixture": OrderKind(_permutations, mixture=True),
+    ANY_ORDER.word: OrderKind(_permutations),
+    LEFT_TO_RIGHT.word: OrderKind(_identity, fixed=_always),
+    "fixed": OrderKind(_permutations, fixed=_always),  # or order.fixed_file's
+    "blockwise": OrderKind(_blocks, fixed=lambda config: config.blockwise_fixed),
+}
+KINDS = tuple(ORDER_KINDS)  # order.kind's words

@@ -29,16 +29,19 @@ import matplotlib.pyplot as plt  # noqa: E402
 from aogpt import UsageError, cli_entry  # noqa: E402
 from aogpt.files import OutputFile, check_output_file, png_provenance, write_atomic  # noqa: E402
 from aogpt.model.checkpoint import provenance  # noqa: E402
-from aogpt.model.orders import ANY_ORDER, LEFT_TO_RIGHT, READINGS  # noqa: E402
+from aogpt.model.orders import ANY_ORDER, LEFT_TO_RIGHT, READINGS, per_reading  # noqa: E402
 from aogpt.trainer.metrics import curve, loss_key, run_records  # noqa: E402
 from aogpt.trainer.zero_shot import metric_name  # noqa: E402
 
-STYLES = {LEFT_TO_RIGHT: "-", ANY_ORDER: "--"}  # solid: left to right, dashed: any order
+# each reading's line style (model/orders.py per_reading: a new reading needs its entry here)
+STYLES = per_reading("tools/plot_metrics.py STYLES",
+                     {LEFT_TO_RIGHT.word: "-", ANY_ORDER.word: "--"})  # solid, dashed
 PANELS = (  # (title, curves: (key, label, line style), y label, log scale)
-    ("training loss", tuple((loss_key(reading), reading.label, STYLES[reading])
+    ("training loss", tuple((loss_key(reading), reading.label, STYLES[reading.word])
                             for reading in READINGS), "loss (nats/token)", False),
-    ("validation loss", tuple((loss_key(reading, validation=True), reading.label, STYLES[reading])
-                              for reading in READINGS), "loss (nats/token)", False),
+    ("validation loss", tuple((loss_key(reading, validation=True), reading.label,
+                               STYLES[reading.word]) for reading in READINGS),
+     "loss (nats/token)", False),
 )
 PLOT = OutputFile("tools/plot_metrics.py", "plot", (".png",))  # --out
 ZERO_SHOT = re.compile(metric_name(  # the name of a zero-shot set's perplexity

@@ -69,7 +69,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     add("--data", required=True, action="append", metavar="DIR",
         help="data folder made by data_prep, or s3://BUCKET/PREFIX; repeat for several")
     add("--orders", default=None, help="comma list of "
-        f"{', '.join(reading.spelled() for reading in READINGS)}; default: both "
+        f"{', '.join(reading.spelled() for reading in READINGS)}; default: every reading "
         f"({LEFT_TO_RIGHT.word} for a left-to-right GPT); 'none' to run only the ensemble")
     add("--num-orders", type=int, default=4, help="K random orders per sequence (default 4)")
     add("--ensemble", default="", metavar="M[,M2,...]",

@@ -38,7 +38,7 @@ import json
 import math
 import tempfile
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -51,7 +51,13 @@ from aogpt.data_prep import remote
 from aogpt.data_prep.manifest import check_compatible, read_manifest, split_path
 from aogpt.data_prep.streaming_compat import streaming
 from aogpt.model import AOGPT, OrderConfig, OrderSampler
-from aogpt.model.orders import ANY_ORDER, LEFT_TO_RIGHT, READING_WORDS, reading_named
+from aogpt.model.orders import (
+    ANY_ORDER,
+    LEFT_TO_RIGHT,
+    READING_WORDS,
+    per_reading,
+    reading_named,
+)
 from aogpt.model.sampler import PLANNERS, KVCacheSampler, SamplingConfig
 from aogpt.progress import progress as progress_bar
 from aogpt.trainer.ensemble import choose_targets, ensemble_member_nll, ensemble_sums
@@ -120,7 +126,7 @@ class EvalSettings:
         if unknown:
             raise UsageError(f"--planners {','.join(unknown)}: each must be one of "
                              f"{', '.join(PLANNERS[1:])}")
-        if ANY_ORDER.word in self.orders or self.ensemble or self.planners:
+        if set(self.orders) - {LEFT_TO_RIGHT.word} or self.ensemble or self.planners:
             model.config.require_any_order("it cannot score other orders; use --orders "
                                            f"{LEFT_TO_RIGHT.word} and no --ensemble")
 
@@ -279,6 +285,39 @@ def _score(nll_sum: float, tokens: float) -> dict:
     return {"nll": nll_sum / tokens, "ppl": math.exp(nll_sum / tokens)}
 
 
+@dataclass(frozen=True)
+class ReadingScore:
+    """How the evaluator scores a text along a reading (READING_SCORES)."""
+
+    # the orders of a batch's k-th forward: (order sampler, k, sample indices (b,), lengths (b,),
+    # n) -> (b, n) orders that read the real tokens first
+    orders: Callable[[OrderSampler, int, torch.Tensor, torch.Tensor, int], torch.Tensor]
+    # settings.num_orders random orders, whose mean is a bound reported with its spread over the
+    # orders; or one order, whose nll is an exact likelihood
+    random: bool
+    # its orders are the identity: run as the network's causal path (no orders), which computes
+    # the same numbers without the target positions' gathers
+    causal: bool = False
+
+
+def _identity_orders(sampler: OrderSampler, k: int, sample_indices: torch.Tensor,
+                     lengths: torch.Tensor, n: int) -> torch.Tensor:
+    return torch.arange(n, device=sample_indices.device).expand(len(sample_indices), n)
+
+
+def _random_orders(sampler: OrderSampler, k: int, sample_indices: torch.Tensor,
+                   lengths: torch.Tensor, n: int) -> torch.Tensor:
+    return real_first(sampler(k, sample_indices)[0], lengths)
+
+
+# EvalSettings.orders' words -> how each is scored (model/orders.py per_reading: a new reading
+# needs its entry here)
+READING_SCORES = per_reading("trainer/evaluation.py READING_SCORES", {
+    LEFT_TO_RIGHT.word: ReadingScore(_identity_orders, random=False, causal=True),
+    ANY_ORDER.word: ReadingScore(_random_orders, random=True),
+})
+
+
 class Evaluator:
     """Scores data folders with one model and one EvalSettings on this rank's share of samples."""
 
@@ -313,8 +352,9 @@ class Evaluator:
         with self.precision():
             for batch in batches:
                 self.score_batch(sampler, tallies, *(t.to(self.device) for t in batch))
-        summarize = {LEFT_TO_RIGHT.word: self.summarize_l2r,
-                     ANY_ORDER.word: self.summarize_random, "ensemble": self.summarize_ensemble,
+        summarize = {**{word: self.summarize_random if score.random else self.summarize_exact
+                        for word, score in READING_SCORES.items()},
+                     "ensemble": self.summarize_ensemble,
                      **{planner_kind(p): self.summarize_planner for p in self.settings.planners}}
         return {kind: summarize[kind](tally.reduced()) for kind, tally in tallies.items()}
 
@@ -330,18 +370,15 @@ class Evaluator:
                 "samples": data.num_samples, "seq_len": data.seq_len, **scores}
 
     def new_tallies(self) -> dict[str, Tally]:
-        """Empty sums per kind of score: (nll, tokens), per random order for the any-order
-        reading, and (estimate, variance) per size for the ensemble."""
+        """Empty sums per kind of score: (nll, tokens), per order for a random reading, and
+        (estimate, variance) per size for the ensemble."""
         s = self.settings
 
         def sums(*shape: int) -> torch.Tensor:
             return torch.zeros(*shape, dtype=torch.float64, device=self.device)
 
-        tallies = {}
-        if LEFT_TO_RIGHT.word in s.orders:
-            tallies[LEFT_TO_RIGHT.word] = Tally(sums(2))
-        if ANY_ORDER.word in s.orders:
-            tallies[ANY_ORDER.word] = Tally(sums(s.num_orders, 2))
+        tallies = {word: Tally(sums(s.num_orders, 2) if READING_SCORES[word].random else sums(2))
+                   for word in s.orders}
         if s.ensemble:
             tallies["ensemble"] = Tally(sums(len(s.ensemble), 2),
                                         extra={"tokens": 0, "scored_targets": 0})
@@ -368,22 +405,21 @@ class Evaluator:
             tally.forwards, tally.slot_forwards = tally.forwards + b, tally.slot_forwards + b * n
             return model(idx, orders).double()  # (b, n)
 
-        if LEFT_TO_RIGHT.word in tallies:
-            tally = tallies[LEFT_TO_RIGHT.word]
+        for word, score in READING_SCORES.items():
+            if word not in tallies:
+                continue
+            tally = tallies[word]
             with self.timed(tally):
-                orders = torch.arange(n, device=idx.device).expand(b, n)
-                nll = order_nll(tally, None)
-                tally.sums += torch.stack([(nll * real).sum(), real.sum()])
-            scored[LEFT_TO_RIGHT.word] = orders, nll
-        if ANY_ORDER.word in tallies:
-            tally = tallies[ANY_ORDER.word]
-            with self.timed(tally):
-                for k in range(s.num_orders):
-                    orders = real_first(sampler(k, sample_indices)[0], lengths)
-                    nll = order_nll(tally, orders)
-                    tally.sums[k] += torch.stack([(nll * real).sum(), real.sum()])
+                for k in range(s.num_orders if score.random else 1):
+                    orders = score.orders(sampler, k, sample_indices, lengths, n)
+                    nll = order_nll(tally, None if score.causal else orders)
+                    sums = torch.stack([(nll * real).sum(), real.sum()])
+                    if score.random:
+                        tally.sums[k] += sums
+                    else:
+                        tally.sums += sums
                     if k == 0:
-                        scored[ANY_ORDER.word] = orders, nll
+                        scored[word] = orders, nll
         if "ensemble" in tallies:
             self.score_ensemble(tallies["ensemble"], sampler, scored, sample_indices, idx, lengths)
         for planner in s.planners:
@@ -422,9 +458,8 @@ class Evaluator:
             if s.ensemble_base in scored:
                 base_orders, base_nll = scored[s.ensemble_base]
             else:
-                base_orders = torch.arange(n, device=idx.device).expand(b, n)
-                if s.ensemble_base == ANY_ORDER.word:
-                    base_orders = real_first(sampler(0, sample_indices)[0], lengths)
+                base_orders = READING_SCORES[s.ensemble_base].orders(sampler, 0, sample_indices,
+                                                                     lengths, n)
                 base_nll = model(idx, base_orders).double()
             unit_sample, unit_target, counts = choose_targets(
                 s.seed, sample_indices, lengths, s.ensemble_targets, n)
@@ -449,7 +484,7 @@ class Evaluator:
         return {"forwards": tally.forwards, "token_forwards": tally.slot_forwards,
                 "wall_s": round(tally.seconds, 3)}
 
-    def summarize_l2r(self, tally: Tally) -> dict:
+    def summarize_exact(self, tally: Tally) -> dict:
         nll_sum, tokens = tally.sums.tolist()
         return {**_score(nll_sum, tokens), "tokens": round(tokens), **self._cost(tally)}
 

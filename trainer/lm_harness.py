@@ -61,7 +61,7 @@ from aogpt import UsageError, cli_entry
 from aogpt.data_prep.tokenizer import EOS, load_gpt2
 from aogpt.model import AOGPT, load_checkpoint
 from aogpt.model.config import GPT2_VOCAB
-from aogpt.model.orders import ANY_ORDER, LEFT_TO_RIGHT, reading_named
+from aogpt.model.orders import ANY_ORDER, LEFT_TO_RIGHT, READINGS, per_reading, reading_named
 from aogpt.model.precision import resolve_device
 from aogpt.model.sampler import KVCacheSampler, SamplingConfig, given_tokens
 from aogpt.progress import progress
@@ -77,21 +77,34 @@ GENERATION_OPTIONS = {"until", "max_gen_toks", "do_sample", "temperature", "top_
 _ROLLING_START = -1  # the prefix lm-eval's rolling windows put first: the [None] slot here
 
 
+# What lm-eval does with each reading (model/orders.py per_reading: a new reading needs its entry
+# here): None, scored along the network's causal path; or why it is refused. lm-eval's tasks
+# compare exact log-likelihoods of a continuation after its context, which only a reading of the
+# context first, then the continuation left to right, gives
+LM_EVAL_READINGS = per_reading("trainer/lm_harness.py LM_EVAL_READINGS", {
+    LEFT_TO_RIGHT.word: None,
+    # a bound is no likelihood: lm-eval would compare bounds
+    ANY_ORDER.word: f"{ANY_ORDER.label} gives only a bound (trainer/evaluate.py scores it)",
+})
+
+
 def parse_order(spec: str) -> int:
     """"l2r" (or an alias) -> 1, "ensemble:M" -> M: the members each scored token is averaged
     over."""
     kind, _, members = str(spec).partition(":")
     if kind == "ensemble" and members.isdigit() and int(members) >= 1:
         return int(members)
-    choices = f"give {LEFT_TO_RIGHT.spelled()} or ensemble:M (M >= 1 members, e.g. ensemble:8)"
+    scored = " or ".join(reading.spelled() for reading in READINGS
+                         if LM_EVAL_READINGS[reading.word] is None)
+    choices = f"give {scored} or ensemble:M (M >= 1 members, e.g. ensemble:8)"
     try:
         reading = reading_named(spec, "order")
     except UsageError:
         raise UsageError(f"order={spec!r}: {choices}") from None
-    if reading is ANY_ORDER:  # a bound is no likelihood: lm-eval would compare bounds
+    refusal = LM_EVAL_READINGS[reading.word]
+    if refusal is not None:
         raise UsageError(f"order={spec!r}: lm-eval's tasks need exact likelihoods, and "
-                         f"{ANY_ORDER.label} gives only a bound (trainer/evaluate.py scores it): "
-                         f"{choices}")
+                         f"{refusal}: {choices}")
     return 1
 
 

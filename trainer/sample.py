@@ -66,7 +66,7 @@ from aogpt.data_prep.tokenizer import EOS, load_gpt2
 from aogpt.files import OutputFile, check_output_file, write_text_atomic
 from aogpt.model import load_checkpoint
 from aogpt.model.checkpoint import describe_provenance, locate_checkpoint, provenance
-from aogpt.model.orders import ANY_ORDER, LEFT_TO_RIGHT, READINGS, reading_named
+from aogpt.model.orders import ANY_ORDER, READING_WORDS, READINGS, reading_named
 from aogpt.model.precision import reproducible_dtype, resolve_device
 from aogpt.model.sampler import (
     PLANNERS,
@@ -128,8 +128,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         help=f"speculative: positions drafted ahead per call (default "
              f"{SamplingConfig.draft}); a call yields at most K + 1 tokens")
     add("--planner", default=None, metavar="|".join(PLANNER_CHOICES),
-        help="who orders the positions: random or l2r (fixed up front, as --order), or the model "
-             "call by call: confidence, margin, entropy, threshold (default: --order)")
+        help=f"who orders the positions: {' or '.join(READING_WORDS)} (fixed up front, as "
+             "--order), or the model call by call: confidence, margin, entropy, threshold "
+             "(default: --order)")
     add("--reveal", type=int, default=None,
         help=f"confidence, margin, entropy: positions revealed per call (default "
              f"{SamplingConfig.reveal})")
@@ -175,7 +176,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 
 # --planner: the fixed orders by their reading's word, then the model's planners
-PLANNER_CHOICES = (ANY_ORDER.word, LEFT_TO_RIGHT.word, *(p for p in PLANNERS if p != "order"))
+PLANNER_CHOICES = (ANY_ORDER.word, *(word for word in READING_WORDS if word != ANY_ORDER.word),
+                   *(p for p in PLANNERS if p != "order"))
 
 INFILL_EXAMPLE = '\'{"0": "Once upon a time"}\''
 
@@ -258,7 +260,7 @@ def check_planner(args: argparse.Namespace) -> None:
         raise UsageError(f"--planner {args.planner!r} is none of {', '.join(PLANNER_CHOICES)}")
     if args.threshold is not None and not 0.0 < args.threshold < 1.0:
         raise UsageError(f"--threshold must be in (0, 1) (a top probability), got {args.threshold}")
-    if args.planner in (ANY_ORDER.word, LEFT_TO_RIGHT.word):
+    if args.planner in READING_WORDS:
         word = reading_named(args.planner, "--planner").word
         if args.order != ANY_ORDER.word and args.order != word:
             raise UsageError(f"--planner {args.planner} contradicts --order {args.order}: give one")

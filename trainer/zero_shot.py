@@ -88,7 +88,7 @@ def new_folder(path: Path, block_size: int) -> Path:
 
 
 def settings(model: AOGPT, precision: str, batch_size: int, num_orders: int) -> EvalSettings:
-    """What in-training evaluation scores: both readings where the model has both."""
+    """What in-training evaluation scores: every reading where the model reads any order."""
     orders = READING_WORDS if model.config.any_order else (LEFT_TO_RIGHT.word,)
     return EvalSettings(orders=orders, num_orders=num_orders, batch_size=batch_size,
                         seed=EVAL_ORDER_SEED, precision=precision)

@@ -1,7 +1,7 @@
 """The sampler's engine: the order, the static KV cache and the network call every way of choosing
 tokens shares (SamplingConfig.sampler picks one of STRATEGIES).
 
-Each sample draws its order σ up front (given positions first, the rest random or left to right).
+Each sample draws its order σ up front (given positions first, the rest as its reading reads them).
 The training stream has one slot per prediction (model/gpt.py):
 
     slot k   holds x[σ_{k-1}] at its position ([None] for k = 0)   condition σ_k   predicts x[σ_k]
@@ -49,7 +49,15 @@ import torch
 from aogpt import UsageError
 from aogpt.model.config import GPT2_VOCAB
 from aogpt.model.gpt import AOGPT
-from aogpt.model.orders import ANY_ORDER, LEFT_TO_RIGHT, Stream, counter_uniform, shuffle, unshuffle
+from aogpt.model.orders import (
+    ANY_ORDER,
+    LEFT_TO_RIGHT,
+    Stream,
+    counter_uniform,
+    per_reading,
+    shuffle,
+    unshuffle,
+)
 from aogpt.model.sampler.cache import StaticKVCache
 from aogpt.model.sampler.config import SamplingConfig
 from aogpt.model.sampler.outputs import Generation, StepOutput
@@ -66,16 +74,33 @@ STRATEGIES = {"parallel": ParallelSampling, "speculative": SpeculativeSampling}
 FAILED_FAST_PATHS: set[str] = set()
 
 
+def _position_keys(config: SamplingConfig, sample_ids: torch.Tensor, n: int) -> torch.Tensor:
+    positions = torch.arange(n, device=sample_ids.device)
+    return positions.double().expand(len(sample_ids), n) / n
+
+
+def _random_keys(config: SamplingConfig, sample_ids: torch.Tensor, n: int) -> torch.Tensor:
+    positions = torch.arange(n, device=sample_ids.device)
+    return counter_uniform(config.seed, sample_ids[:, None], Stream.SAMPLE_ORDER, positions)
+
+
+# SamplingConfig.order -> keys in [0, 1) of a sample's positions (b, n), ascending in the order
+# they are generated (model/orders.py per_reading: a new reading needs its entry here)
+ORDER_KEYS = per_reading("model/sampler/engine.py ORDER_KEYS", {
+    LEFT_TO_RIGHT.word: _position_keys,
+    ANY_ORDER.word: _random_keys,
+})
+
+
 def draw_orders(config: SamplingConfig, given_mask: torch.Tensor,
                 sample_ids: torch.Tensor) -> torch.Tensor:
-    """(b, n) int64: given positions first (ascending), then the others in random or l2r order
-    (a planner's blocks: in position order, so that each block's positions come together)."""
-    b, n = given_mask.shape
+    """(b, n) int64: given positions first (ascending), then the others in the order of
+    config.order's ORDER_KEYS (a planner's blocks: in position order, so that each block's
+    positions come together)."""
+    n = given_mask.shape[1]
     positions = torch.arange(n, device=given_mask.device)
-    if config.order == ANY_ORDER.word and not (config.planner != "order" and config.block):
-        keys = counter_uniform(config.seed, sample_ids[:, None], Stream.SAMPLE_ORDER, positions)
-    else:
-        keys = positions.double().expand(b, n) / n
+    blocks = config.planner != "order" and config.block
+    keys = (_position_keys if blocks else ORDER_KEYS[config.order])(config, sample_ids, n)
     keys = torch.where(given_mask, positions.double() - n, keys)
     return keys.argsort(dim=1, stable=True)
 

@@ -9,6 +9,7 @@ loss) checks on the device whether its gradient is uniform; CUDA graphs need a C
 import pytest
 import torch
 from device_testing import META, DeviceCrossings, let_meta_run_without_autocast, tiny_meta_model
+from vocabulary_testing import order_configs
 
 import aogpt.model.sampler.parallel as sampler_module
 from aogpt.model import OrderConfig, OrderSampler
@@ -18,19 +19,12 @@ from aogpt.model.sampler.parallel import reveal_counts
 N, B = 16, 4  # sequence length, batch
 
 ORDER_CONFIGS = {
-    "mixture": OrderConfig(kind="mixture"),
+    **order_configs(4),  # every kind, and blockwise blocks drawn afresh, a scheduled mixture
     "mixture-always-l2r": OrderConfig(kind="mixture", p_left_to_right=1.0),
-    "uniform": OrderConfig(kind="uniform"),
-    "l2r": OrderConfig(kind="l2r"),
-    "fixed": OrderConfig(kind="fixed", fixed_seed=5),
-    "blockwise-within-fixed": OrderConfig(kind="blockwise", block_size=4),
-    "blockwise-within-fresh": OrderConfig(kind="blockwise", block_size=4, blockwise_fixed=False),
     "blockwise-across-fixed": OrderConfig(kind="blockwise", block_size=4, block_mode="across_blocks"),
-    "blockwise-across-fresh": OrderConfig(kind="blockwise", block_size=4, block_mode="across_blocks",
-                                          blockwise_fixed=False),
     **{f"mixture-{schedule}-schedule": OrderConfig(kind="mixture", p_left_to_right=0.5,
                                                    schedule=schedule, schedule_steps=10)
-       for schedule in ("linear", "step", "cosine")},
+       for schedule in ("linear", "step")},
 }
 
 

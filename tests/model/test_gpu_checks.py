@@ -15,8 +15,9 @@ one: what benchmarks/gpu_report.py runs first of all (with the other `pytest -m 
 
 import pytest
 import torch
+from vocabulary_testing import order_configs
 
-from aogpt.model import AOGPT, ModelConfig, OrderConfig, OrderSampler
+from aogpt.model import AOGPT, ModelConfig, OrderSampler
 from aogpt.model import loss as loss_module
 from aogpt.model.sampler import KVCacheSampler, SamplingConfig, inverse_cdf
 from aogpt.model.sampler.draw import position_uniforms
@@ -27,15 +28,7 @@ pytestmark = pytest.mark.gpu
 CUDA = torch.device("cuda")
 N = 128
 
-ORDER_CONFIGS = {
-    "mixture": OrderConfig(kind="mixture", p_left_to_right=0.3),
-    "random": OrderConfig(kind="random"),
-    "blockwise-fresh": OrderConfig(kind="blockwise", block_size=16, blockwise_fixed=False),
-    "blockwise-across": OrderConfig(kind="blockwise", block_size=16, block_mode="across_blocks",
-                                    blockwise_fixed=False),
-    "mixture-schedule": OrderConfig(kind="mixture", p_left_to_right=0.5, schedule="cosine",
-                                    schedule_steps=100),
-}
+ORDER_CONFIGS = order_configs(16)  # every order kind, and the settings that draw differently
 
 
 # every kind eager; compiled (a graph each: seconds), the two whose kernels differ most

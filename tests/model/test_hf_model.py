@@ -9,13 +9,14 @@ import re
 import pytest
 import torch
 from conftest import perturbed_float64_model
+from vocabulary_testing import DECODER_VARIANTS, variant_config
 
-from aogpt.model.config import GPT2_VOCAB, ModelConfig, plain_gpt, sigma_gpt
+from aogpt.model.config import GPT2_VOCAB, ModelConfig
 from aogpt.model.hf.configuration_aogpt import AOGPTConfig
 from aogpt.model.hf.modeling_aogpt import AOGPTForCausalLM
 
 BASE = ModelConfig(n_layer=2, n_head=2, n_embd=16, block_size=16, cond_dim=8)
-KINDS = {"ao_gpt": BASE, "sigma_gpt": sigma_gpt(BASE), "plain_gpt": plain_gpt(BASE)}
+KINDS = {variant: variant_config(BASE, variant) for variant in DECODER_VARIANTS}
 
 
 def wrapped(config: ModelConfig):

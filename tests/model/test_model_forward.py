@@ -6,6 +6,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 from conftest import perturbed_float64_model
+from vocabulary_testing import ANY_ORDER_VARIANTS, variant_config
 
 from aogpt import UsageError
 from aogpt.model import AOGPT, loss, shuffle, unshuffle
@@ -150,10 +151,10 @@ def test_unshuffled_nll_puts_each_value_at_its_tokens_original_position():
     torch.testing.assert_close(by_position.sum(1), nll.sum(1))  # -log p(x | order) either way
 
 
-@pytest.mark.parametrize("variant", ["adaln", "sigma_sum"])
+@pytest.mark.parametrize("variant", ANY_ORDER_VARIANTS)
 @pytest.mark.parametrize("weighting", ["mean", "weighted"])
 def test_chunked_loss_equals_full_logits_loss_in_value_and_gradient(variant, weighting):
-    config = tiny_config() if variant == "adaln" else sigma_gpt(tiny_config())
+    config = variant_config(tiny_config(), variant)
     idx, orders = random_batch()
     weights = torch.rand(idx.shape, dtype=torch.float64) if weighting == "weighted" else None
     results = {}

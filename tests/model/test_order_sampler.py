@@ -6,6 +6,7 @@ import math
 import numpy as np
 import pytest
 import torch
+from vocabulary_testing import order_configs
 
 from aogpt import UsageError
 from aogpt.model import OrderConfig, OrderSampler
@@ -19,6 +20,21 @@ def draw(step=0, b=8, seq_len=N, seed=0, **config):
 
 def is_permutation(orders: torch.Tensor) -> bool:
     return torch.equal(orders.sort(dim=1).values, torch.arange(orders.size(1)).expand_as(orders))
+
+
+CONFIGS = order_configs(8)  # every order kind (ORDER_KINDS), so a new one is held to this too
+
+
+@pytest.mark.parametrize("name", CONFIGS)
+def test_every_kind_draws_permutations_that_depend_only_on_the_sample_and_step(name):
+    sampler = OrderSampler(CONFIGS[name], N, seed=4)
+    indices = torch.tensor([5, 900, 17, 3, 40_000, 8])
+    orders, is_l2r = sampler(3, indices)
+    assert orders.shape == (6, N) and orders.dtype == torch.int64 and is_permutation(orders)
+    assert torch.equal(is_l2r, (orders == torch.arange(N)).all(dim=1))
+    for i in (0, 4):  # drawn alone, or among other samples: the same order
+        alone, alone_l2r = sampler(3, indices[i:i + 1])
+        assert torch.equal(alone[0], orders[i]) and bool(alone_l2r[0]) == bool(is_l2r[i])
 
 
 def test_l2r_orders_are_the_identity():

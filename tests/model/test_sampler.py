@@ -7,10 +7,11 @@ import sys
 import pytest
 import torch
 from conftest import perturbed_float64_model
+from vocabulary_testing import ANY_ORDER_VARIANTS, variant_config
 
 from aogpt import UsageError
 from aogpt.model import AOGPT, save_consolidated
-from aogpt.model.config import GPT2_VOCAB, ModelConfig, plain_gpt, sigma_gpt
+from aogpt.model.config import GPT2_VOCAB, ModelConfig, plain_gpt
 from aogpt.model.sampler import KVCacheSampler, SamplingConfig, filter_logits, inverse_cdf
 from aogpt.model.sampler.cache import StaticKVCache
 from aogpt.model.sampler.parallel import reveal_counts
@@ -60,9 +61,9 @@ class RecordingCache:
         return k, v
 
 
-@pytest.mark.parametrize("variant", ["adaln", "sigma_sum"])
+@pytest.mark.parametrize("variant", ANY_ORDER_VARIANTS)
 def test_one_token_per_step_gives_the_full_forwards_logits_at_every_step(variant):
-    model = make_model(tiny_config() if variant == "adaln" else sigma_gpt(tiny_config()))
+    model = make_model(variant_config(tiny_config(), variant))
     calls, on_step = record_steps()
     out, _ = generate(model, steps=N, on_step=on_step)
     assert out.network_calls == N

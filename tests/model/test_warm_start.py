@@ -5,6 +5,7 @@ import json
 
 import pytest
 import torch
+from vocabulary_testing import DECODER_VARIANTS
 
 from aogpt import UsageError
 from aogpt.model import AOGPT, save_consolidated
@@ -34,7 +35,7 @@ def save_gpt2(folder, n_positions=BLOCK + 1, **changes):
 IDX = torch.randint(0, GPT2_VOCAB, (3, BLOCK), generator=torch.Generator().manual_seed(1))
 
 
-@pytest.mark.parametrize("injection", ["adaln", "sigma_sum"])
+@pytest.mark.parametrize("injection", DECODER_VARIANTS)
 def test_at_step_0_the_left_to_right_logits_are_gpt2s_after_its_end_of_text(tmp_path, injection):
     gpt2 = save_gpt2(tmp_path / "gpt2")
     model = AOGPT(gpt2_like(target_injection=injection)).eval()

@@ -7,11 +7,12 @@ from pathlib import Path
 import numpy as np
 import torch
 from conftest import SHARED_DATA
+from vocabulary_testing import variant_config
 
 from aogpt.data_prep.eval_to_mds import main as eval_to_mds
 from aogpt.data_prep.streaming_compat import release_shared_memory, streaming
 from aogpt.model import AOGPT, save_consolidated
-from aogpt.model.config import ModelConfig, plain_gpt, sigma_gpt
+from aogpt.model.config import ModelConfig
 
 SEQ_LEN = 16
 WIKITEXT = SHARED_DATA / "wikitext-2" / "valid.txt"
@@ -63,7 +64,7 @@ def read_folder(folder: Path) -> dict[str, np.ndarray]:
 
 def tiny_config(kind: str = "adaln", block_size: int = 48) -> ModelConfig:
     base = ModelConfig(n_layer=2, n_head=2, n_embd=32, block_size=block_size, cond_dim=8)
-    return {"adaln": base, "sigma_sum": sigma_gpt(base), "none": plain_gpt(base)}[kind]
+    return variant_config(base, kind)
 
 
 def tiny_model(kind: str = "adaln", seed: int = 0, block_size: int = 48) -> AOGPT:

@@ -13,6 +13,7 @@ import pytest
 import torch
 from conftest import REPO, UNWRITABLE_FILES, run_cli, unwritable_file
 from eval_testing import build_wikitext, read_folder, save_checkpoint, wikitext_lines
+from vocabulary_testing import DECODER_VARIANTS
 
 import aogpt
 from aogpt.data_prep.owt_to_mds import main as owt_to_mds
@@ -34,7 +35,7 @@ COMMIT = r"[0-9a-f]{40}(\+dirty)?"  # git_sha()'s form; its value moves with eac
 def folders(tmp_path_factory):
     root = tmp_path_factory.mktemp("eval_cli")
     return {"data": build_wikitext(root / "wikitext2"),
-            **{kind: save_checkpoint(root / kind, kind) for kind in ("adaln", "sigma_sum", "none")},
+            **{kind: save_checkpoint(root / kind, kind) for kind in DECODER_VARIANTS},
             "raw_only": save_checkpoint(root / "raw_only", ema=False)}
 
 
