@@ -39,10 +39,11 @@ def shared_text() -> Path:
     return path
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def text_data(tmp_path_factory) -> Path:
     """Real text (trainer_testing.real_documents) made into MDS shards by data_prep/owt_to_mds.py,
-    once per test module that asks."""
+    once per session: every test reads it, none writes into it (a test that damages shards, or
+    needs a folder of its own, copies it first)."""
     from trainer_testing import build_data, real_documents  # tests/trainer/, whose modules ask
 
     return build_data(tmp_path_factory.mktemp("data") / "text", real_documents())

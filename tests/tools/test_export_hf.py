@@ -28,7 +28,7 @@ spec = importlib.util.spec_from_file_location("export_hf", REPO / "tools" / "exp
 export_hf = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(export_hf)
 sys.path.insert(0, str(REPO / "tests" / "trainer"))  # the trainer tests' real data and tiny runs
-from trainer_testing import MAIN, TINY_RUN, build_data, real_documents  # noqa: E402
+from trainer_testing import MAIN, TINY_RUN  # noqa: E402
 
 TEXT = (
     "The city council met on Tuesday to discuss the new bridge over the river. Engineers said "
@@ -364,15 +364,14 @@ def files_of(folder) -> dict:
 
 
 @pytest.fixture(scope="module")
-def training_run(tmp_path_factory):
+def training_run(text_data, tmp_path_factory):
     """A real run folder: trainer/main.py in one process, 2 steps of the tiny model, a
     checkpoint at each."""
     root = tmp_path_factory.mktemp("training_run")
-    data = build_data(root / "text", real_documents())
     out = root / "run"
     done = subprocess.run(
         [sys.executable, MAIN, "--ds_config", "ds_configs/cpu.json", "--config", "configs/tiny.yaml",
-         f"data.path={data}", f"out_dir={out}", *TINY_RUN, "train.max_steps=2",
+         f"data.path={text_data}", f"out_dir={out}", *TINY_RUN, "train.max_steps=2",
          "train.tokens_per_step=512", "checkpoint.every=1", "eval.every=2", "eval.batches=1"],
         cwd=REPO, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]

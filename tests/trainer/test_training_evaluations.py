@@ -9,7 +9,7 @@ import sys
 import pytest
 import torch
 from eval_testing import build_lambada, build_wikitext
-from trainer_testing import MAIN, REPO, SEQ_LEN, TINY_RUN, build_data, real_documents
+from trainer_testing import MAIN, REPO, SEQ_LEN, TINY_RUN
 
 from aogpt.trainer.metrics import read_metrics
 from aogpt.trainer.zero_shot import EVAL_ORDER_SEED
@@ -31,17 +31,16 @@ def tiny_gpt2(folder):
 
 
 @pytest.fixture(scope="module")
-def run(tmp_path_factory):
+def run(text_data, tmp_path_factory):
     """One process, 4 steps of the tiny model, two zero-shot sets (concatenated WikiText and
     per-passage LAMBADA) scored at steps 2 and 4 with the EMA and the raw weights, and 2 samples
     of 8 steps drawn at steps 2 and 4, judged by a tiny GPT-2."""
     root = tmp_path_factory.mktemp("zero_shot")
-    data = build_data(root / "text", real_documents())
     sets = [build_wikitext(root / "wikitext2", seq_len=SEQ_LEN),
             build_lambada(root / "lambada", seq_len=SEQ_LEN)]
     out = root / "run"
     args = ["--ds_config", "ds_configs/cpu.json", "--config", "configs/tiny.yaml",
-            f"data.path={data}", f"out_dir={out}", *TINY_RUN, f"train.max_steps={STEPS}",
+            f"data.path={text_data}", f"out_dir={out}", *TINY_RUN, f"train.max_steps={STEPS}",
             "train.tokens_per_step=512", "eval.every=2", "checkpoint.every=2",
             f"eval.sets=[{','.join(map(str, sets))}]", f"eval.max_tokens={20 * SEQ_LEN}",
             "eval.raw_weights=true", "eval.sample_every=2", "eval.sample_count=2",
