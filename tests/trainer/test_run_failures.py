@@ -315,6 +315,20 @@ def test_ctrl_c_while_the_trainer_starts_up_is_one_line_and_status_130(text_data
     assert not (tmp_path / "run").exists()
 
 
+def test_ctrl_c_ends_a_start_up_that_loses_the_keyboard_interrupt():
+    """The race behind a rare hang of the test above: Ctrl-C is answered before main by aogpt's
+    handler itself, not by a KeyboardInterrupt that the code running at that moment may lose."""
+    proc = subprocess.Popen([sys.executable, str(REPO / "tests" / "trainer" / "run_losing_ctrl_c.py")],
+                            cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout.readline() == "ready\n"
+        proc.send_signal(signal.SIGINT)
+        out, err = proc.communicate(timeout=30)
+    finally:
+        proc.kill()
+    assert (proc.returncode, out, err) == (130, "", "interrupted\n")
+
+
 def test_sigterm_ends_a_run_that_no_step_can_answer_within_the_grace(text_data, tmp_path):
     """The loader's worker hangs (stopped, as on a dead filesystem) before step 1 can finish: no
     step ever answers SIGTERM, and the watchdog ends the run after checkpoint.signal_grace_s."""
