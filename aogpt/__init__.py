@@ -10,6 +10,7 @@ how long work shows how far it is.
 
 import functools
 import os
+import signal
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -62,6 +63,8 @@ def cli_entry(main: Callable[..., int | None]) -> Callable[..., int]:
 
     @functools.wraps(main)
     def wrapper(*args, **kwargs) -> int:
+        if signal.getsignal(signal.SIGINT) is _interrupted_before_main:
+            signal.signal(signal.SIGINT, signal.default_int_handler)  # main's finally blocks run
         try:
             return main(*args, **kwargs) or 0
         except UsageError as err:
@@ -77,15 +80,12 @@ def cli_entry(main: Callable[..., int | None]) -> Callable[..., int]:
     return wrapper
 
 
-def _interrupted_before_main(kind, value, traceback) -> None:
-    """A command stopped by Ctrl-C while its imports load (torch, deepspeed: seconds), before
-    cli_entry's main runs: the same one line and status 130 as cli_entry, not a traceback."""
-    if not issubclass(kind, KeyboardInterrupt):
-        sys.__excepthook__(kind, value, traceback)
-        return
-    print("interrupted", file=sys.stderr)
-    sys.stdout.flush()
-    sys.stderr.flush()
+def _interrupted_before_main(signum, frame) -> None:
+    """Ctrl-C while a command's imports load (torch, deepspeed: seconds), before cli_entry's main
+    runs: the same one line and status 130 as cli_entry, at once. Not a KeyboardInterrupt, which
+    an import can lose (extension start-up code that calls back into Python and clears whatever
+    error it meets): a trainer interrupted so was seen still running 120 s later."""
+    os.write(2, b"interrupted\n")  # not print(): the handler may run inside one
     os._exit(130)  # nothing has started that an exit handler would need to end
 
 
@@ -98,5 +98,5 @@ def _running_a_command() -> bool:
             and not any(part.startswith(".") for part in script.relative_to(root).parts))
 
 
-if _running_a_command() and sys.excepthook is sys.__excepthook__:
-    sys.excepthook = _interrupted_before_main
+if _running_a_command() and signal.getsignal(signal.SIGINT) is signal.default_int_handler:
+    signal.signal(signal.SIGINT, _interrupted_before_main)

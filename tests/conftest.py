@@ -1,6 +1,7 @@
 """Shared fixtures: the repository root, the real text of ../shared/data when present, the data
 and launcher of the trainer's runs, and a real S3 server with that data in a bucket."""
 
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -39,13 +40,25 @@ def shared_text() -> Path:
     return path
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def text_data(tmp_path_factory) -> Path:
     """Real text (trainer_testing.real_documents) made into MDS shards by data_prep/owt_to_mds.py,
-    once per test module that asks."""
+    once per session: every test reads it, none writes into it (a test that damages shards, or
+    needs a folder of its own, copies it first)."""
     from trainer_testing import build_data, real_documents  # tests/trainer/, whose modules ask
 
     return build_data(tmp_path_factory.mktemp("data") / "text", real_documents())
+
+
+@pytest.fixture(scope="session")
+def finished_run(text_data, tmp_path_factory) -> tuple[Path, str]:
+    """One finished training (trainer_testing.train_logged: one process, 6 steps of the tiny
+    model, a validation and a checkpoint every 3) for the tests that read a run folder or its log:
+    (out_dir, the log's text). None writes into it; a test that needs to copies it."""
+    from trainer_testing import train_logged  # tests/trainer/, whose modules ask
+
+    out = tmp_path_factory.mktemp("runs") / "finished"
+    return out, train_logged(text_data, out, "train.max_steps=6")
 
 
 @pytest.fixture(scope="session")
@@ -98,6 +111,25 @@ def unwritable_file(folder: Path, case: str, name: str) -> Path:
 def run_cli(*args: str, env: dict | None = None, cwd: Path = REPO) -> subprocess.CompletedProcess:
     """Runs a command of this repo with the test's interpreter and captures its output."""
     return subprocess.run([sys.executable, *args], capture_output=True, text=True, cwd=cwd, env=env)
+
+
+@pytest.fixture
+def run_main(capsys):
+    """run_main(main, *argv) -> (exit status, stdout, stderr): a command's cli_entry main in this
+    process, for tests of what it computes (a subprocess pays the imports, seconds each on 2
+    cores); what a real process does (its status, signals, one-line refusals as a user sees them)
+    stays with run_cli. The environment the command sets (the rank variables of a world of one) is
+    undone after."""
+    saved = dict(os.environ)
+
+    def run(main, *argv) -> tuple[int, str, str]:
+        code = main([str(arg) for arg in argv])
+        out, err = capsys.readouterr()
+        return code, out, err
+
+    yield run
+    os.environ.clear()
+    os.environ.update(saved)
 
 
 def perturbed_float64_model(config: ModelConfig, seed: int = 0) -> AOGPT:

@@ -28,7 +28,6 @@ spec = importlib.util.spec_from_file_location("export_hf", REPO / "tools" / "exp
 export_hf = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(export_hf)
 sys.path.insert(0, str(REPO / "tests" / "trainer"))  # the trainer tests' real data and tiny runs
-from trainer_testing import MAIN, TINY_RUN, build_data, real_documents  # noqa: E402
 
 TEXT = (
     "The city council met on Tuesday to discuss the new bridge over the river. Engineers said "
@@ -363,20 +362,10 @@ def files_of(folder) -> dict:
             for p in sorted(folder.rglob("*")) if p.is_file()}
 
 
-@pytest.fixture(scope="module")
-def training_run(tmp_path_factory):
-    """A real run folder: trainer/main.py in one process, 2 steps of the tiny model, a
-    checkpoint at each."""
-    root = tmp_path_factory.mktemp("training_run")
-    data = build_data(root / "text", real_documents())
-    out = root / "run"
-    done = subprocess.run(
-        [sys.executable, MAIN, "--ds_config", "ds_configs/cpu.json", "--config", "configs/tiny.yaml",
-         f"data.path={data}", f"out_dir={out}", *TINY_RUN, "train.max_steps=2",
-         "train.tokens_per_step=512", "checkpoint.every=1", "eval.every=2", "eval.batches=1"],
-        cwd=REPO, capture_output=True, text=True, timeout=600)
-    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
-    return out
+@pytest.fixture
+def training_run(finished_run):
+    """A real run folder (trainer/main.py, 6 steps of the tiny model, a checkpoint every 3)."""
+    return finished_run[0]
 
 
 def test_a_training_run_is_never_replaced_even_with_force(training_run, tmp_path):
@@ -384,7 +373,7 @@ def test_a_training_run_is_never_replaced_even_with_force(training_run, tmp_path
     other = shutil.copytree(training_run / "final", tmp_path / "other_weights")
     before = files_of(training_run)
     assert {"config.yaml", "metrics.jsonl", "final/model.safetensors",
-            "checkpoints/step_00000002/model.safetensors"} <= set(before)
+            "checkpoints/step_00000006/model.safetensors"} <= set(before)
     done = subprocess.run([sys.executable, "tools/export_hf.py", "--ckpt", str(other),
                            "--out", str(training_run), "--force"],
                           cwd=REPO, capture_output=True, text=True)

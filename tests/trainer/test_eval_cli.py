@@ -1,6 +1,7 @@
 """trainer/evaluate.py: the command, every checkpoint kind, one or two processes, what it read,
 bad input refused before any scoring."""
 
+import functools
 import json
 import os
 import re
@@ -40,18 +41,9 @@ def folders(tmp_path_factory):
 
 
 @pytest.fixture
-def evaluate(capsys):
-    """Runs main() in this process (it sets the rank variables of a world of one: undone after)."""
-    saved = dict(os.environ)
-
-    def run(*argv: str) -> tuple[int, str, str]:
-        code = main([str(arg) for arg in argv])
-        out, err = capsys.readouterr()
-        return code, out, err
-
-    yield run
-    os.environ.clear()
-    os.environ.update(saved)
+def evaluate(run_main):
+    """evaluate.py's main in this process: (exit status, stdout, stderr)."""
+    return functools.partial(run_main, main)
 
 
 def results(path) -> dict:

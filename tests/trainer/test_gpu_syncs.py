@@ -8,7 +8,7 @@ import subprocess
 import sys
 
 import pytest
-from trainer_testing import REPO, build_data, real_documents
+from trainer_testing import REPO
 
 pytestmark = pytest.mark.gpu
 RUN = [  # 2 micro-batches per step, steps 2-5 between the boundaries of steps 1 and 6
@@ -18,16 +18,11 @@ RUN = [  # 2 micro-batches per step, steps 2-5 between the boundaries of steps 1
 ]
 
 
-@pytest.fixture(scope="module")
-def data(tmp_path_factory):
-    return build_data(tmp_path_factory.mktemp("data") / "text", real_documents())
-
-
 @pytest.mark.parametrize("precision", ["autocast_bf16", "bf16"])
-def test_no_step_after_the_first_waits_for_the_gpu(precision, data, tmp_path):
+def test_no_step_after_the_first_waits_for_the_gpu(precision, text_data, tmp_path):
     command = [sys.executable, str(REPO / "tests" / "trainer" / "run_in_sync_debug_mode.py"),
                "--ds_config", "ds_configs/zero1.json", "--config", "configs/tiny.yaml",
-               f"data.path={data}", f"out_dir={tmp_path / 'run'}",
+               f"data.path={text_data}", f"out_dir={tmp_path / 'run'}",
                f"train.precision={precision}", *RUN]
     done = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, (done.stdout + done.stderr)[-3000:]

@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 import torch
 from device_syncs import SyncLog, _Reads
-from trainer_testing import BIN, REPO, build_data, real_documents
+from trainer_testing import BIN, REPO
 
 from aogpt.trainer.dist_env import free_port
 from aogpt.trainer.failsafe import EXIT_FAILED
@@ -41,11 +41,6 @@ HOST_VALUES = re.compile(r"^(dist_env\.py:\d+:any_rank|dataloader\.py:\d+:__init
 # a layer's weights, every micro-step's gradient epilogue) and makes its norm's inf marker from
 # host data: stage 3 is the only one whose step cannot be made free of waits by settings
 ZERO3_MACHINERY = re.compile(r"^(partition_parameters|partitioned_param_coordinator|stage3)\.py:")
-
-
-@pytest.fixture(scope="module")
-def data(tmp_path_factory):
-    return build_data(tmp_path_factory.mktemp("data") / "text", real_documents())
 
 
 def waits_between_boundaries(ds_config: str, precision: str, data, tmp_path) -> list[dict]:
@@ -98,12 +93,13 @@ def test_the_recording_sees_the_waits_only_a_cuda_device_has():
     ("zero2", "fp32"),  # an fp32 engine, as autocast_bf16 on a GPU: gradients reduced every micro-step
     ("zero2", "bf16"),  # ZeRO-2's bf16 path (its overflow check)
 ], ids=lambda value: value)
-def test_between_log_boundaries_no_step_waits_for_the_device(ds_config, precision, data, tmp_path):
-    assert waits_between_boundaries(ds_config, precision, data, tmp_path) == []
+def test_between_log_boundaries_no_step_waits_for_the_device(ds_config, precision, text_data,
+                                                             tmp_path):
+    assert waits_between_boundaries(ds_config, precision, text_data, tmp_path) == []
 
 
 @pytest.mark.slow
-def test_zero3_waits_only_inside_deepspeeds_parameter_partitioning(data, tmp_path):
-    waits = waits_between_boundaries("zero3", "fp32", data, tmp_path)
+def test_zero3_waits_only_inside_deepspeeds_parameter_partitioning(text_data, tmp_path):
+    waits = waits_between_boundaries("zero3", "fp32", text_data, tmp_path)
     assert waits, "ZeRO-3 waits for its streams: if it no longer does, update docs/performance.md"
     assert [w for w in waits if not ZERO3_MACHINERY.match(w["where"])] == []

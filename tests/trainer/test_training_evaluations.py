@@ -9,14 +9,16 @@ import sys
 import pytest
 import torch
 from eval_testing import build_lambada, build_wikitext
-from trainer_testing import MAIN, REPO, SEQ_LEN, TINY_RUN, build_data, real_documents
+from trainer_testing import MAIN, REPO, SEQ_LEN, TINY_RUN
 
+from aogpt.trainer import evaluate as evaluate_py
+from aogpt.trainer import genppl as genppl_py
+from aogpt.trainer import sample as sample_py
 from aogpt.trainer.metrics import read_metrics
 from aogpt.trainer.zero_shot import EVAL_ORDER_SEED
 
-EVALUATE = str(REPO / "trainer" / "evaluate.py")
-SAMPLE = str(REPO / "trainer" / "sample.py")
-GENPPL = str(REPO / "trainer" / "genppl.py")
+# The commands that the run's own measurements must equal run in this process (run_main): the
+# numbers are the point, not the process
 STEPS = 4
 
 
@@ -31,17 +33,16 @@ def tiny_gpt2(folder):
 
 
 @pytest.fixture(scope="module")
-def run(tmp_path_factory):
+def run(text_data, tmp_path_factory):
     """One process, 4 steps of the tiny model, two zero-shot sets (concatenated WikiText and
     per-passage LAMBADA) scored at steps 2 and 4 with the EMA and the raw weights, and 2 samples
     of 8 steps drawn at steps 2 and 4, judged by a tiny GPT-2."""
     root = tmp_path_factory.mktemp("zero_shot")
-    data = build_data(root / "text", real_documents())
     sets = [build_wikitext(root / "wikitext2", seq_len=SEQ_LEN),
             build_lambada(root / "lambada", seq_len=SEQ_LEN)]
     out = root / "run"
     args = ["--ds_config", "ds_configs/cpu.json", "--config", "configs/tiny.yaml",
-            f"data.path={data}", f"out_dir={out}", *TINY_RUN, f"train.max_steps={STEPS}",
+            f"data.path={text_data}", f"out_dir={out}", *TINY_RUN, f"train.max_steps={STEPS}",
             "train.tokens_per_step=512", "eval.every=2", "checkpoint.every=2",
             f"eval.sets=[{','.join(map(str, sets))}]", f"eval.max_tokens={20 * SEQ_LEN}",
             "eval.raw_weights=true", "eval.sample_every=2", "eval.sample_count=2",
@@ -52,24 +53,25 @@ def run(tmp_path_factory):
     return out, sets, done.stdout, root / "judge"
 
 
-def evaluate(checkpoint, sets, weights, json_out) -> dict:
-    done = subprocess.run(
-        [sys.executable, EVALUATE, "--ckpt", str(checkpoint), *[a for s in sets for a in
-         ("--data", str(s))], "--num-orders", "2", "--seed", str(EVAL_ORDER_SEED),
-         "--weights", weights, "--precision", "fp32", "--max-samples", "20",
-         "--json", str(json_out)], cwd=REPO, capture_output=True, text=True, timeout=600)
-    assert done.returncode == 0, done.stderr[-3000:]
+def evaluate(run_main, checkpoint, sets, weights, json_out) -> dict:
+    code, _, err = run_main(
+        evaluate_py.main, "--ckpt", checkpoint, *[a for s in sets for a in ("--data", s)],
+        "--num-orders", "2", "--seed", EVAL_ORDER_SEED, "--weights", weights, "--precision",
+        "fp32", "--max-samples", "20", "--json", json_out)
+    assert code == 0, err[-3000:]
     return {result["data"]: result for result in json.loads(json_out.read_text())["results"]}
 
 
-def test_in_training_scores_equal_evaluate_py_on_the_checkpoint_of_that_step(run, tmp_path):
+def test_in_training_scores_equal_evaluate_py_on_the_checkpoint_of_that_step(run, run_main,
+                                                                             tmp_path):
     out, sets, _, _ = run
     records = {r["step"]: r for r in read_metrics(out / "metrics.jsonl") if "eval_s" in r}
     assert sorted(records) == [2, 4]
     for step in (2, 4):
         checkpoint = out / "checkpoints" / f"step_{step:08d}"
         for weights in ("ema", "raw"):
-            theirs = evaluate(checkpoint, sets, weights, tmp_path / f"{step}-{weights}.json")
+            theirs = evaluate(run_main, checkpoint, sets, weights,
+                              tmp_path / f"{step}-{weights}.json")
             for folder in sets:
                 for kind, reading in (("l2r", "l2r"), ("random", "ao")):
                     ours = records[step][f"eval/{folder.name}/{weights}/{reading}_nll"]
@@ -95,7 +97,8 @@ def test_each_round_is_one_log_line_with_its_cost(run):
     assert "(any order <= " in lines[0] and "% of the time since the last evaluation" in lines[0]
 
 
-def test_each_sample_round_draws_what_sample_py_draws_from_that_steps_checkpoint(run, tmp_path):
+def test_each_sample_round_draws_what_sample_py_draws_from_that_steps_checkpoint(run, run_main,
+                                                                                 tmp_path):
     out, _, _, _ = run
     for step in (2, 4):
         lines = (out / "samples" / f"step_{step:08d}.jsonl").read_text().splitlines()
@@ -103,26 +106,22 @@ def test_each_sample_round_draws_what_sample_py_draws_from_that_steps_checkpoint
         assert [(r["sample"], r["step"], r["weights"], len(r["tokens"])) for r in ours] == \
             [(0, step, "ema", SEQ_LEN), (1, step, "ema", SEQ_LEN)]
         theirs_file = tmp_path / f"theirs-{step}.jsonl"
-        done = subprocess.run(
-            [sys.executable, SAMPLE, "--ckpt", str(out / "checkpoints" / f"step_{step:08d}"),
-             "--num-samples", "2", "--steps", "8", "--out", str(theirs_file)],
-            cwd=REPO, capture_output=True, text=True, timeout=300)
-        assert done.returncode == 0, done.stderr[-3000:]
+        code, _, err = run_main(sample_py.main, "--ckpt", out / "checkpoints" / f"step_{step:08d}",
+                                "--num-samples", "2", "--steps", "8", "--out", theirs_file)
+        assert code == 0, err[-3000:]
         theirs = [json.loads(line) for line in theirs_file.read_text().splitlines()]
         assert [r["tokens"] for r in ours] == [r["tokens"] for r in theirs]
         assert [r["text"] for r in ours] == [r["text"] for r in theirs]
 
 
-def test_sample_metrics_are_genppl_pys_report_on_the_rounds_file(run, tmp_path):
+def test_sample_metrics_are_genppl_pys_report_on_the_rounds_file(run, run_main, tmp_path):
     out, _, _, judge = run
     records = {r["step"]: r for r in read_metrics(out / "metrics.jsonl") if "sample_entropy" in r}
     assert sorted(records) == [2, 4]
     report_file = tmp_path / "report.json"
-    done = subprocess.run([sys.executable, GENPPL, "--samples",
-                           str(out / "samples" / "step_00000004.jsonl"), "--judge", str(judge),
-                           "--json", str(report_file)],
-                          cwd=REPO, capture_output=True, text=True, timeout=300)
-    assert done.returncode == 0, done.stderr[-3000:]
+    code, _, err = run_main(genppl_py.main, "--samples", out / "samples" / "step_00000004.jsonl",
+                            "--judge", judge, "--json", report_file)
+    assert code == 0, err[-3000:]
     report = json.loads(report_file.read_text())
     assert records[4]["sample_gen_ppl"] == pytest.approx(report["mean_ppl"], rel=1e-9)
     assert records[4]["sample_entropy"] == pytest.approx(report["entropy"], rel=1e-12)

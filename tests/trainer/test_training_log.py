@@ -5,43 +5,22 @@ import re
 import shutil
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pytest
 import yaml
 from conftest import run_cli
-from trainer_testing import MAIN, REPO, TINY_RUN
+from trainer_testing import REPO, logged_command, train_logged
 
 from aogpt.data_prep.manifest import read_manifest
 from aogpt.trainer.metrics import read_metrics
-
-# one micro-batch of 8 x 64 tokens per step
-ONE_PROCESS = [*TINY_RUN, "train.tokens_per_step=512", "eval.every=3", "train.log_every=2",
-               "checkpoint.every=3"]
-
-
-def command(data, out, *overrides: str) -> list[str]:
-    return [sys.executable, MAIN, "--ds_config", "ds_configs/cpu.json", "--config",
-            "configs/tiny.yaml", f"data.path={data}", f"out_dir={out}", *ONE_PROCESS, *overrides]
-
-
-def train(data, out, *overrides: str) -> str:
-    """The run's output, as a log file holds it."""
-    log = out.parent / f"{out.name}.log"
-    with log.open("w") as sink:
-        done = subprocess.run(command(data, out, *overrides), cwd=REPO, stdout=sink,
-                              stderr=subprocess.STDOUT, timeout=300)
-    output = log.read_text()
-    assert done.returncode == 0, output[-3000:]
-    return output
 
 
 def start(data, out, log, *overrides: str, records: int) -> subprocess.Popen:
     """A training in the background, its output in `log`, once it has logged `records` steps."""
     with log.open("w") as sink:
-        proc = subprocess.Popen(command(data, out, *overrides), cwd=REPO, stdout=sink,
+        proc = subprocess.Popen(logged_command(data, out, *overrides), cwd=REPO, stdout=sink,
                                 stderr=subprocess.STDOUT)
     metrics = out / "metrics.jsonl"
     while not (metrics.is_file() and len(read_metrics(metrics)) >= records):
@@ -50,10 +29,9 @@ def start(data, out, log, *overrides: str, records: int) -> subprocess.Popen:
     return proc
 
 
-@pytest.fixture(scope="module")
-def logged(text_data, tmp_path_factory):
-    out = tmp_path_factory.mktemp("runs") / "logged"
-    return out, train(text_data, out, "train.max_steps=6")
+@pytest.fixture
+def logged(finished_run):
+    return finished_run
 
 
 def test_a_log_file_holds_plain_lines_and_no_progress_bar(logged):
@@ -84,7 +62,9 @@ def test_the_start_says_the_data_size_and_how_many_epochs_the_run_makes(logged, 
 def test_the_run_ends_with_a_summary(logged):
     out, output = logged
     last = [line for line in output.splitlines() if not line.startswith("[20")][-3:]
-    assert re.fullmatch(r"done: 6 steps, 3,072 tokens; this launch \d+ s, [\d,]+ tokens/s", last[0])
+    # a loaded machine takes over a minute: "1 min 16 s", as the step lines' time left
+    assert re.fullmatch(r"done: 6 steps, 3,072 tokens; this launch \d+ (s|min \d\d s), [\d,]+ "
+                        r"tokens/s", last[0]), last[0]
     assert re.fullmatch(r"last step: loss \d+\.\d{4}( \(.*\))?; validation \(ema weights\): "
                         r"left to right \d+\.\d{4} \(ppl .*\), any order \d+\.\d{4} \(ppl .*\)",
                         last[1])
@@ -98,9 +78,9 @@ def test_a_relaunch_with_other_settings_keeps_the_config_and_records_the_change(
     """Resumed at step 3 with twice the tokens per step: tokens are counted at the rate of each
     step, config.yaml stays as the run began, config_changes.jsonl says what changed when."""
     out = tmp_path / "run"
-    train(text_data, out, "train.max_steps=3")
+    train_logged(text_data, out, "train.max_steps=3")
     began = (out / "config.yaml").read_text()
-    output = train(text_data, out, "train.max_steps=5", "train.tokens_per_step=1024")
+    output = train_logged(text_data, out, "train.max_steps=5", "train.tokens_per_step=1024")
     assert (out / "config.yaml").read_text() == began
     assert ("config changed since the run began: train.max_steps 3 -> 5, train.tokens_per_step "
             f"512 -> 1024 (recorded in {out / 'config_changes.jsonl'})") in output
@@ -112,7 +92,7 @@ def test_a_relaunch_with_other_settings_keeps_the_config_and_records_the_change(
               if "tokens_seen" in r}
     assert tokens[2] == 1024 and tokens[4] == 3 * 512 + 1024 and tokens[5] == 3 * 512 + 2 * 1024
     assert "done: 5 steps, 3,584 tokens" in output
-    train(text_data, out, "train.max_steps=5", "train.tokens_per_step=1024")  # nothing new
+    train_logged(text_data, out, "train.max_steps=5", "train.tokens_per_step=1024")  # nothing new
     assert len((out / "config_changes.jsonl").read_text().splitlines()) == 1
 
 
@@ -125,7 +105,7 @@ def test_a_rerun_after_an_attempt_without_checkpoint_sets_its_files_aside(text_d
     proc.send_signal(signal.SIGKILL)
     proc.wait()
     killed = read_metrics(out / "metrics.jsonl")
-    output = train(text_data, out, "train.max_steps=4")
+    output = train_logged(text_data, out, "train.max_steps=4")
     (aside,) = (out / "previous").iterdir()
     assert ("starting from step 0 (it holds no checkpoint): the earlier run's files are set aside "
             f"in {aside}/ (config.yaml, metrics.jsonl)") in output
@@ -139,7 +119,7 @@ def test_a_second_training_into_a_live_out_dir_is_refused_and_the_first_goes_on(
                                                                               tmp_path):
     out = tmp_path / "run"
     first = start(text_data, out, tmp_path / "first.log", "train.max_steps=8", records=1)
-    second = subprocess.run(command(text_data, out, "train.max_steps=8"), cwd=REPO,
+    second = subprocess.run(logged_command(text_data, out, "train.max_steps=8"), cwd=REPO,
                             capture_output=True, text=True, timeout=120)
     assert first.wait(timeout=300) == 0, (tmp_path / "first.log").read_text()[-3000:]
     assert second.returncode == 2
@@ -223,7 +203,7 @@ def test_a_finished_run_is_never_replaced_by_a_fresh_start(finished_without_chec
                                                            text_data):
     out = finished_without_checkpoints
     before = {path: path.read_bytes() for path in out.rglob("*") if path.is_file()}
-    result = subprocess.run(command(text_data, out, "train.max_steps=6"), cwd=REPO,
+    result = subprocess.run(logged_command(text_data, out, "train.max_steps=6"), cwd=REPO,
                             capture_output=True, text=True, timeout=300)
     assert one_line_refusal(result) == (
         f"out_dir {out} holds a finished run ({out / 'final'}/), and no checkpoint to resume "
@@ -237,7 +217,7 @@ def test_start_over_sets_the_finished_run_aside_and_trains_from_step_0(
         finished_without_checkpoints, text_data):
     out = finished_without_checkpoints
     before = {path.relative_to(out): path.read_bytes() for path in out.rglob("*") if path.is_file()}
-    output = train(text_data, out, "train.max_steps=2", "--start-over")
+    output = train_logged(text_data, out, "train.max_steps=2", "--start-over")
     (aside,) = (out / "previous").iterdir()
     assert ("starting from step 0 (as asked): the earlier run's files are set aside in "
             f"{aside}/ (config.yaml, metrics.jsonl, final/)") in output
@@ -255,7 +235,7 @@ def test_an_out_dir_that_holds_a_dataset_or_other_files_is_refused(case, text_da
         out.mkdir()
         (out / "todo.txt").write_text("my notes")
     before = sorted(out.rglob("*"))
-    result = subprocess.run(command(text_data, out), cwd=REPO, capture_output=True, text=True,
+    result = subprocess.run(logged_command(text_data, out), cwd=REPO, capture_output=True, text=True,
                             timeout=300)
     assert one_line_refusal(result) == (
         f"out_dir {out} holds {what}: a training writes into a new or empty folder, or its own "

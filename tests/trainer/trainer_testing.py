@@ -39,6 +39,11 @@ TINY_RUN = [
 ]
 
 
+# one process, one micro-batch of 8 x 64 tokens per step, a validation and a checkpoint every 3
+LOGGED_RUN = [*TINY_RUN, "train.tokens_per_step=512", "eval.every=3", "train.log_every=2",
+              "checkpoint.every=3"]
+
+
 def real_documents() -> list[str]:
     """WikiText-2 validation articles from ../shared/data, else Python's own documentation."""
     if WIKITEXT.is_file():
@@ -63,6 +68,24 @@ def build_data(out: Path | str, documents: list[str], val_fraction: float = 0.05
          *extra], capture_output=True, text=True, env=env)
     assert result.returncode == 0, result.stderr
     return out
+
+
+def logged_command(data, out, *overrides: str) -> list[str]:
+    """trainer/main.py in one process (LOGGED_RUN), as a user types it."""
+    return [sys.executable, MAIN, "--ds_config", "ds_configs/cpu.json", "--config",
+            "configs/tiny.yaml", f"data.path={data}", f"out_dir={out}", *LOGGED_RUN, *overrides]
+
+
+def train_logged(data, out: Path, *overrides: str) -> str:
+    """Trains (logged_command) with the output going to out_dir's sibling `<name>.log`, as under
+    nohup or SLURM; returns that log's text."""
+    log = out.parent / f"{out.name}.log"
+    with log.open("w") as sink:
+        done = subprocess.run(logged_command(data, out, *overrides), cwd=REPO, stdout=sink,
+                              stderr=subprocess.STDOUT, timeout=300)
+    output = log.read_text()
+    assert done.returncode == 0, output[-3000:]
+    return output
 
 
 def as_one_process(monkeypatch) -> None:
