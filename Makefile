@@ -27,9 +27,9 @@ tokenizer: $(STAMP)
 lint: $(STAMP)
 	$(PY) -m ruff check .
 
-# The suite without the tests marked slow (multi-process DeepSpeed runs, SLURM, the demo and the
-# findings suite end to end): under 5 minutes on 2 cores. test-all runs everything, as CI does
-# (.ci/run), in under 20. Both end with the slowest tests, so that growth is seen where it happens.
+# The fast set: the suite without the tests marked slow. test-all adds those (multi-process
+# DeepSpeed runs, SLURM, the demo and the findings suite end to end), as CI does (.ci/run). Both
+# end with the slowest tests, so that growth is seen where it happens.
 DURATIONS := --durations=25
 
 test: $(STAMP) tokenizer lint

@@ -1,12 +1,15 @@
 """Samples while training: what the model writes, every `eval.sample_every` steps, from fixed seeds.
 
 Rank 0 draws `eval.sample_count` samples of the EMA weights (the raw ones without EMA) with the
-KV-cache sampler (model/sampler/) at the paper's settings: `eval.sample_steps` network calls
-(its sample_AOGPT.sh: 256), the linear schedule, temperature `eval.sample_temperature`, the
-paper's nucleus rule with `eval.sample_top_p`. Sample i always has sample id i and seed 0, so every
-round draws the same uniforms and orders and the samples change only as the weights do:
-`trainer/sample.py --ckpt <the checkpoint of that step> --num-samples N --steps S` draws the same
-tokens (on the same device and precision). Each round writes out_dir/samples/step_<step>.jsonl
+KV-cache sampler (model/sampler/), temperature `eval.sample_temperature` and the paper's nucleus
+rule with `eval.sample_top_p`. `eval.sample_sampler` picks how: `parallel` (the default) is the
+paper's sampler at its settings, `eval.sample_steps` network calls (its sample_AOGPT.sh: 256) on
+the linear schedule; `speculative` draws exactly one token per call's distribution in fewer
+calls, drafting `eval.sample_draft` positions ahead per call (an any-order model only). Sample i
+always has sample id i and seed 0, so every round draws the same uniforms and orders and the
+samples change only as the weights do: `trainer/sample.py --ckpt <the checkpoint of that step>
+--num-samples N --steps S` (or `--sampler speculative --draft K`) draws the same tokens (on the
+same device and precision). Each round writes out_dir/samples/step_<step>.jsonl
 (trainer/sample.py's lines, with the step and the weights) and logs
 
     sample_entropy    mean unigram entropy of the samples (nats; natural 1024-token text: ~5.5-5.7,
