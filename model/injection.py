@@ -79,7 +79,7 @@ class AdaLN(TargetInjection):
 
     @torch.no_grad()
     def start_as_identity(self, transformer: nn.ModuleDict) -> None:
-        """Zero shifts and scales, gates of one: every block and the final layer as a plain GPT's."""
+        """Zero shifts and scales, gates of one: each block and the final layer as a plain GPT's."""
         n_embd = transformer.wte.embedding_dim
         for block in transformer.h:  # chunks: shift, scale, gate (attention), then the MLP's
             linear = block.adaLN[1]

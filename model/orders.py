@@ -314,8 +314,10 @@ class OrderSampler:
             return start + (end - start) * progress
         return end + (start - end) * 0.5 * (1.0 + math.cos(math.pi * progress))  # cosine
 
-    def __call__(self, step: int, sample_indices: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """(b,) global sample indices -> orders (b, seq_len) int64, is_l2r (b,) bool (same device)."""
+    def __call__(self, step: int, sample_indices: torch.Tensor
+                 ) -> tuple[torch.Tensor, torch.Tensor]:
+        """(b,) global sample indices -> orders (b, seq_len) int64, is_l2r (b,) bool (same
+        device)."""
         sample_indices = sample_indices.to(torch.int64)
         b, device = sample_indices.numel(), sample_indices.device
         if self._fixed is not None:  # l2r's identity among them
@@ -330,8 +332,8 @@ class OrderSampler:
         p_on_device = torch.full((), self.p_left_to_right(step), dtype=torch.float64, device=device)
         return self._random_orders(step_on_device, sample_indices, p_on_device)
 
-    def _random(self, step: torch.Tensor, sample_indices: torch.Tensor, p_left_to_right: torch.Tensor
-                ) -> tuple[torch.Tensor, torch.Tensor]:
+    def _random(self, step: torch.Tensor, sample_indices: torch.Tensor,
+                p_left_to_right: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Orders of a random kind, and is_l2r: step and p_left_to_right are 0-dim tensors."""
         b, device = sample_indices.numel(), sample_indices.device
         orders = self._draw(self.seed, step, sample_indices)

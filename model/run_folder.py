@@ -122,14 +122,16 @@ class RunFolder:
                 self.metrics_file: "the metrics", self.wandb_id_file: "the wandb run id",
                 self.lock_file: "the lock", self.rollbacks_file: "the rollbacks",
                 self.skipped_samples_file: "the skipped samples", self.final: "the final weights",
-                self.checkpoints: "the checkpoints", self.samples: "the samples drawn while training",
+                self.checkpoints: "the checkpoints",
+                self.samples: "the samples drawn while training",
                 self.data_cache: "the data cache", self.previous: "the earlier runs set aside"}
 
     def run_entries(self) -> list[str]:
         """What the trainer writes here that makes this folder a run (config.yaml, metrics.jsonl,
         checkpoints/), those present: a tool asked to write here must refuse to replace it."""
         return [path.name + ("/" if path.is_dir() else "")
-                for path in (self.config_file, self.metrics_file, self.checkpoints) if path.exists()]
+                for path in (self.config_file, self.metrics_file, self.checkpoints)
+                if path.exists()]
 
     def samples_file(self, step: int) -> Path:
         """The round of samples drawn while training at `step` (trainer/training_samples.py)."""

@@ -195,7 +195,7 @@ def save_torch_atomic(obj, path: Path) -> None:
     write_atomic(path, lambda partial: torch.save(obj, partial))
 
 
-# ---- the run's checkpoints ------------------------------------------------------------------------
+# ---- the run's checkpoints -----------------------------------------------------------------------
 
 
 @dataclass
@@ -251,7 +251,7 @@ class Checkpointer:
         return {**dataclasses.asdict(progress), "git_sha": self.git_sha,
                 "run_config": dataclasses.asdict(self.cfg), "data_tokenizers": self.data_tokenizers}
 
-    # ---- saving -----------------------------------------------------------------------------------
+    # ---- saving ----------------------------------------------------------------------------------
 
     def save(self, progress: Progress, last: bool, preempted: bool) -> Path | None:
         """Collective, called after every step: when the step is due (see `due`), its tag,
@@ -330,7 +330,7 @@ class Checkpointer:
         elif self.env.is_main:
             copy_consolidated(saved, self.run_folder.final)
 
-    # ---- loading ----------------------------------------------------------------------------------
+    # ---- loading ---------------------------------------------------------------------------------
 
     def load(self, tag: str, elastic: bool) -> Progress:
         """Collective: a complete tag back into the engine, the EMA, the client parts and the RNGs;
@@ -350,7 +350,8 @@ class Checkpointer:
         # another partitioning has other rank files: rank 0's carries what all ranks share
         rank_state = load_rank_state(rank_state_file(folder, 0 if elastic else self.env.rank))
         self.load_ema(folder, rank_state["ema"], elastic)
-        if not elastic:  # (elastically, each rank's RNG, used by dropout only, starts from the seed)
+        # (elastically, each rank's RNG, used by dropout only, starts from the seed)
+        if not elastic:
             restore_rng_states(rank_state["rng"])
         if self.env.is_main:
             truncate_metrics(self.run_folder.metrics_file, client["step"])

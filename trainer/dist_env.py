@@ -41,7 +41,8 @@ class DistEnv:
     @property
     def device(self) -> torch.device:
         if torch.cuda.is_available():
-            index = local_gpu_index(self.local_rank, self.local_world_size, torch.cuda.device_count(),
+            index = local_gpu_index(self.local_rank, self.local_world_size,
+                                    torch.cuda.device_count(),
                                     os.environ.get("CUDA_VISIBLE_DEVICES", "unset"))
             return torch.device("cuda", index)
         return torch.device("cpu")
@@ -68,7 +69,8 @@ def local_gpu_index(local_rank: int, local_world_size: int, device_count: int,
 
 
 def setup_distributed_env(environ: os._Environ | dict | None = None) -> DistEnv:
-    """Fills in RANK/LOCAL_RANK/WORLD_SIZE/LOCAL_WORLD_SIZE/MASTER_* in `environ` (default os.environ)."""
+    """Fills in RANK/LOCAL_RANK/WORLD_SIZE/LOCAL_WORLD_SIZE/MASTER_* in `environ` (default
+    os.environ)."""
     env = os.environ if environ is None else environ
     if "RANK" not in env and "SLURM_PROCID" in env:
         _map_slurm(env)

@@ -141,7 +141,8 @@ def straightforward_member_nll(model: AOGPT, idx: torch.Tensor, base_orders: tor
     (in chunks), of which only that target's NLL is kept. (b,)"""
     b, n = idx.shape
     full = torch.full((b,), target, device=idx.device)
-    orders = member_orders(base_orders, sample_indices, full, torch.full_like(full, member), seed, n)
+    orders = member_orders(base_orders, sample_indices, full, torch.full_like(full, member),
+                           seed, n)
     return model(idx, orders)[:, target].double()
 
 

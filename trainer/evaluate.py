@@ -186,7 +186,8 @@ def report_costs(results: list[dict]) -> str:
             lines.append(f"{result['dataset']} ensemble cost: {ensemble['token_forwards']:,} "
                          f"token-forwards for {ensemble['scored_targets']:,} targets x "
                          f"{ensemble['members']} members; the paper's script: "
-                         f"{ensemble['paper_token_forwards']:,} ({ratio:.1f}x more), with all logits")
+                         f"{ensemble['paper_token_forwards']:,} ({ratio:.1f}x more), "
+                         "with all logits")
     return "\n".join(lines)
 
 
@@ -269,7 +270,8 @@ def main(argv: list[str] | None = None) -> int:
                 "settings": dataclasses.asdict(settings), "provenance": origin,
                 "results": results,
                 "aogpt_version": aogpt.__version__,
-                "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+                "created": datetime.datetime.now(datetime.timezone.utc).isoformat(
+                    timespec="seconds"),
             }, args.json)
             print(f"wrote {args.json}")
     if dist.is_initialized():

@@ -228,11 +228,11 @@ def unigram_reference(counts_from: str | Path, data: EvalData,
         real = torch.arange(idx.shape[1]) < lengths[:, None]  # (b, n): not padding
         nll -= log_p[idx[real].numpy()].sum()
         tokens += int(real.sum())
-    return {**_score(nll, tokens), "tokens": tokens, "counted_tokens": int(counts.sum() - 0.5 * vocab),
-            "counts_from": str(counts_from)}
+    return {**_score(nll, tokens), "tokens": tokens,
+            "counted_tokens": int(counts.sum() - 0.5 * vocab), "counts_from": str(counts_from)}
 
 
-# ---- orders ----------------------------------------------------------------------------------------
+# ---- orders --------------------------------------------------------------------------------------
 
 def real_first(orders: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
     """The orders (b, n) changed to read each sample's real tokens (positions < length) first,
@@ -246,7 +246,7 @@ def planner_kind(planner: str) -> str:
     return f"planner {planner}"
 
 
-# ---- tallies and the evaluator --------------------------------------------------------------------
+# ---- tallies and the evaluator -------------------------------------------------------------------
 
 @dataclass
 class Tally:
@@ -261,7 +261,8 @@ class Tally:
 
     def reduced(self) -> Tally:
         """The sums over all ranks (collective; a copy when there is one process)."""
-        counters = [self.forwards, self.slot_forwards, self.paper_slot_forwards, *self.extra.values()]
+        counters = [self.forwards, self.slot_forwards, self.paper_slot_forwards,
+                    *self.extra.values()]
         flat = torch.cat([self.sums.flatten(),
                           torch.tensor(counters, dtype=torch.float64, device=self.sums.device)])
         seconds = torch.tensor([self.seconds], dtype=torch.float64, device=self.sums.device)
@@ -398,7 +399,8 @@ class Evaluator:
         (b,), sample_indices (b,) their indices in the dataset (which pick their orders)."""
         s, model = self.settings, self.model
         b, n = idx.shape
-        real = torch.arange(n, device=idx.device) < lengths[:, None]  # (b, n): slot k scores a token
+        # (b, n): slot k scores a token
+        real = torch.arange(n, device=idx.device) < lengths[:, None]
         scored = {}  # base orders already run: kind -> (orders, nll)
 
         def order_nll(tally: Tally, orders: torch.Tensor) -> torch.Tensor:
@@ -449,7 +451,8 @@ class Evaluator:
             tally.extra["network_calls"] += int(out.sample_calls.sum())
 
     def score_ensemble(self, tally: Tally, sampler: OrderSampler, scored: dict,
-                       sample_indices: torch.Tensor, idx: torch.Tensor, lengths: torch.Tensor) -> None:
+                       sample_indices: torch.Tensor, idx: torch.Tensor,
+                       lengths: torch.Tensor) -> None:
         s, model = self.settings, self.model
         b, n = idx.shape
         with self.timed(tally):

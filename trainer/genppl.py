@@ -49,7 +49,8 @@ def read_samples(path: Path) -> tuple[list[list[int]], dict | None]:
             record = json.loads(line)
             samples.append([int(t) for t in record["tokens"]])
         except (json.JSONDecodeError, KeyError, TypeError, ValueError) as err:
-            raise UsageError(f"{path}:{number}: not a sample line with a `tokens` list ({err})") from err
+            raise UsageError(f"{path}:{number}: not a sample line with a `tokens` list "
+                             f"({err})") from err
         if len(samples) == 1:
             origin = record.get("provenance")
     return samples, origin

@@ -37,7 +37,8 @@ BOS/EOS token is prepended, and an empty context is the [None] slot alone.
 order=ensemble:M is the paper's context-order ensemble (Finding 5, trainer/ensemble.py) applied
 to each scored token x_i: p_ens(x_i) = the mean over M members of p(x_i | x_<i read in a permuted
 order), member 0 left to right; is_greedy then asks for the argmax of p_ens. Members are keyed by
-(seed, x_<i, i, member), so a score depends neither on the batch nor on the other requests. The sampler has no ensemble: generate_until under it is an error.
+(seed, x_<i, i, member), so a score depends neither on the batch nor on the other requests. The
+sampler has no ensemble: generate_until under it is an error.
 
 lm-eval is imported by this module only: the rest of aogpt runs without it installed.
 """
@@ -199,7 +200,8 @@ class AOGPTLM(TemplateLM):
     def tokenizer_name(self) -> str:
         return "gpt2"
 
-    def tok_encode(self, string: str, add_special_tokens: bool | None = None, **kwargs) -> list[int]:
+    def tok_encode(self, string: str, add_special_tokens: bool | None = None,
+                   **kwargs) -> list[int]:
         return self.encoding.encode_ordinary(string)  # as data_prep: text, never special tokens
 
     def tok_decode(self, tokens: list[int]) -> str:
@@ -225,7 +227,8 @@ class AOGPTLM(TemplateLM):
             if len(continuation_enc) > self.max_length:
                 raise UsageError(f"a continuation of {len(continuation_enc)} tokens is longer "
                                  f"than the model's block_size {self.max_length}")
-            rows.append(((context_enc + continuation_enc)[-self.max_length:], len(continuation_enc)))
+            rows.append(((context_enc + continuation_enc)[-self.max_length:],
+                         len(continuation_enc)))
         results = self.score_rows(rows, greedy=True, disable_tqdm=disable_tqdm)
         for (pair, _, _), result in zip(requests, results, strict=True):
             self.cache_hook.add_partial("loglikelihood", pair, result)
@@ -348,7 +351,8 @@ class AOGPTLM(TemplateLM):
         unknown = sorted(set(kwargs) - GENERATION_OPTIONS)
         if unknown:
             raise UsageError(f"generate_until: the aogpt sampler has no option "
-                             f"{', '.join(unknown)} (it takes {', '.join(sorted(GENERATION_OPTIONS))})")
+                             f"{', '.join(unknown)} "
+                             f"(it takes {', '.join(sorted(GENERATION_OPTIONS))})")
         new_tokens = kwargs["max_gen_toks"]
         if not 1 <= new_tokens < self.max_length:
             raise UsageError(f"generate_until: max_gen_toks={new_tokens} must be in 1.."

@@ -1,8 +1,8 @@
 """The training run: a DeepSpeed engine over AOGPT, fed by the streaming loader, one optimizer step
 at a time, with the components that act around the steps.
 
-    trainer = Trainer(plan, dist_env)    # builds everything, resumes from `latest` if present
-    exit_code = trainer.fit()            # trains to train.max_steps, exports final/ (model.safetensors)
+    trainer = Trainer(plan, dist_env)  # builds everything, resumes from `latest` if present
+    exit_code = trainer.fit()  # trains to train.max_steps, exports final/ (model.safetensors)
 
 `fit` is a short loop that hands each step to its components, each of which keeps its own
 schedule and does its own work: the TrainingLog (trainer/metrics.py: log lines, metrics.jsonl),
@@ -126,7 +126,8 @@ class Trainer:
 
     def describe(self) -> str:
         cfg, env = self.cfg, self.env
-        mixture = f" (p_left_to_right {cfg.order.p_left_to_right})" if cfg.order.kind == "mixture" else ""
+        mixture = (f" (p_left_to_right {cfg.order.p_left_to_right})"
+                   if cfg.order.kind == "mixture" else "")
         return (
             f"model: {cfg.model.n_layer} layers x {cfg.model.n_embd}, "
             f"{self.num_params / 1e6:.2f}M parameters, attention {self.attention_backend}"
@@ -156,7 +157,7 @@ class Trainer:
         self.batches.close()
         self.validator.close()
 
-    # ---- one optimizer step -----------------------------------------------------------------------
+    # ---- one optimizer step ----------------------------------------------------------------------
 
     def train_step(self, update: int) -> tuple[torch.Tensor, float]:
         """Runs optimizer update `update` (0-based) over `accum` micro-batches.
@@ -168,7 +169,8 @@ class Trainer:
         for group in self.engine.optimizer.param_groups:
             group["lr"] = self.lr
         self.skipped_now = self.recovery.skip_bad_data(update + 1)
-        self.engine.module.lm_head.weights_changed()  # by the last step: cast them once for this one
+        # changed by the last step: cast them once for this one
+        self.engine.module.lm_head.weights_changed()
         sums = torch.zeros(4, dtype=torch.float64, device=self.device)
         data_wait = 0.0
         for _ in range(self.accum):
@@ -194,7 +196,7 @@ class Trainer:
             self.ema.update()
         return sums, data_wait
 
-    # ---- the loop ---------------------------------------------------------------------------------
+    # ---- the loop --------------------------------------------------------------------------------
 
     def fit(self) -> int:
         """Trains to train.max_steps; the exit status (EXIT_PREEMPTED when a signal stopped it)."""

@@ -107,7 +107,8 @@ def preflight(args: argparse.Namespace, dist_env: DistEnv) -> Plan:
 
 
 def unused_settings(cfg: RunConfig) -> list[str]:
-    """Settings given that another setting turns off: said at the start, not found out at the end."""
+    """Settings given that another setting turns off: said at the start, not found out at the
+    end."""
     lines = []
     if cfg.eval.sets and not cfg.eval.every:
         lines.append("eval.sets are not scored: eval.every=0 turns evaluation off")

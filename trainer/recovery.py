@@ -159,13 +159,15 @@ class BadSteps:
             self.pending.append((step, loss_sums))
 
     def check(self) -> BadStep | None:
-        """Collective: the first bad step since the run (or its last check) began, over all ranks."""
+        """Collective: the first bad step since the run (or its last check) began, over all
+        ranks."""
         found = [self.non_finite.bad_step()]
         if self.pending:
             sums = torch.stack([sums for _, sums in self.pending])  # (steps, 4)
             if dist.is_initialized():
                 dist.all_reduce(sums)
-            for (step, _), (l2r, l2r_tokens, ao, ao_tokens) in zip(self.pending, sums.tolist(), strict=True):
+            for (step, _), (l2r, l2r_tokens, ao, ao_tokens) in zip(self.pending, sums.tolist(),
+                                                                   strict=True):
                 found.append(self.spikes.add(step, (l2r + ao) / (l2r_tokens + ao_tokens)))
             self.pending = []
         return first_bad([bad for bad in found if bad is not None])

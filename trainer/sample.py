@@ -42,10 +42,10 @@ position to a string or a list of token ids, e.g. '{"0": "The city of", "40": [1
 --prompt TEXT is the same as '{"0": TEXT}'.
 --out writes one JSON object per sample (an existing file is replaced only with --force): sample,
 tokens, text, order, given_positions, network_calls (the sample's own), batch_network_calls,
-drafts_decided and drafts_accepted (speculative), log_likelihood (planners), time_s (seconds of its batch), the sampler's
-settings, and provenance: the checkpoint file read (a run that has not finished is read
-through its latest checkpoint, which a line on stderr says), its tag and step, the weights, every
-flag and the code's version and commit. --judge PATH also reports the
+drafts_decided and drafts_accepted (speculative), log_likelihood (planners), time_s (seconds of
+its batch), the sampler's settings, and provenance: the checkpoint file read (a run that has not
+finished is read through its latest checkpoint, which a line on stderr says), its tag and step,
+the weights, every flag and the code's version and commit. --judge PATH also reports the
 generative perplexity (a local Hugging Face GPT-2 folder or a checkpoint of this project; see
 trainer/genppl.py).
 """
@@ -108,7 +108,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     add("--ckpt", required=True, help="out_dir, checkpoint folder or model.safetensors")
     add("--weights", choices=("ema", "raw"), default="ema", help="default ema (as the paper)")
     add("--num-samples", type=int, default=4, help="how many sequences (default 4)")
-    add("--batch-size", type=int, default=None, help="sequences per batch (default: all, at most 32)")
+    add("--batch-size", type=int, default=None,
+        help="sequences per batch (default: all, at most 32)")
     add("--seq-len", type=int, default=None, help="tokens per sequence (default: the block size)")
     add("--length", type=int, default=None,
         help="tokens per text, past the block size too (a sliding window; default --seq-len)")

@@ -1,4 +1,4 @@
-"""Zero-shot sets scored while training: the paper's curves (its Figures 1-2 and tables) from one run.
+"""Zero-shot sets scored while training: the paper's curves (its Figures 1-2, tables), one run.
 
 Every `eval.every` steps each folder of `eval.sets` (made by data_prep/eval_to_mds.py) is scored
 with the EMA weights, and with the raw ones when `eval.raw_weights`, exactly as

@@ -2,8 +2,10 @@
 
     engine.py       KVCacheSampler: the order, the cache and the network call every sampler shares
     parallel.py     the paper's sampler: S calls, several positions revealed independently per call
-    speculative.py  any-subset speculative decoding: the exact joint of one token per call, fewer calls
-    planners.py     adaptive order: the model picks the next positions by confidence, margin, entropy
+    speculative.py  any-subset speculative decoding: the exact joint of one token per call, in
+                    fewer calls
+    planners.py     adaptive order: the model picks the next positions by confidence, margin or
+                    entropy
     window.py       text longer than the block: a sliding window of given tokens, stop rules
     draw.py         temperature, top-k, top-p and inverse-CDF draws keyed by position
     given.py        a prompt and infill as given tokens

@@ -32,7 +32,8 @@ class StaticKVCache:
         self.visible = slots
 
     def prepare(self, write_slots: torch.Tensor, visible: int) -> None:
-        """write_slots (b, s): the slot of each new row; visible: slots 0..visible-1 are attended."""
+        """write_slots (b, s): the slot of each new row; visible: slots 0..visible-1 are
+        attended."""
         self.write_slots, self.visible = write_slots, visible
 
     def copy_slot(self, source: torch.Tensor, target: torch.Tensor) -> None:
@@ -52,7 +53,8 @@ class StaticKVCache:
         keys = [k.transpose(-2, -1) if self.keys_last else k for k in self.keys]
         return torch.stack([torch.stack(pair) for pair in zip(keys, self.values, strict=True)])
 
-    def update(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def update(self, layer: int, k: torch.Tensor, v: torch.Tensor
+               ) -> tuple[torch.Tensor, torch.Tensor]:
         keys, values = self.keys[layer], self.values[layer]
         # indexing (b, s) pairs moves them first: the values go in as (b, s_new, h, hd), in the
         # cache's dtype (under autocast the projections come in bf16 over fp32 weights)

@@ -10,8 +10,8 @@ from aogpt.model.config import require_choices
 from aogpt.model.orders import ANY_ORDER, READING_WORDS, reading_named
 
 # How a call's tokens are chosen and accepted; each is a module of this package.
-#   "parallel"     the paper's sampler (parallel.py): `steps` calls, several tokens revealed per call
-#                  independently given the known ones (exact only at steps = n)
+#   "parallel"     the paper's sampler (parallel.py): `steps` calls, several tokens revealed per
+#                  call independently given the known ones (exact only at steps = n)
 #   "speculative"  any-subset speculative decoding (speculative.py): drafts `draft` positions ahead,
 #                  verifies them along the order in the next call; exactly the joint of one token
 #                  per call, in fewer calls

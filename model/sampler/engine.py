@@ -182,7 +182,8 @@ class KVCacheSampler:
             given_mask = torch.zeros(b, n, dtype=torch.bool)
             given_tokens = torch.zeros(b, n, dtype=torch.long)
         if given_mask.shape != (b, n) or given_tokens is None or given_tokens.shape != (b, n):
-            raise UsageError(f"given_tokens and given_mask must both be (samples, seq_len) = {(b, n)}")
+            raise UsageError("given_tokens and given_mask must both be (samples, seq_len) = "
+                             f"{(b, n)}")
         if given_mask.any() and int(given_tokens[given_mask.bool()].max()) >= self.vocab:
             raise UsageError(f"given token ids must be in 0..{self.vocab - 1} (the model's "
                              "vocabulary)")
@@ -333,7 +334,8 @@ class KVCacheSampler:
         """Changes whenever a weight the AdaLN tables are made of is changed in place (a host
         counter: reading it waits for nothing). Weights made under torch.inference_mode keep no
         counter: they count as unchanged."""
-        return sum(0 if p.is_inference() else p._version for name, p in self.model.named_parameters()
+        return sum(0 if p.is_inference() else p._version
+                   for name, p in self.model.named_parameters()
                    if "adaLN" in name or "wtpe" in name)
 
     def _refresh_tables(self) -> None:

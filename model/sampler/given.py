@@ -59,7 +59,8 @@ def _token_ids(start: int, piece, encoding) -> torch.Tensor:
         ids = None
     # a list of ids, or a tensor of them (flattened: a tokenizer's (1, n) too); an empty list
     # reads as float32
-    if ids is None or ids.dim() == 0 or (ids.numel() and (ids.is_floating_point() or ids.is_complex())):
+    if ids is None or ids.dim() == 0 or (ids.numel()
+                                         and (ids.is_floating_point() or ids.is_complex())):
         raise UsageError(f"given tokens at {start}: give a string or a list of token ids")
     ids = ids.flatten().long().cpu()
     if len(ids) and not 0 <= int(ids.min()) <= int(ids.max()) < GPT2_VOCAB:

@@ -110,7 +110,8 @@ def plan_steps(counts: torch.Tensor, seq_len: int, bucketed: bool,
         targets = [_bucket(r, seq_len) for r in targets]
         keys = [min(-(-k // KEY_BLOCK) * KEY_BLOCK, seq_len) for k in keys]
     if whole_cache:
-        keys = [seq_len + 1 if r <= WHOLE_CACHE_ROWS else k for r, k in zip(rows, keys, strict=True)]
+        keys = [seq_len + 1 if r <= WHOLE_CACHE_ROWS else k
+                for r, k in zip(rows, keys, strict=True)]
     return StepPlan(torch.stack([lo, c, hi], dim=1), list(zip(rows, targets, keys, strict=True)))
 
 

@@ -99,7 +99,7 @@ def test_the_counter_lets_the_sync_free_forms_pass(op):
     assert crossings.ops == []
 
 
-# ---- training orders -------------------------------------------------------------------------------
+# ---- training orders -----------------------------------------------------------------------------
 
 
 def test_orders_and_is_l2r_come_back_on_the_device_of_the_sample_indices(order_sampler):
@@ -126,7 +126,7 @@ def test_a_fixed_order_is_copied_to_each_device_once():
     assert torch.equal(on_cpu, sampler(1, torch.arange(B))[0])  # the CPU's copy: the same order
 
 
-# ---- training forward and loss ---------------------------------------------------------------------
+# ---- training forward and loss -------------------------------------------------------------------
 
 
 @pytest.mark.parametrize("given_orders", [True, False], ids=["orders", "left-to-right"])
@@ -190,7 +190,7 @@ def test_a_plain_gpt_trains_on_identity_orders_without_reading_the_device():
     assert crossings.ops == []
 
 
-# ---- generation steps ------------------------------------------------------------------------------
+# ---- generation steps ----------------------------------------------------------------------------
 
 SAMPLING_CONFIGS = {
     "default": SamplingConfig(steps=4),

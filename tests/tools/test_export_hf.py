@@ -308,7 +308,7 @@ def test_raw_weights_are_exported_when_asked(exported, tmp_path):
     assert all(torch.equal(saved[f"aogpt.{name}"], tensor) for name, tensor in raw.items())
 
 
-# ---- bad input ------------------------------------------------------------------------------------
+# ---- bad input -----------------------------------------------------------------------------------
 
 
 def one_line_error(capsys) -> str:

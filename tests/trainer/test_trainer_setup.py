@@ -40,7 +40,7 @@ def tiny(repo):
     return cfg
 
 
-# ---- DeepSpeed JSON and YAML -----------------------------------------------------------------------
+# ---- DeepSpeed JSON and YAML ---------------------------------------------------------------------
 
 
 @pytest.mark.parametrize("name, stage", [("zero1", 1), ("zero2", 2), ("zero3", 3), ("cpu", 1)])
@@ -159,7 +159,7 @@ def test_missing_or_broken_ds_config_is_a_usage_error(tmp_path):
         load_ds_config(tmp_path / "bad.json")
 
 
-# ---- learning rate ---------------------------------------------------------------------------------
+# ---- learning rate -------------------------------------------------------------------------------
 
 
 def test_lr_warms_up_linearly_from_zero_then_cosine_to_min_lr():
@@ -177,7 +177,7 @@ def test_lr_warms_up_linearly_from_zero_then_cosine_to_min_lr():
     assert learning_rate(step, optim) == pytest.approx(6e-5 + 0.5 * (1 + math.cos(math.pi * ratio)) * 5.4e-4)
 
 
-# ---- launch environment ----------------------------------------------------------------------------
+# ---- launch environment --------------------------------------------------------------------------
 
 
 def test_srun_variables_become_torch_ones():
@@ -246,7 +246,7 @@ def test_plain_srun_with_one_gpu_per_task_trains_on_device_zero(monkeypatch):
     assert env.device == torch.device("cuda", 3)
 
 
-# ---- checkpoints -----------------------------------------------------------------------------------
+# ---- checkpoints ---------------------------------------------------------------------------------
 
 
 def _saved_tag(run, step, files=("model.pt", "trainer_rank00000.pt",
@@ -383,7 +383,7 @@ def test_resumed_run_drops_metrics_logged_after_its_checkpoint(tmp_path):
     assert [r["step"] for r in read_metrics(path)] == [1, 2, 3, 4]
 
 
-# ---- data mixing, MFU ------------------------------------------------------------------------------
+# ---- data mixing, MFU ----------------------------------------------------------------------------
 
 
 def test_stream_proportions_left_unset_share_what_is_left(tiny):

@@ -131,7 +131,7 @@ def test_a_second_training_into_a_live_out_dir_is_refused_and_the_first_goes_on(
     assert not (out / "run.lock").exists()  # released at the end
 
 
-# ---- nothing of a run, a dataset or a corpus is replaced ------------------------------------------
+# ---- nothing of a run, a dataset or a corpus is replaced -----------------------------------------
 
 
 def one_line_refusal(result: subprocess.CompletedProcess) -> str:
