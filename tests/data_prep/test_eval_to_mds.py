@@ -283,7 +283,8 @@ def test_per_example_packing_is_for_lambada_only(tmp_path):
         EVAL_TO_MDS, "--dataset", "ptb", "--packing", "per_example", "--out", str(tmp_path / "out")
     )
     assert result.returncode == 2 and result.stderr.strip().count("\n") == 0
-    assert "per_example is for the sets scored on their last word (lambada)" in result.stderr and not (tmp_path / "out").exists()
+    assert "per_example is for the sets scored on their last word (lambada)" in result.stderr
+    assert not (tmp_path / "out").exists()
 
 
 def _ptb_args(path: str, out) -> list[str]:

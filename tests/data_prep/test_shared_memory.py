@@ -41,7 +41,8 @@ def tiny_dataset(folder: Path) -> Path:
     return folder
 
 
-def start_readers(folder: Path, start: Path, count: int, datasets: int = 1) -> list[subprocess.Popen]:
+def start_readers(folder: Path, start: Path, count: int,
+                  datasets: int = 1) -> list[subprocess.Popen]:
     """Each in a process group of its own, which a kill ends whole (its resource tracker, which
     would unlink its blocks, too), as a lost run ends."""
     return [subprocess.Popen([sys.executable, "-c", READER, str(folder), str(start), str(datasets)],

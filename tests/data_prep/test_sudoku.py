@@ -62,7 +62,8 @@ def test_a_swappable_rectangle_has_two_solutions_and_no_puzzle_leaves_one():
     for index in itertools.count():
         grid = sudoku.random_grid(grid_rng(1, 0, index)).reshape(6, 6)
         pairs = [(c1, c2) for c1, c2 in itertools.combinations(range(6), 2)
-                 if c1 // 3 != c2 // 3 and grid[0, c1] == grid[1, c2] and grid[0, c2] == grid[1, c1]]
+                 if c1 // 3 != c2 // 3
+                 and grid[0, c1] == grid[1, c2] and grid[0, c2] == grid[1, c1]]
         if pairs:
             break
     (c1, c2), puzzle = pairs[0], grid.reshape(-1).copy()
@@ -136,7 +137,8 @@ def test_the_folder_holds_solved_grids_and_held_out_puzzles(sudoku_data):
     assert sudoku.name == "2x3" and manifest["seq_len"] == 36
     train, val = read_samples(out / "train"), read_samples(out / "val")
     assert train.shape == (300, 36) and val.shape == (20, 36)
-    assert all(sudoku.problems(grid.astype(np.int64)) == [] for grid in np.concatenate([train, val]))
+    assert all(sudoku.problems(grid.astype(np.int64)) == []
+               for grid in np.concatenate([train, val]))
     assert [p.givens for p in puzzles] == [12] * 4 + [16] * 4
     for puzzle in puzzles:
         assert sudoku.count_solutions(puzzle.grid) == 1

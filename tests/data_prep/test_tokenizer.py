@@ -1,4 +1,4 @@
-"""The offline GPT-2 tokenizer: right ids, verified file, one-line errors, never another tokenizer."""
+"""The offline GPT-2 tokenizer: right ids, verified file, one-line errors, no other tokenizer."""
 
 import os
 

@@ -20,7 +20,8 @@ def built(tmp_path_factory):
     source = write_jsonl(root / "docs.jsonl", generated_documents(count=120))
     out = root / "data"
     assert owt_to_mds(["--out", str(out), "--source", str(source), "--seq-len", "64",
-                       "--val-fraction", "0.1", "--samples-per-shard", "200", "--workers", "1"]) == 0
+                       "--val-fraction", "0.1", "--samples-per-shard", "200",
+                       "--workers", "1"]) == 0
     return out
 
 
@@ -114,7 +115,8 @@ def test_a_dataset_built_without_hashes_is_still_checked(data, capsys):
         shard["hashes"], shard["raw_data"]["hashes"] = [], {}
     index_path.write_text(json.dumps(index, sort_keys=True))
     manifest = json.loads((data / "manifest.json").read_text())
-    manifest["splits"]["train"]["index_sha256"] = hashlib.sha256(index_path.read_bytes()).hexdigest()
+    index_sha256 = hashlib.sha256(index_path.read_bytes()).hexdigest()
+    manifest["splits"]["train"]["index_sha256"] = index_sha256
     (data / "manifest.json").write_text(json.dumps(manifest))
     assert verify([str(data)]) == 0
     train = capsys.readouterr().out.splitlines()[0]

@@ -1,4 +1,4 @@
-"""Helpers for the findings-suite tests: experiments/ on the import path, a miniature real corpus."""
+"""Helpers for the findings-suite tests: experiments/ on the import path, a small real corpus."""
 
 from __future__ import annotations
 
@@ -20,7 +20,8 @@ def build_mini_data(out: Path, seq_len: int = 64) -> Path:
     source.write_text("".join(json.dumps({"text": d}) + "\n" for d in documents))
     result = subprocess.run(
         [sys.executable, str(REPO / "data_prep" / "owt_to_mds.py"), "--out", str(out),
-         "--source", str(source), "--seq-len", str(seq_len), "--val-fraction", "0.05", "--workers", "1"],
+         "--source", str(source), "--seq-len", str(seq_len), "--val-fraction", "0.05",
+         "--workers", "1"],
         capture_output=True, text=True)
     assert result.returncode == 0, result.stderr
     return out

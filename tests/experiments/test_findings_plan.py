@@ -42,7 +42,8 @@ def test_the_key_arms_train_every_seed_and_the_others_the_first(tmp_path):
 
 @pytest.mark.parametrize("scale", plan.SCALES)
 def test_every_arm_differs_from_its_base_only_in_orders_and_seed(scale, tmp_path):
-    runs = plan.plan_runs(scale, plan.ARMS, (1, 2), tmp_path, tmp_path / "data", ["train.max_steps=7"])
+    runs = plan.plan_runs(scale, plan.ARMS, (1, 2), tmp_path, tmp_path / "data",
+                          ["train.max_steps=7"])
     for run in runs:
         assert run.config.train.max_steps == 7
         assert {o.split("=")[0].split(".")[0] for o in run.overrides} <= {
@@ -54,7 +55,8 @@ def test_every_arm_differs_from_its_base_only_in_orders_and_seed(scale, tmp_path
     (["train.max_steps=7"], 4),  # --steps moves the curriculum with the run
     (["train.max_steps=7", "order.schedule_steps=2"], 2),  # the user's value wins
 ])
-def test_the_curriculum_reads_left_to_right_first_over_half_the_run(extra, schedule_steps, tmp_path):
+def test_the_curriculum_reads_left_to_right_first_over_half_the_run(extra, schedule_steps,
+                                                                    tmp_path):
     arm = plan.ARMS_BY_NAME["curriculum"]
     (run,) = plan.plan_runs("cpu", (arm,), (1,), tmp_path, tmp_path / "data", extra)
     order = run.config.order
@@ -77,7 +79,8 @@ def test_gpu_dry_run_prints_one_deepspeed_launch_per_run_and_writes_nothing(tmp_
     for line in trains:
         assert line.startswith(str(Path(sys.executable).parent / "deepspeed") + " --master_port ")
         assert "--num_gpus" not in line  # the launcher's default: every local GPU
-        assert "--ds_config ds_configs/zero2.json --config experiments/configs/base_gpu.yaml" in line
+        assert ("--ds_config ds_configs/zero2.json "
+                "--config experiments/configs/base_gpu.yaml") in line
         assert f"data.path={tmp_path / 'owt'}" in line
     evals = [line for line in result.stdout.splitlines() if "trainer/evaluate.py" in line]
     assert len(evals) == 10 + 2  # every run, and the ensemble of each mixture10 run
@@ -104,14 +107,16 @@ def test_cpu_dry_run_trains_single_processes(tmp_path, capsys):
     (["--seeds", "1,1"], "error: --seeds '1,1': give distinct non-negative integers"),
     (["--scale", "gpu", "--data", "d", "--parallel", "2"], "error: --parallel 2:"),
     # --dry-run: were a count accepted, the suite would only print its commands, not run them
-    (["--parallel", "0", "--dry-run"], "error: --parallel must be at least 1, got 0"),  # not the default
+    # (not the default)
+    (["--parallel", "0", "--dry-run"], "error: --parallel must be at least 1, got 0"),
     (["--eval-samples", "-1", "--dry-run"], "error: --eval-samples must be at least 1, got -1"),
     (["--speed-steps", "0,16", "--dry-run"],
      "error: --speed-steps '0,16': give step counts of 1 or more"),
-    (["--steps", "2", "--dry-run"], "error: --steps 2 is shorter than the learning-rate warm-up (20 steps, "
-                       "optim.warmup_steps of experiments/configs/base_cpu.yaml), and on --scale "
-                       "cpu --steps is also the length of the schedule: give --steps 20 or more, "
-                       "or shorten the warm-up too with --set optim.warmup_steps=N (N <= 2)\n"),
+    (["--steps", "2", "--dry-run"],
+     "error: --steps 2 is shorter than the learning-rate warm-up (20 steps, "
+     "optim.warmup_steps of experiments/configs/base_cpu.yaml), and on --scale "
+     "cpu --steps is also the length of the schedule: give --steps 20 or more, "
+     "or shorten the warm-up too with --set optim.warmup_steps=N (N <= 2)\n"),
     (["--set", "train.max_steps"], "error: --set 'train.max_steps' is not of the form"),
     (["--data", "nowhere"], "error: data folder {cwd}/nowhere does not exist"),
     (["--report-only"], "error: {out}/suite.json does not exist: run the suite into"),

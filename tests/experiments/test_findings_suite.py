@@ -33,7 +33,8 @@ def test_suite_trains_evaluates_reports_and_a_rerun_only_redoes_what_is_missing(
     assert record["git_commit"] and record["wall_s"] > 0
     ensemble = json.loads((out / "evals" / "mixture10-s1337.ensemble.json").read_text())
     assert list(ensemble["results"][0]["ensemble"]["by_members"]) == ["1", "2", "4", "8", "16"]
-    assert [row["steps"] for row in json.loads((out / "speed.json").read_text())["results"]] == [2, 4]
+    speed = json.loads((out / "speed.json").read_text())
+    assert [row["steps"] for row in speed["results"]] == [2, 4]
     report = (out / "report.md").read_text()
     assert "## Finding 5: Context-order ensembles lower the perplexity" in report
     assert "Not run: needs the arm(s) uniform." in report  # Finding 1 without its other arm
@@ -79,13 +80,15 @@ def test_suite_trains_evaluates_reports_and_a_rerun_only_redoes_what_is_missing(
     assert result.returncode == 0, result.stderr[-3000:]
     assert (published / "report.md").read_bytes() == (out / "report.md").read_bytes()
     files = sorted(str(p.relative_to(published)) for p in published.rglob("*") if p.is_file())
-    assert "runs/l2r-s1337/metrics.jsonl" in files and "evals/mixture10-s1337.ensemble.json" in files
+    assert "runs/l2r-s1337/metrics.jsonl" in files
+    assert "evals/mixture10-s1337.ensemble.json" in files
     assert not [f for f in files if f.endswith((".safetensors", ".log", ".mds", ".pt"))]
     (published / "report.md").unlink()
     rebuilt = run_cli("experiments/run.py", "--report-only", "--out", str(published))
     assert rebuilt.returncode == 0, rebuilt.stderr[-3000:]
     assert (published / "report.md").read_bytes() == (out / "report.md").read_bytes()
     written = (out / "report.md").stat().st_mtime_ns
-    refused = run_cli("experiments/run.py", "--report-only", "--out", str(out), "--publish", str(out))
+    refused = run_cli("experiments/run.py", "--report-only", "--out", str(out),
+                      "--publish", str(out))
     assert refused.returncode == 2 and "is --out itself" in refused.stderr
     assert (out / "report.md").stat().st_mtime_ns == written  # refused before writing anything

@@ -1,4 +1,5 @@
-"""The report's verdicts: a difference counts only beyond the seed spread; synthetic runs end to end."""
+"""The report's verdicts: a difference counts only beyond the seed spread; synthetic runs end to
+end."""
 
 import json
 import math

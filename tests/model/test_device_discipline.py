@@ -21,7 +21,8 @@ N, B = 16, 4  # sequence length, batch
 ORDER_CONFIGS = {
     **order_configs(4),  # every kind, and blockwise blocks drawn afresh, a scheduled mixture
     "mixture-always-l2r": OrderConfig(kind="mixture", p_left_to_right=1.0),
-    "blockwise-across-fixed": OrderConfig(kind="blockwise", block_size=4, block_mode="across_blocks"),
+    "blockwise-across-fixed": OrderConfig(kind="blockwise", block_size=4,
+                                          block_mode="across_blocks"),
     **{f"mixture-{schedule}-schedule": OrderConfig(kind="mixture", p_left_to_right=0.5,
                                                    schedule=schedule, schedule_steps=10)
        for schedule in ("linear", "step")},
@@ -160,7 +161,8 @@ def test_the_mean_loss_and_its_backward_never_read_the_device(overrides, dtype):
 
 
 def test_the_per_token_backward_is_the_loss_path_that_reads_the_device():
-    """The designed sync (a weighted loss: is its gradient uniform?), and proof that meta finds one."""
+    """The designed sync (a weighted loss: is its gradient uniform?), and proof that meta finds
+    one."""
     model = tiny_meta_model()
     idx, orders = meta_batch()
     with pytest.raises((RuntimeError, NotImplementedError), match="meta"):

@@ -1,6 +1,7 @@
-"""model/sampler/given.py's given_tokens: a prompt and infill, text or token ids, become the given tokens
-and mask that the sampler takes (text through the real GPT-2 tokenizer); bad input is refused in
-words of positions, which every caller (a command, the Hugging Face wrapper, lm-eval) can use."""
+"""model/sampler/given.py's given_tokens: a prompt and infill, text or token ids, become the given
+tokens and mask that the sampler takes (text through the real GPT-2 tokenizer); bad input is
+refused in words of positions, which every caller (a command, the Hugging Face wrapper, lm-eval)
+can use."""
 
 from types import SimpleNamespace
 
@@ -24,7 +25,8 @@ def encoding():
 def test_the_prompt_starts_at_0_and_infill_at_its_key(encoding):
     tokens, mask = given_tokens(N, prompt="Once upon a time",
                                 infill={12: " the river", "20": [13, 198]}, encoding=encoding)
-    prompt, river = encoding.encode_ordinary("Once upon a time"), encoding.encode_ordinary(" the river")
+    prompt = encoding.encode_ordinary("Once upon a time")
+    river = encoding.encode_ordinary(" the river")
     assert tokens[:len(prompt)].tolist() == prompt
     assert tokens[12:12 + len(river)].tolist() == river and tokens[20:22].tolist() == [13, 198]
     expected = list(range(len(prompt))) + list(range(12, 12 + len(river))) + [20, 21]

@@ -105,7 +105,8 @@ def test_the_cli_reports_a_bad_checkpoint_in_one_line(tmp_path):
                      "--out", str(tmp_path / "out"))
     assert result.returncode == 2 and result.stderr.startswith("error: ")
     assert len(result.stderr.strip().splitlines()) == 1 and not (tmp_path / "out").exists()
-    result = run_cli("tools/import_official.py", "--ckpt", str(tmp_path / "absent.pt"), "--out", "x")
+    result = run_cli("tools/import_official.py", "--ckpt", str(tmp_path / "absent.pt"),
+                     "--out", "x")
     assert result.returncode == 2 and "does not exist" in result.stderr
 
 
@@ -127,7 +128,8 @@ def test_a_text_file_or_a_folder_is_named_for_what_it_is(tmp_path):
 def test_the_checkpoint_files_of_out_are_replaced_only_with_force_and_a_run_never(tmp_path):
     torch.save(official_checkpoint(*models()), tmp_path / "ckpt_250.pt")
     out = tmp_path / "imported"
-    command = ["tools/import_official.py", "--ckpt", str(tmp_path / "ckpt_250.pt"), "--out", str(out)]
+    command = ["tools/import_official.py", "--ckpt", str(tmp_path / "ckpt_250.pt"),
+               "--out", str(out)]
     assert run_cli(*command).returncode == 0
     weights = (out / "model.safetensors").read_bytes()
     result = run_cli(*command)

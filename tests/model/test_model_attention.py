@@ -40,7 +40,8 @@ def test_a_lower_triangular_mask_is_the_causal_attention():
 def test_bidirectional_is_the_attention_of_an_all_true_mask(impl):
     q, k, v = qkv()
     everything = torch.ones(9, 9, dtype=torch.bool)
-    torch.testing.assert_close(attend(q, k, v, impl, BIDIRECTIONAL), attend(q, k, v, "math", everything))
+    torch.testing.assert_close(attend(q, k, v, impl, BIDIRECTIONAL),
+                               attend(q, k, v, "math", everything))
 
 
 def test_models_with_sdpa_and_math_backends_give_the_same_nll():
@@ -69,7 +70,8 @@ def test_the_kernel_is_decided_when_the_model_moves_and_never_in_forward(monkeyp
 
     asked = []
     supported = attention.flash_attn_supported
-    monkeypatch.setattr(attention, "flash_attn_supported", lambda d: asked.append(d) or supported(d))
+    monkeypatch.setattr(attention, "flash_attn_supported",
+                        lambda d: asked.append(d) or supported(d))
     model = AOGPT(tiny_config()).to(torch.float64)
     assert asked and {block.attn.kernel.name for block in model.transformer.h} == {"sdpa"}
     asked.clear()

@@ -1,4 +1,5 @@
-"""The forward pass computes what the paper's model computes, for any order, and the loss is its mean."""
+"""The forward pass computes what the paper's model computes, for any order, and the loss is its
+mean."""
 
 import math
 
@@ -31,9 +32,10 @@ def random_batch(b: int = 3, t: int = T, seed: int = 1):
 
 
 def reference_logits(model: AOGPT, idx: torch.Tensor, orders: torch.Tensor) -> torch.Tensor:
-    """The model's slot table (model/gpt.py) computed plainly from the weights, with the paper's t+1 slots:
-    slot 0 = [None], slot k = x[sigma_{k-1}] at wpe[sigma_{k-1}+1], condition wtpe[sigma_k], the
-    last slot conditioned on zeros. Returns the logits of slots 0..t-1, (b, t, vocab)."""
+    """The model's slot table (model/gpt.py) computed plainly from the weights, with the paper's
+    t+1 slots: slot 0 = [None], slot k = x[sigma_{k-1}] at wpe[sigma_{k-1}+1], condition
+    wtpe[sigma_k], the last slot conditioned on zeros. Returns the logits of slots 0..t-1,
+    (b, t, vocab)."""
     w = model.state_dict()
     n_layer, n_head = model.config.n_layer, model.config.n_head
     b, t = idx.shape
@@ -87,7 +89,8 @@ def test_identity_order_is_a_causal_lm_over_none_then_x():
     identity = torch.arange(T).expand(3, T)
     expected = reference_logits(model, idx, identity)
     torch.testing.assert_close(model.logits(idx, identity), expected, rtol=1e-9, atol=1e-9)
-    torch.testing.assert_close(model.logits(idx), model.logits(idx, identity))  # None = left to right
+    # None = left to right
+    torch.testing.assert_close(model.logits(idx), model.logits(idx, identity))
 
 
 def test_any_order_matches_the_papers_stream_with_its_zero_condition_last_slot():
@@ -105,7 +108,8 @@ def test_slot_k_is_conditioned_on_the_kth_target_and_predicts_it():
     nll = model(idx, orders)
     target = idx[0, orders[0, k]]
     assert torch.allclose(nll[0, k], F.cross_entropy(logits[0, k], target))
-    with torch.no_grad():  # a new code for the k-th target's position reaches slots k and later only
+    # a new code for the k-th target's position reaches slots k and later only
+    with torch.no_grad():
         model.transformer.wtpe.weight[orders[0, k]] += 1.0
     changed = model.logits(idx, orders)
     torch.testing.assert_close(changed[:, :k], logits[:, :k], rtol=0, atol=0)
@@ -130,7 +134,8 @@ def test_per_token_nll_is_cross_entropy_of_the_logits_and_its_mean_the_loss():
     idx, orders = random_batch()
     nll = model(idx, orders)
     targets = shuffle(idx, orders)
-    full = F.cross_entropy(model.logits(idx, orders).flatten(0, 1), targets.flatten(), reduction="none")
+    full = F.cross_entropy(model.logits(idx, orders).flatten(0, 1), targets.flatten(),
+                           reduction="none")
     assert nll.shape == idx.shape
     torch.testing.assert_close(nll.flatten(), full, rtol=1e-12, atol=1e-12)
     torch.testing.assert_close(nll.mean(), F.cross_entropy(model.logits(idx, orders).flatten(0, 1),
@@ -212,7 +217,8 @@ def test_on_a_cpu_the_loss_runs_in_chunks_that_fit_half_the_last_level_cache(mon
     nll, mean = loss.linear_cross_entropy(hidden, weight, None, targets, 4096, return_mean=True)
     assert seen == [fitted, fitted, 5]  # a config's 4,096 is capped; the ragged rest stays
     mean.backward()
-    reference = F.cross_entropy(hidden.detach().double() @ weight.double().t(), targets, reduction="none")
+    reference = F.cross_entropy(hidden.detach().double() @ weight.double().t(), targets,
+                                reduction="none")
     # fp32 logits of 8 products (|z| < 4) and an fp32 log-sum-exp over 50K terms: ~1e-5 nats at most
     torch.testing.assert_close(nll.double(), reference, rtol=0, atol=2e-5)
 

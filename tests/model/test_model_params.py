@@ -90,7 +90,8 @@ def test_param_groups_decay_matrices_and_embeddings_only():
     model = on_meta(small())
     decay, no_decay = model.param_groups(0.03)
     assert decay["weight_decay"] == 0.03 and no_decay["weight_decay"] == 0.0
-    assert all(p.dim() >= 2 for p in decay["params"]) and all(p.dim() < 2 for p in no_decay["params"])
+    assert all(p.dim() >= 2 for p in decay["params"])
+    assert all(p.dim() < 2 for p in no_decay["params"])
     assert any(p is model.transformer.wtpe.weight for p in decay["params"])
     every = decay["params"] + no_decay["params"]
     assert len({id(p) for p in every}) == len(every) == len(list(model.parameters()))
@@ -98,11 +99,13 @@ def test_param_groups_decay_matrices_and_embeddings_only():
 
 def test_flops_per_token_counts_matmul_parameters_and_attention():
     model = on_meta(small())
-    tables = sum(model.transformer[name].weight.numel() for name in ("wte", "wpe", "wtpe", "wnonee"))
+    tables = sum(model.transformer[name].weight.numel()
+                 for name in ("wte", "wpe", "wtpe", "wnonee"))
     n = 170_605_952 - tables
     assert model.flops_per_token(1024) == 6 * n + 12 * 12 * 768 * 1024
     tied = on_meta(sigma_gpt(small()))  # the tied wte is the head's matmul: it counts
-    assert tied.flops_per_token(1024) == 6 * (125_161_728 - 787_200 - 786_432 - 768) + 12 * 12 * 768 * 1024
+    assert tied.flops_per_token(1024) == (6 * (125_161_728 - 787_200 - 786_432 - 768)
+                                          + 12 * 12 * 768 * 1024)
 
 
 @pytest.mark.parametrize("change, message", [

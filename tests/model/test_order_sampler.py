@@ -123,7 +123,8 @@ def test_blockwise_within_blocks_keeps_blocks_in_order_shuffled_inside():
     orders, is_l2r = draw(kind="blockwise", block_size=8, block_mode="within_blocks",
                           blockwise_fixed=False)
     blocks = orders.view(8, 4, 8)
-    assert torch.equal(blocks.div(8, rounding_mode="floor"), torch.arange(4)[:, None].expand(8, 4, 8))
+    assert torch.equal(blocks.div(8, rounding_mode="floor"),
+                       torch.arange(4)[:, None].expand(8, 4, 8))
     assert not is_l2r.any() and is_permutation(orders)
     assert not torch.equal(blocks.sort(dim=2).values, blocks)  # shuffled inside
     assert len({tuple(o.tolist()) for o in orders}) == 8  # a fresh order per sample

@@ -162,7 +162,8 @@ def test_a_text_scored_along_a_planners_order_is_its_exact_likelihood_there(sett
     torch.testing.assert_close(out.stats["log_likelihood"], forced, rtol=0, atol=1e-9)
 
 
-@pytest.mark.parametrize("settings", [{"planner": "margin"}, {"planner": "entropy", "candidates": 3},
+@pytest.mark.parametrize("settings", [{"planner": "margin"},
+                                      {"planner": "entropy", "candidates": 3},
                                       {"planner": "threshold", "threshold": 0.7}],
                          ids=["margin", "entropy-budget-3", "threshold"])
 def test_the_planners_likelihood_sums_to_one_over_every_text(settings):

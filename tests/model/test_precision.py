@@ -41,14 +41,16 @@ def test_unknown_cpu_flags_mean_no_native_bf16(tmp_path):
     assert cpu_has_native_bf16(tmp_path / "aarch64") is False
 
 
-@pytest.mark.parametrize(("cpu", "dtype"), [("avx2", torch.float32), ("avx512_bf16", torch.bfloat16),
+@pytest.mark.parametrize(("cpu", "dtype"), [("avx2", torch.float32),
+                                            ("avx512_bf16", torch.bfloat16),
                                             ("amx", torch.bfloat16)])
 def test_auto_dtype_on_a_cpu_is_bf16_only_with_native_bf16(tmp_path, cpu, dtype):
     assert auto_dtype(torch.device("cpu"), write_cpuinfo(tmp_path, FLAGS[cpu])) == dtype
 
 
 def test_auto_dtype_on_a_gpu_is_bf16(tmp_path):
-    assert auto_dtype(torch.device("cuda", 0), write_cpuinfo(tmp_path, FLAGS["avx2"])) == torch.bfloat16
+    cpuinfo = write_cpuinfo(tmp_path, FLAGS["avx2"])
+    assert auto_dtype(torch.device("cuda", 0), cpuinfo) == torch.bfloat16
 
 
 @pytest.mark.parametrize("cpu", list(FLAGS))

@@ -34,7 +34,8 @@ def test_the_names_are_the_documented_layout(tmp_path):
     assert run.latest_file == tmp_path / "checkpoints" / "latest"
     assert run.tag_dir(tag_for(1000)) == tmp_path / "checkpoints" / "step_00001000"
     assert run.partial_dir(tag_for(1000)) == tmp_path / "checkpoints" / "step_00001000.partial"
-    assert run.complete_file(tag_for(7)) == tmp_path / "checkpoints" / "step_00000007" / "complete.json"
+    assert (run.complete_file(tag_for(7))
+            == tmp_path / "checkpoints" / "step_00000007" / "complete.json")
     assert step_of(tag_for(1000)) == 1000
 
 
@@ -62,7 +63,8 @@ def test_latest_naming_a_missing_tag_falls_back_to_the_newest_complete_tag(tmp_p
     run.latest_file.write_text("step_00000099\n")
     missing = run.tag_dir("step_00000099")
     assert run.resume_tag() == (tag_for(8), f"latest names 'step_00000099': {missing} does not "
-                                "exist; resuming from step_00000008, the newest complete checkpoint")
+                                "exist; resuming from step_00000008, the newest complete "
+                                "checkpoint")
     assert run.latest_tag() == tag_for(8)
 
 

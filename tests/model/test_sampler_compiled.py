@@ -80,8 +80,8 @@ def test_a_compiled_step_gives_the_eager_logits_and_tokens_away_from_ties(known,
     (eager, eager_drawn, valid), (compiled, compiled_drawn, _) = outputs[False], outputs[True]
     scale = eager.abs().max()
     assert (compiled - eager).abs().max() <= LOGIT_BOUND * scale
-    positions = steps[False].orders.gather(1, (known + torch.arange(shape[1])).clamp(max=N - 1)[None]
-                                           .expand(B, -1))
+    slots = (known + torch.arange(shape[1])).clamp(max=N - 1)
+    positions = steps[False].orders.gather(1, slots[None].expand(B, -1))
     u = steps[False].uniforms.gather(1, positions)
     clear = valid & (decision_margin(eager, eager_drawn, u) > 2 * LOGIT_BOUND * scale)
     assert clear.sum() >= valid.sum() // 2  # the comparison below is not empty
@@ -90,7 +90,8 @@ def test_a_compiled_step_gives_the_eager_logits_and_tokens_away_from_ties(known,
     for layer in range(2):
         for ours, theirs in ((steps[True].cache.keys, steps[False].cache.keys),
                              (steps[True].cache.values, steps[False].cache.values)):
-            assert (ours[layer] - theirs[layer]).abs().max() <= LOGIT_BOUND * theirs[layer].abs().max()
+            assert ((ours[layer] - theirs[layer]).abs().max()
+                    <= LOGIT_BOUND * theirs[layer].abs().max())
 
 
 @pytest.mark.slow

@@ -80,8 +80,8 @@ def test_a_folder_the_model_cannot_start_from_is_one_line(tmp_path):
     with pytest.raises(UsageError, match="has a vocabulary of 1000 tokens, not GPT-2's 50257"):
         check_source(tmp_path / "small_vocab", gpt2_like())
     save_gpt2(tmp_path / "gpt2")
-    with pytest.raises(UsageError, match="needs GPT-2's block: set model.norm=layer model.bias=true "
-                                         "model.qk_norm=false model.gelu=tanh"):
+    with pytest.raises(UsageError, match="needs GPT-2's block: set model.norm=layer "
+                                         "model.bias=true model.qk_norm=false model.gelu=tanh"):
         check_source(tmp_path / "gpt2", ModelConfig(n_layer=2, n_head=2, n_embd=32))
     with pytest.raises(UsageError, match="is a GPT-2 of .'n_layer': 2, 'n_head': 2, 'n_embd': 32"):
         check_source(tmp_path / "gpt2", gpt2_like(n_layer=3))

@@ -50,7 +50,8 @@ def test_chunks_slide_by_the_block_less_the_window():
 
 
 @pytest.mark.parametrize("settings", [{}, {"sampler": "speculative", "draft": 3},
-                                      {"planner": "margin"}], ids=["exact", "speculative", "margin"])
+                                      {"planner": "margin"}],
+                         ids=["exact", "speculative", "margin"])
 def test_each_chunk_is_a_generation_of_the_block_given_its_window(network, settings):
     out, sampler_for = long(network, settings)
     text = torch.tensor(out.texts)

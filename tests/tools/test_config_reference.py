@@ -7,7 +7,8 @@ def test_readme_holds_the_current_generated_reference(repo):
     generated = run_cli("tools/config_reference.py")
     assert generated.returncode == 0, generated.stderr
     readme = (repo / "README.md").read_text()
-    assert generated.stdout in readme, "README is stale: run python tools/config_reference.py --update"
+    assert generated.stdout in readme, ("README is stale: run "
+                                        "python tools/config_reference.py --update")
 
 
 def test_reference_lists_every_key_with_its_comment():

@@ -46,7 +46,8 @@ def test_demo_batch_on_eight_gpus_keeps_4096_tokens_with_smaller_micro_batches()
 def test_the_infilling_example_gives_both_pieces_and_shows_the_gap_in_brackets():
     encoding = load_gpt2()
     spec, seq_len = demo.infill_spec(encoding)
-    pieces = {int(start): encoding.encode_ordinary(text) for start, text in json.loads(spec).items()}
+    pieces = {int(start): encoding.encode_ordinary(text)
+              for start, text in json.loads(spec).items()}
     (before_at, before), (after_at, after) = sorted(pieces.items())
     assert before_at == 0 and after_at == len(before) + demo.INFILL_GAP == seq_len - len(after)
     gap = encoding.encode_ordinary(" whether 'tis nobler in the mind to suffer")[:demo.INFILL_GAP]

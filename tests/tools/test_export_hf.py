@@ -152,7 +152,8 @@ def exported(tmp_path_factory):
     (tmp / "spec.json").write_text(json.dumps(spec))
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
     env.update(HF_HOME=str(tmp / "hf_home"), HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1")
-    child = subprocess.run([sys.executable, "-c", CHILD, str(tmp / "spec.json"), str(tmp / "out.pt")],
+    child = subprocess.run([sys.executable, "-c", CHILD, str(tmp / "spec.json"),
+                            str(tmp / "out.pt")],
                            capture_output=True, text=True, cwd=tmp, env=env)
     assert child.returncode == 0, child.stderr[-3000:]
     return {"tmp": tmp, "ids": ids, "projects": projects, "spec": spec,
@@ -301,7 +302,8 @@ def test_raw_weights_are_exported_when_asked(exported, tmp_path):
     from safetensors.torch import load_file
 
     ckpt = exported["tmp"] / "ao_gpt"
-    assert export_hf.main(["--ckpt", str(ckpt), "--out", str(tmp_path / "raw"), "--weights", "raw"]) == 0
+    assert export_hf.main(["--ckpt", str(ckpt), "--out", str(tmp_path / "raw"),
+                           "--weights", "raw"]) == 0
     saved = load_file(tmp_path / "raw" / "model.safetensors")
     raw = load_checkpoint(ckpt, weights="raw").state_dict()
     assert saved.keys() == {f"aogpt.{name}" for name in raw}
@@ -318,7 +320,8 @@ def one_line_error(capsys) -> str:
 
 
 def test_a_missing_checkpoint_is_one_line_and_exit_2(tmp_path, capsys):
-    assert export_hf.main(["--ckpt", str(tmp_path / "nowhere"), "--out", str(tmp_path / "out")]) == 2
+    assert export_hf.main(["--ckpt", str(tmp_path / "nowhere"),
+                           "--out", str(tmp_path / "out")]) == 2
     assert "no checkpoint" in one_line_error(capsys)
     assert not (tmp_path / "out").exists()
 
@@ -329,7 +332,8 @@ def test_a_file_of_unknown_format_is_one_line_and_exit_2(tmp_path, capsys, conte
         torch.save({"model": {}}, tmp_path / "model.pt")
     else:
         (tmp_path / "model.pt").write_text("not a checkpoint")
-    assert export_hf.main(["--ckpt", str(tmp_path / "model.pt"), "--out", str(tmp_path / "out")]) == 2
+    assert export_hf.main(["--ckpt", str(tmp_path / "model.pt"),
+                           "--out", str(tmp_path / "out")]) == 2
     assert re.search(r"not an? (readable )?aogpt", one_line_error(capsys))
     assert not (tmp_path / "out").exists()
 
