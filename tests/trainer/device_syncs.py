@@ -41,7 +41,8 @@ HOST_READS = ("tolist", "numpy", "cpu")
 
 def _ours_or_deepspeeds(filename: str) -> bool:
     if "site-packages" in filename:
-        return "site-packages/deepspeed/" in filename or "site-packages/torch/utils/data/" in filename
+        return ("site-packages/deepspeed/" in filename
+                or "site-packages/torch/utils/data/" in filename)
     return filename.startswith(str(REPO)) and not filename.endswith("device_syncs.py")
 
 

@@ -20,14 +20,16 @@ _WORDS = "the lobster lives in 2 @,@ 000 m deep , eats ( small ) fish , is \" bl
 
 
 def wikitext_lines(count: int = 120) -> list[str]:
-    """The first lines of WikiText-2's validation text, or WikiText-like lines where it is absent."""
+    """The first lines of WikiText-2's validation text, or WikiText-like lines where it is
+    absent."""
     if WIKITEXT.is_file():
         return WIKITEXT.read_text().splitlines(keepends=True)[:count]
     rng = random.Random(0)
     lines = []
     for article in range(count // 8):
         lines += [" \n", f" = Article {article} = \n", " \n"]
-        lines += [" " + " ".join(rng.choices(_WORDS, k=rng.randint(5, 40))) + " \n" for _ in range(5)]
+        lines += [" " + " ".join(rng.choices(_WORDS, k=rng.randint(5, 40))) + " \n"
+                  for _ in range(5)]
     return lines
 
 

@@ -86,10 +86,12 @@ def test_bad_overrides_name_the_problem(repo, override, message):
     ("order.schedule=linear", 1, "needs order.schedule_steps"),
     ("data.path=''", 1, "data.path is empty"),
     ("data.num_workers=-1", 1, "data.num_workers must be >= 0, got -1"),
-    ("order.kind=blockwise order.block_size=48", 1, "order.block_size (48) must divide the sequence length (128)"),
+    ("order.kind=blockwise order.block_size=48", 1,
+     "order.block_size (48) must divide the sequence length (128)"),
     ("order.block_size=0", 1, "order.block_size must be positive, got 0"),
     ("model.target_injection=none", 1, "reads left to right only: set order.kind=l2r"),
-    ("recovery.spike_factor=0.9", 1, "recovery.spike_factor must be above 1 (0 = no spike rule), got 0.9"),
+    ("recovery.spike_factor=0.9", 1,
+     "recovery.spike_factor must be above 1 (0 = no spike rule), got 0.9"),
     ("recovery.spike_window=0", 1, "recovery.spike_window must be positive, got 0"),
     ("recovery.max_rollbacks=0", 1, "recovery.max_rollbacks must be positive, got 0"),
     ("recovery.lr_factor=0", 1, "recovery.lr_factor must be in (0, 1] and recovery.lr_steps >= 0"),
@@ -153,12 +155,14 @@ def test_python_model_presets_are_the_yaml_presets(repo, name, build):
     yaml_model = dataclasses.asdict(load_config(repo / "configs" / f"{name}.yaml").model)
     python_model = dataclasses.asdict(build())
     differences = {field: (yaml_model[field], python_model[field]) for field in yaml_model
-                   if field not in RUNTIME_MODEL_FIELDS and yaml_model[field] != python_model[field]}
+                   if field not in RUNTIME_MODEL_FIELDS
+                   and yaml_model[field] != python_model[field]}
     assert differences == {}
 
 
 def test_a_left_to_right_gpt_validates_when_it_reads_left_to_right(repo):
-    cfg = load_config(repo / "configs" / "tiny.yaml", ["model.target_injection=none", "order.kind=l2r"])
+    cfg = load_config(repo / "configs" / "tiny.yaml",
+                      ["model.target_injection=none", "order.kind=l2r"])
     cfg.validate(world_size=1)
     assert not cfg.model.any_order and cfg.model.family == "left-to-right GPT"
     assert load_config(repo / "configs" / "tiny.yaml").model.any_order

@@ -183,6 +183,7 @@ def test_the_report_records_the_judge_the_samples_and_where_they_came_from(proje
         str(project_ckpt.resolve()), None, "raw")  # the judge, saved without a step
     assert origin["samples"] == str(samples_file.resolve())
     sampled = json.loads(samples_file.read_text().splitlines()[0])["provenance"]
-    assert origin["sampled_from"] == sampled and sampled["checkpoint"] == str(project_ckpt.resolve())
+    assert origin["sampled_from"] == sampled
+    assert sampled["checkpoint"] == str(project_ckpt.resolve())
     assert origin["settings"]["batch_size"] == 8
     assert origin["aogpt_version"] == aogpt.__version__ and re.fullmatch(COMMIT, origin["git_sha"])

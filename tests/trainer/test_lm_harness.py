@@ -175,7 +175,8 @@ def tasks(tmp_path_factory, model64, encoding):
 def stop_string(model64, encoding) -> str:
     """A word that the first prompt's greedy continuation reaches after a few tokens and the
     second one's never does: the first answer is cut there, the second runs to max_gen_toks."""
-    first, second = (encoding.decode(greedy_tokens(model64, encoding.encode_ordinary(p), NEW_TOKENS))
+    first, second = (encoding.decode(greedy_tokens(model64, encoding.encode_ordinary(p),
+                                                   NEW_TOKENS))
                      for p in PROMPTS)
     for word in re.findall(r"[A-Za-z]{3,}", first)[1:]:
         if word not in second:
@@ -455,7 +456,8 @@ def test_hf_model_rolling_reads_the_text_after_an_end_of_text(hf_samples, cli_sa
     from aogpt's by the first window's terms only. Tolerance: PER_TOKEN per token on each side,
     plus HF's fp32 sum of each window's log-probs, (47 - 1) x 2^-24 x |window sum| at most."""
     (hf, _), (aogpt, _) = hf_samples, cli_samples
-    for ours, theirs, text in zip(aogpt["tiny_rolling"], hf["tiny_rolling"], DOCUMENTS, strict=True):
+    for ours, theirs, text in zip(aogpt["tiny_rolling"], hf["tiny_rolling"], DOCUMENTS,
+                                  strict=True):
         tokens = encoding.encode_ordinary(text)
         log_p, aogpt_log_p = float(theirs["resps"][0][0]), float(ours["resps"][0][0])
         expected = rolling_reference(model64, tokens, prefix=(EOS,))

@@ -35,7 +35,8 @@ def test_one_run_plots_next_to_its_metrics(tmp_path):
 def test_several_runs_overlay_into_one_file(tmp_path):
     runs = [write_run(tmp_path / "ao_gpt"), write_run(tmp_path / "gpt", l2r_every=1)]
     out = tmp_path / "figures" / "compare.png"
-    result = run_cli("tools/plot_metrics.py", "--run", *map(str, runs), "--out", str(out), "--x", "tokens")
+    result = run_cli("tools/plot_metrics.py", "--run", *map(str, runs), "--out", str(out),
+                     "--x", "tokens")
     assert result.returncode == 0, result.stderr
     assert out.read_bytes().startswith(PNG_MAGIC)
     assert not list(out.parent.glob(".*partial*"))
@@ -44,7 +45,8 @@ def test_several_runs_overlay_into_one_file(tmp_path):
 def test_run_without_metrics_is_one_line_and_status_2(tmp_path):
     result = run_cli("tools/plot_metrics.py", "--run", str(tmp_path))
     assert result.returncode == 2
-    assert result.stderr.strip() == f"error: {tmp_path / 'metrics.jsonl'} does not exist: give a training out_dir"
+    assert result.stderr.strip() == (f"error: {tmp_path / 'metrics.jsonl'} does not exist: "
+                                     "give a training out_dir")
 
 
 def test_zero_shot_sets_scored_while_training_get_a_panel_each(tmp_path):
@@ -65,7 +67,8 @@ def test_zero_shot_sets_scored_while_training_get_a_panel_each(tmp_path):
 
 def plot_metrics(capsys, *argv) -> tuple[int, str, str]:
     """The command's main() in this process (a subprocess pays matplotlib's import each time)."""
-    spec = importlib.util.spec_from_file_location("plot_metrics", REPO / "tools" / "plot_metrics.py")
+    spec = importlib.util.spec_from_file_location("plot_metrics",
+                                                  REPO / "tools" / "plot_metrics.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     code = module.main([str(arg) for arg in argv])

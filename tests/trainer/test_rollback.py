@@ -252,7 +252,8 @@ def test_the_spike_rule_restarts_its_count_after_a_normal_step_and_ignores_non_f
     rule = spike_rule()
     for step in range(1, 5):
         rule.add(step, 1.0)
-    assert [rule.add(5, 3.0), rule.add(6, 1.0), rule.add(7, 3.0), rule.add(8, float("nan"))] == [None] * 4
+    assert [rule.add(5, 3.0), rule.add(6, 1.0), rule.add(7, 3.0),
+            rule.add(8, float("nan"))] == [None] * 4
     assert list(rule.window) == [1.0, 3.0, 1.0, 3.0]  # NaN is FirstNonFinite's to report
 
 

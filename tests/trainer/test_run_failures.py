@@ -45,7 +45,8 @@ def train_command(data: Path, out: Path, *overrides: str) -> list[str]:
 
 
 def error_lines(output: str) -> list[str]:
-    """Every `error: ...` line (from where it starts: another rank's progress bar may precede it)."""
+    """Every `error: ...` line (from where it starts: another rank's progress bar may precede
+    it)."""
     return [line[line.index("error: "):] for line in output.splitlines() if "error: " in line]
 
 
@@ -200,7 +201,8 @@ def test_the_validation_loader_names_the_shard(data, one_process):
 def test_noting_non_finite_steps_stays_on_the_device():
     watch = FirstNonFinite(META)
     with DeviceCrossings() as crossings:
-        for step, norm in ((1, torch.ones((), device=META)), (2, None), (3, float("inf")), (4, 2.0)):
+        for step, norm in ((1, torch.ones((), device=META)), (2, None), (3, float("inf")),
+                           (4, 2.0)):
             watch.note(step, torch.zeros(4, dtype=torch.float64, device=META), norm)
     assert crossings.ops == [] and watch.steps.device == META and watch.steps.shape == (2,)
 
@@ -318,7 +320,8 @@ def test_ctrl_c_while_the_trainer_starts_up_is_one_line_and_status_130(text_data
 def test_ctrl_c_ends_a_start_up_that_loses_the_keyboard_interrupt():
     """The race behind a rare hang of the test above: Ctrl-C is answered before main by aogpt's
     handler itself, not by a KeyboardInterrupt that the code running at that moment may lose."""
-    proc = subprocess.Popen([sys.executable, str(REPO / "tests" / "trainer" / "run_losing_ctrl_c.py")],
+    proc = subprocess.Popen([sys.executable,
+                             str(REPO / "tests" / "trainer" / "run_losing_ctrl_c.py")],
                             cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         assert proc.stdout.readline() == "ready\n"
@@ -335,8 +338,8 @@ def test_sigterm_ends_a_run_that_no_step_can_answer_within_the_grace(text_data, 
     out = tmp_path / "run"
     # 32 micro-batches of one sequence per step: the batches prefetched before the worker stops
     # cannot finish a step
-    command = train_command(text_data, out, "train.micro_batch_size=1", "train.tokens_per_step=2048",
-                            "checkpoint.signal_grace_s=3")
+    command = train_command(text_data, out, "train.micro_batch_size=1",
+                            "train.tokens_per_step=2048", "checkpoint.signal_grace_s=3")
     run = Run(command, tmp_path / "run.log")
     worker = run.loader_worker()
     worker.suspend()
@@ -412,7 +415,8 @@ def test_a_shard_truncated_under_the_deepspeed_launcher_ends_every_rank(data, tm
     assert "Traceback" not in output
     errors = error_lines(output)
     assert any(error.startswith("error: the training data loader cannot read sample ")
-               and f" of shard {shard}: {size * 6 // 10:,} bytes" in error for error in errors), output
+               and f" of shard {shard}: {size * 6 // 10:,} bytes" in error
+               for error in errors), output
     # the other rank met the shard too, or lost its peer: one line each, no more
     assert len(errors) <= 2 and all("data loader cannot read" in error or "lost the other ranks"
                                     in error for error in errors), errors

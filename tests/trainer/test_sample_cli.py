@@ -182,8 +182,9 @@ def test_planner_l2r_is_the_left_to_right_order(checkpoint, tmp_path):
     (["--planner", "threshold", "--threshold", "1"], "error: --threshold must be in (0, 1)"),
     (["--planner", "threshold", "--threshold", "0"], "error: --threshold must be in (0, 1)"),
     (["--threshold", "0.5"], "error: --threshold is read by --planner threshold, not by a fixed"),
-    (["--planner", "threshold", "--reveal", "2"], "error: --reveal is read by --planner confidence "
-                                                  "or margin or entropy, not by --planner threshold"),
+    (["--planner", "threshold", "--reveal", "2"],
+     "error: --reveal is read by --planner confidence or margin or entropy, not by --planner "
+     "threshold"),
     (["--planner", "l2r", "--order", "random"], ""),  # random is --order's default: no conflict
     (["--planner", "confidence", "--steps", "4"], "error: --steps sets the parallel sampler's "
                                                   "calls; --planner confidence makes one call per"),
@@ -230,7 +231,8 @@ def test_a_long_texts_bad_input_is_one_line(checkpoint, tmp_path, capsys, flags,
 
 
 @pytest.mark.parametrize("flags, message", [
-    # model/sampler/given.py's given_tokens says what is wrong, in positions; sample.py names the flags
+    # model/sampler/given.py's given_tokens says what is wrong, in positions; sample.py names the
+    # flags
     (["--infill", '{"14": "a b c d e f"}'], "error: --infill (--seq-len 16): given text at 14..19 "
                                             "does not fit in a sequence of 16 tokens"),
     (["--prompt", "a b", "--infill", '{"1": "c"}'], "error: --prompt and --infill (--seq-len 16): "
@@ -364,7 +366,8 @@ def test_each_record_names_the_checkpoint_read_its_step_the_settings_and_the_cod
             str(read.resolve()), tag_for(3), 3, "raw")
         assert origin["unfinished_run"] and origin["settings"]["ckpt"] == str(run.root)
         assert origin["settings"]["num_samples"] == 2 and origin["settings"]["seq_len"] == 8
-        assert origin["aogpt_version"] == aogpt.__version__ and re.fullmatch(COMMIT, origin["git_sha"])
+        assert origin["aogpt_version"] == aogpt.__version__
+        assert re.fullmatch(COMMIT, origin["git_sha"])
 
 
 def test_progress_written_to_a_log_file_has_no_carriage_returns(checkpoint, tmp_path):

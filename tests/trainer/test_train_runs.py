@@ -346,8 +346,8 @@ def test_a_second_ctrl_c_stops_at_once_and_says_what_is_lost(text_data, tmp_path
     """Steps of 64 micro-batches: the second Ctrl-C comes long before the step could end."""
     out, log = tmp_path / "single", tmp_path / "single.log"
     args = [sys.executable, MAIN, *run_args(text_data, out, "ds_configs/cpu.json",
-                                            "train.micro_batch_size=1", "train.tokens_per_step=4096",
-                                            "checkpoint.every=1")]
+                                            "train.micro_batch_size=1",
+                                            "train.tokens_per_step=4096", "checkpoint.every=1")]
     with log.open("w") as sink:
         proc = subprocess.Popen(args, cwd=REPO, stdout=sink, stderr=subprocess.STDOUT)
         latest = out / "checkpoints" / "latest"
@@ -360,19 +360,23 @@ def test_a_second_ctrl_c_stops_at_once_and_says_what_is_lost(text_data, tmp_path
         assert proc.wait(timeout=60) == 130, log.read_text()
     assert latest.read_text() == "step_00000001"  # nothing saved after the first Ctrl-C
     assert ("a second Ctrl-C: stopped at once without saving; the steps after the last complete "
-            f"checkpoint are lost, a re-run resumes from it: {out / 'checkpoints' / 'step_00000001'}"
-            ) in log.read_text()
+            "checkpoint are lost, a re-run resumes from it: "
+            f"{out / 'checkpoints' / 'step_00000001'}") in log.read_text()
 
 
 def test_launcher_reports_bad_input_once_with_status_2(launcher, text_data, tmp_path):
     ds_config = tmp_path / "disagrees.json"
-    ds_config.write_text(json.dumps({"train_micro_batch_size_per_gpu": 4, "zero_optimization": {"stage": 1}}))
-    result = launcher.run("deepspeed", run_args(text_data, tmp_path / "run", ds_config), timeout=120)
+    ds_config.write_text(json.dumps({"train_micro_batch_size_per_gpu": 4,
+                                     "zero_optimization": {"stage": 1}}))
+    result = launcher.run("deepspeed", run_args(text_data, tmp_path / "run", ds_config),
+                          timeout=120)
     assert result.returncode == 2
-    errors = [line for line in (result.stdout + result.stderr).splitlines() if line.startswith("error:")]
-    assert errors == ["error: the DeepSpeed config sets train_micro_batch_size_per_gpu=4 but the YAML "
-                      "gives 8 (from train.micro_batch_size): set train_micro_batch_size_per_gpu to "
-                      "\"auto\" in the JSON and change the YAML instead"]
+    errors = [line for line in (result.stdout + result.stderr).splitlines()
+              if line.startswith("error:")]
+    assert errors == ["error: the DeepSpeed config sets train_micro_batch_size_per_gpu=4 but the "
+                      "YAML gives 8 (from train.micro_batch_size): set "
+                      "train_micro_batch_size_per_gpu to \"auto\" in the JSON and change the YAML "
+                      "instead"]
     assert not (tmp_path / "run").exists()  # nothing written before the checks
 
 

@@ -13,7 +13,8 @@ def test_benchmark_reports_step_and_loader_rates_and_their_ratio(text_data, tmp_
     # fresh GPU machine) must not stop a run that never evaluates (the first H200 report's rows)
     result = run_cli("benchmarks/train_throughput.py", "--ds_config", "ds_configs/cpu.json",
                      "--config", "configs/ao_gpt_small.yaml", "--steps", "2", "--warmup", "1",
-                     "--loader-batches", "40", f"data.path={text_data}", f"model.block_size={SEQ_LEN}",
+                     "--loader-batches", "40", f"data.path={text_data}",
+                     f"model.block_size={SEQ_LEN}",
                      "model.n_layer=1", "model.n_head=2", "model.n_embd=64", "model.cond_dim=32",
                      "train.micro_batch_size=8", "train.precision=fp32",
                      "train.tokens_per_step=1024", "data.num_workers=1", "--json", str(out))

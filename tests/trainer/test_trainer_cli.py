@@ -46,7 +46,8 @@ def assert_refused(args, capsys, tmp_path, message: str) -> None:
 
 def test_ds_config_disagreeing_with_the_yaml(text_data, tmp_path, capsys):
     ds_config = tmp_path / "disagrees.json"
-    ds_config.write_text(json.dumps({"gradient_accumulation_steps": 4, "zero_optimization": {"stage": 2}}))
+    ds_config.write_text(json.dumps({"gradient_accumulation_steps": 4,
+                                     "zero_optimization": {"stage": 2}}))
     assert_refused(run(text_data, tmp_path, ds_config=ds_config), capsys, tmp_path,
                    "sets gradient_accumulation_steps=4 but the YAML gives 2")
 
@@ -58,7 +59,8 @@ def test_missing_data_folder(tmp_path, capsys):
 
 def test_data_of_another_sequence_length(text_data, tmp_path, capsys):
     assert_refused(run(text_data, tmp_path, "model.block_size=128", "train.tokens_per_step=4096"),
-                   capsys, tmp_path, "the data has samples of 64 tokens, the model's sequence length is 128")
+                   capsys, tmp_path,
+                   "the data has samples of 64 tokens, the model's sequence length is 128")
 
 
 def test_data_of_another_tokenizer(text_data, tmp_path, capsys):
@@ -73,7 +75,8 @@ def test_data_of_another_tokenizer(text_data, tmp_path, capsys):
 def test_batch_not_divisible_by_world_size(text_data, tmp_path, capsys, monkeypatch):
     monkeypatch.setenv("WORLD_SIZE", "3")
     assert_refused(run(text_data, tmp_path), capsys, tmp_path,
-                   "global batch of 32 sequences is not divisible by micro_batch_size x world size = 8 x 3")
+                   "global batch of 32 sequences is not divisible by micro_batch_size x world "
+                   "size = 8 x 3")
 
 
 def test_unknown_order_kind(text_data, tmp_path, capsys):

@@ -34,8 +34,9 @@ def small_data(tmp_path_factory):
 
 def config(repo, data, *overrides):
     return load_config(repo / "configs" / "tiny.yaml",
-                       [f"data.path={data}", f"model.block_size={SEQ_LEN}", "train.micro_batch_size=8",
-                        "train.tokens_per_step=512", "data.num_workers=1", "eval.every=0", *overrides])
+                       [f"data.path={data}", f"model.block_size={SEQ_LEN}",
+                        "train.micro_batch_size=8", "train.tokens_per_step=512",
+                        "data.num_workers=1", "eval.every=0", *overrides])
 
 
 def batches_for(cfg):
@@ -171,7 +172,8 @@ def test_missing_data_folder_is_a_usage_error(repo, tmp_path):
 
 def test_data_of_another_sequence_length_is_a_usage_error(repo, text_data):
     cfg = config(repo, text_data, "model.block_size=128", "train.tokens_per_step=1024")
-    with pytest.raises(UsageError, match="samples of 64 tokens, the model's sequence length is 128"):
+    with pytest.raises(UsageError,
+                       match="samples of 64 tokens, the model's sequence length is 128"):
         check_data(cfg, setup_distributed_env())
 
 

@@ -15,7 +15,8 @@ from aogpt.trainer.ema import ShardedEMA, gather_full_weights
 pytestmark = pytest.mark.filterwarnings("ignore::FutureWarning", "ignore::DeprecationWarning")
 TINY = ModelConfig(n_layer=1, n_head=2, n_embd=16, block_size=16, cond_dim=8, loss_chunk_size=0)
 SIGMA = ModelConfig(n_layer=1, n_head=2, n_embd=16, block_size=16, target_injection="sigma_sum",
-                    norm="layer", qk_norm=False, bias=False, tie_embeddings=True, lm_head_bias=False)
+                    norm="layer", qk_norm=False, bias=False, tie_embeddings=True,
+                    lm_head_bias=False)
 
 
 @pytest.fixture(scope="module", autouse=True)

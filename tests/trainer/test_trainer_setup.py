@@ -57,7 +57,8 @@ def test_shipped_ds_configs_take_batch_and_clipping_from_the_yaml(repo, tiny, na
 
 
 @pytest.mark.parametrize("precision", ["autocast_bf16", "bf16", "fp32"])
-def test_shipped_ds_configs_leave_deepspeed_nothing_that_waits_for_the_device(repo, tiny, precision):
+def test_shipped_ds_configs_leave_deepspeed_nothing_that_waits_for_the_device(repo, tiny,
+                                                                              precision):
     tiny.train.precision = precision
     for name in ("zero1", "zero2", "zero3", "cpu"):
         ds = resolve_ds_config(load_ds_config(repo / "ds_configs" / f"{name}.json"), tiny, 2)
@@ -71,10 +72,13 @@ def test_deepspeeds_synchronising_throughput_timer_is_off_unless_the_json_asks(t
 
 
 @pytest.mark.parametrize("ds, warning", [
-    ({"timers": {"throughput": {"enabled": True}}}, "enables timers.throughput with synchronized=true"),
+    ({"timers": {"throughput": {"enabled": True}}},
+     "enables timers.throughput with synchronized=true"),
     ({"wall_clock_breakdown": True}, "sets wall_clock_breakdown=true"),
-    ({"bf16": {"enabled": "auto", "check_grad_overflow": True}}, "sets bf16.check_grad_overflow=true"),
-    ({"zero_optimization": {"stage": 2, "overlap_comm": True}}, "sets zero_optimization.overlap_comm=true"),
+    ({"bf16": {"enabled": "auto", "check_grad_overflow": True}},
+     "sets bf16.check_grad_overflow=true"),
+    ({"zero_optimization": {"stage": 2, "overlap_comm": True}},
+     "sets zero_optimization.overlap_comm=true"),
 ], ids=["timer", "wall-clock-breakdown", "overflow-check", "overlap-comm"])
 def test_a_json_that_makes_deepspeed_wait_for_the_device_gets_one_warning(tiny, ds, warning):
     tiny.train.precision = "bf16"
@@ -97,7 +101,8 @@ def test_a_throughput_timer_that_does_not_synchronise_gets_no_warning(tiny):
 
 
 def test_concrete_json_values_that_agree_with_the_yaml_are_accepted(tiny):
-    ds = {"train_micro_batch_size_per_gpu": 8, "gradient_clipping": 1, "zero_optimization": {"stage": 2}}
+    ds = {"train_micro_batch_size_per_gpu": 8, "gradient_clipping": 1,
+          "zero_optimization": {"stage": 2}}
     assert resolve_ds_config(ds, tiny, world_size=1)["gradient_accumulation_steps"] == 4
 
 
@@ -142,7 +147,8 @@ def test_a_json_bf16_setting_against_train_precision_is_a_usage_error(tiny):
     ({"data_types": {"grad_accum_dtype": "bf16"}}, "grad_accum_dtype is 'bf16'"),
     ({"fp16": {"enabled": True}}, "fp16 is not supported"),
     ({"zero_optimization": {"stage": 0}}, "zero_optimization.stage is 0"),
-    ({"zero_optimization": {"stage": 1, "reduce_bucket_size": "auto"}}, "\"auto\" for zero_optimization.reduce_bucket_size"),
+    ({"zero_optimization": {"stage": 1, "reduce_bucket_size": "auto"}},
+     "\"auto\" for zero_optimization.reduce_bucket_size"),
 ])
 def test_json_contradicting_the_yaml_is_a_usage_error(tiny, ds, message):
     ds.setdefault("zero_optimization", {"stage": 1})
@@ -174,7 +180,8 @@ def test_lr_warms_up_linearly_from_zero_then_cosine_to_min_lr():
     # nanoGPT's formula, written out, at an arbitrary step
     step = 123_456
     ratio = (step - 2000) / (500_000 - 2000)
-    assert learning_rate(step, optim) == pytest.approx(6e-5 + 0.5 * (1 + math.cos(math.pi * ratio)) * 5.4e-4)
+    assert learning_rate(step, optim) == pytest.approx(
+        6e-5 + 0.5 * (1 + math.cos(math.pi * ratio)) * 5.4e-4)
 
 
 # ---- launch environment --------------------------------------------------------------------------
@@ -184,13 +191,15 @@ def test_srun_variables_become_torch_ones():
     env = {"SLURM_PROCID": "5", "SLURM_LOCALID": "1", "SLURM_NTASKS": "8",
            "SLURM_TASKS_PER_NODE": "4(x2)", "MASTER_ADDR": "node1", "MASTER_PORT": "29500"}
     dist_env = setup_distributed_env(env)
-    assert (dist_env.rank, dist_env.local_rank, dist_env.world_size, dist_env.local_world_size) == (5, 1, 8, 4)
+    assert (dist_env.rank, dist_env.local_rank,
+            dist_env.world_size, dist_env.local_world_size) == (5, 1, 8, 4)
     assert env["RANK"] == "5" and env["LOCAL_WORLD_SIZE"] == "4"
 
 
 def test_srun_without_master_address_says_what_to_export():
     with pytest.raises(UsageError, match="MASTER_ADDR and MASTER_PORT not set"):
-        setup_distributed_env({"SLURM_PROCID": "0", "SLURM_NTASKS": "2", "SLURM_NTASKS_PER_NODE": "2"})
+        setup_distributed_env({"SLURM_PROCID": "0", "SLURM_NTASKS": "2",
+                               "SLURM_NTASKS_PER_NODE": "2"})
 
 
 def test_deepspeed_launchers_local_size_becomes_local_world_size():
@@ -365,10 +374,12 @@ class _Payload:
 
 
 def test_rank_state_files_load_without_unpickling_anything_but_tensors_and_numpy_arrays(tmp_path):
-    state = {"ema": {"num_updates": 3, "decay": 0.99, "shadow": [torch.ones(2)]}, "rng": rng_states()}
+    state = {"ema": {"num_updates": 3, "decay": 0.99, "shadow": [torch.ones(2)]},
+             "rng": rng_states()}
     save_torch_atomic(state, tmp_path / "rank.pt")
     loaded = load_rank_state(tmp_path / "rank.pt")
-    assert loaded["ema"]["num_updates"] == 3 and torch.equal(loaded["ema"]["shadow"][0], torch.ones(2))
+    assert loaded["ema"]["num_updates"] == 3
+    assert torch.equal(loaded["ema"]["shadow"][0], torch.ones(2))
     numpy_state = loaded["rng"]["numpy"]
     assert numpy_state[0] == "MT19937" and (numpy_state[1] == state["rng"]["numpy"][1]).all()
     save_torch_atomic({"rng": _Payload()}, tmp_path / "foreign.pt")

@@ -90,7 +90,8 @@ def test_the_recording_sees_the_waits_only_a_cuda_device_has():
     ("cpu", "fp32"),  # the CPU default: ZeRO-1, an fp32 engine
     ("zero1", "bf16"),  # DeepSpeed's BF16_Optimizer (bf16 weights, fp32 gradient accumulation)
     ("zero1", "autocast_bf16"),  # a GPU's default: an fp32 engine, bf16 matmuls under autocast
-    ("zero2", "fp32"),  # an fp32 engine, as autocast_bf16 on a GPU: gradients reduced every micro-step
+    # an fp32 engine, as autocast_bf16 on a GPU: gradients reduced every micro-step
+    ("zero2", "fp32"),
     ("zero2", "bf16"),  # ZeRO-2's bf16 path (its overflow check)
 ], ids=lambda value: value)
 def test_between_log_boundaries_no_step_waits_for_the_device(ds_config, precision, text_data,

@@ -185,7 +185,8 @@ def test_force_replaces_only_what_the_same_command_wrote(case, logged, text_data
 def test_an_output_in_a_folder_the_trainer_writes_is_refused(logged):
     out, _ = logged
     samples = out / "samples" / "mine.jsonl"
-    error = one_line_refusal(run_cli("trainer/sample.py", "--ckpt", str(out), "--out", str(samples)))
+    error = one_line_refusal(run_cli("trainer/sample.py", "--ckpt", str(out),
+                                     "--out", str(samples)))
     assert error == (f"--out {samples} would be a file of the samples drawn while training "
                      f"(samples/) of training run {out}: choose a name outside the trainer's files")
 
@@ -235,8 +236,8 @@ def test_an_out_dir_that_holds_a_dataset_or_other_files_is_refused(case, text_da
         out.mkdir()
         (out / "todo.txt").write_text("my notes")
     before = sorted(out.rglob("*"))
-    result = subprocess.run(logged_command(text_data, out), cwd=REPO, capture_output=True, text=True,
-                            timeout=300)
+    result = subprocess.run(logged_command(text_data, out), cwd=REPO, capture_output=True,
+                            text=True, timeout=300)
     assert one_line_refusal(result) == (
         f"out_dir {out} holds {what}: a training writes into a new or empty folder, or its own "
         "earlier run: choose another out_dir")

@@ -1,4 +1,4 @@
-"""Helpers for the trainer tests: real-text MDS data built by owt_to_mds.py, launches on 2 processes.
+"""Helpers for the trainer tests: real-text MDS data made by owt_to_mds.py, 2-process launches.
 
 Every multi-process launch uses a fresh free port; DeepSpeed's CPU backend leaves one
 /dev/shm/deepspeed_*_<port>_<rank> buffer per rank behind, removed here for the ports we used.
@@ -116,10 +116,13 @@ class Launcher:
         port = free_port()
         self.ports.append(port)
         if launcher == "deepspeed":
-            return [str(BIN / "deepspeed"), "--num_gpus", "2", "--master_port", str(port), MAIN, *args]
-        return [str(BIN / "torchrun"), "--nproc_per_node", "2", "--master_port", str(port), MAIN, *args]
+            return [str(BIN / "deepspeed"), "--num_gpus", "2", "--master_port", str(port),
+                    MAIN, *args]
+        return [str(BIN / "torchrun"), "--nproc_per_node", "2", "--master_port", str(port),
+                MAIN, *args]
 
-    def run(self, launcher: str, args: list[str], timeout: float = 300) -> subprocess.CompletedProcess:
+    def run(self, launcher: str, args: list[str],
+            timeout: float = 300) -> subprocess.CompletedProcess:
         return subprocess.run(self.command(launcher, args), capture_output=True, text=True,
                               cwd=REPO, env=self.environment(), timeout=timeout)
 
@@ -129,11 +132,13 @@ class Launcher:
         (as scancel or Ctrl-C would); returns the launcher's exit status and its output."""
         log = out_dir.parent / f"{out_dir.name}.log"
         with log.open("w") as sink:
-            proc = subprocess.Popen(self.command(launcher, args), stdout=sink, stderr=subprocess.STDOUT,
-                                    cwd=REPO, env=self.environment(), start_new_session=True)
+            proc = subprocess.Popen(self.command(launcher, args), stdout=sink,
+                                    stderr=subprocess.STDOUT, cwd=REPO, env=self.environment(),
+                                    start_new_session=True)
             deadline = time.monotonic() + timeout
             metrics = out_dir / "metrics.jsonl"
-            while not (metrics.is_file() and any(r["step"] >= after_step for r in read_metrics(metrics))):
+            while not (metrics.is_file()
+                       and any(r["step"] >= after_step for r in read_metrics(metrics))):
                 assert proc.poll() is None, log.read_text()
                 assert time.monotonic() < deadline, "the run never reached the step to signal at"
                 time.sleep(0.2)
