@@ -107,7 +107,7 @@ def test_cpu_dry_run_trains_single_processes(tmp_path, capsys):
     (["--seeds", "1,1"], "error: --seeds '1,1': give distinct non-negative integers"),
     (["--scale", "gpu", "--data", "d", "--parallel", "2"], "error: --parallel 2:"),
     # --dry-run: were a count accepted, the suite would only print its commands, not run them
-    # (0 is not the default)
+    # (--parallel 0 is not its default)
     (["--parallel", "0", "--dry-run"], "error: --parallel must be at least 1, got 0"),
     (["--eval-samples", "-1", "--dry-run"], "error: --eval-samples must be at least 1, got -1"),
     (["--speed-steps", "0,16", "--dry-run"],
