@@ -37,7 +37,7 @@ setup(
         "orjson>=3.9",  # data prep's JSON lines
         "xxhash>=3,<4",
         "zstd>=1.5,<2",
-        "transformers>=4.40,<5",  # StreamingDataLoader imports it
+        "transformers>=4.40,<5",  # the exported model (tools/export_hf.py), the judge (genppl.py)
     ],
     extras_require={
         "test": ["pytest>=8", "ruff>=0.6"],
