@@ -29,14 +29,18 @@ lint: $(STAMP)
 
 # The fast set: the suite without the tests marked slow. test-all adds those (multi-process
 # DeepSpeed runs, SLURM, the demo and the findings suite end to end), as CI does (.ci/run). Both
-# end with the slowest tests, so that growth is seen where it happens.
+# run one pytest-xdist worker per core (at most 4; each test file stays on one worker, so that
+# a file's fixtures are built once; TEST_WORKERS=0 runs them in this process) and end with the
+# slowest tests, so that growth is seen where it happens.
+TEST_WORKERS ?= auto
 DURATIONS := --durations=25
+PYTEST := $(PY) -m pytest -n $(TEST_WORKERS) --maxprocesses 4 --dist loadfile $(DURATIONS)
 
 test: $(STAMP) tokenizer lint
-	$(PY) -m pytest -m "not slow" $(DURATIONS)
+	$(PYTEST) -m "not slow"
 
 test-all: $(STAMP) tokenizer lint
-	$(PY) -m pytest $(DURATIONS)
+	$(PYTEST)
 
 demo: $(STAMP) tokenizer
 	$(PY) tools/demo.py

@@ -40,7 +40,7 @@ setup(
         "transformers>=4.40,<5",  # the exported model (tools/export_hf.py), the judge (genppl.py)
     ],
     extras_require={
-        "test": ["pytest>=8", "ruff>=0.6"],
+        "test": ["pytest>=8", "pytest-xdist>=3.5", "ruff>=0.6"],
         "gpu": ["flash-attn>=2.6"],
         "cloud": ["boto3>=1.21,<2"],
         # the lm-evaluation-harness model (aogpt.trainer.lm_harness); nothing else imports it.

@@ -2,13 +2,16 @@
 and launcher of the trainer's runs, and a real S3 server with that data in a bucket."""
 
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 import torch
+from filelock import FileLock
 
+from aogpt.data_prep.packing import available_cores
 from aogpt.model import AOGPT, ModelConfig
 
 REPO = Path(__file__).resolve().parent.parent
@@ -40,25 +43,58 @@ def shared_text() -> Path:
     return path
 
 
+def pytest_configure(config):
+    """Under pytest-xdist (make test runs one worker per core), each worker and the processes
+    its tests start get their share of the cores: torch's default of every core per process
+    made compute-bound tests 4x slower with two workers on two cores."""
+    workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+    if workers > 1:
+        threads = max(1, available_cores() // workers)
+        os.environ["OMP_NUM_THREADS"] = str(threads)
+        torch.set_num_threads(threads)
+
+
+def built_once(tmp_path_factory, name: str, build) -> tuple[Path, str]:
+    """A folder named `name` and what build(folder) returned (a string), built once per test
+    run: under pytest-xdist the first worker to ask builds it while the others wait, then all
+    read it. A build that failed (its assertion fails that test) is started afresh by the next
+    test that asks."""
+    root = tmp_path_factory.getbasetemp()
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        root = root.parent  # shared by the workers of this run
+    folder, result = root / name, root / f"{name}.result"
+    with FileLock(str(root / f"{name}.lock")):
+        if not result.is_file():
+            if folder.exists():
+                shutil.rmtree(folder)
+            folder.mkdir()
+            result.write_text(build(folder))
+    return folder, result.read_text()
+
+
 @pytest.fixture(scope="session")
 def text_data(tmp_path_factory) -> Path:
     """Real text (trainer_testing.real_documents) made into MDS shards by data_prep/owt_to_mds.py,
-    once per session: every test reads it, none writes into it (a test that damages shards, or
+    once per test run: every test reads it, none writes into it (a test that damages shards, or
     needs a folder of its own, copies it first)."""
     from trainer_testing import build_data, real_documents  # tests/trainer/, whose modules ask
 
-    return build_data(tmp_path_factory.mktemp("data") / "text", real_documents())
+    folder, _ = built_once(tmp_path_factory, "data",
+                           lambda folder: str(build_data(folder / "text", real_documents())))
+    return folder / "text"
 
 
 @pytest.fixture(scope="session")
 def finished_run(text_data, tmp_path_factory) -> tuple[Path, str]:
     """One finished training (trainer_testing.train_logged: one process, 6 steps of the tiny
     model, a validation and a checkpoint every 3) for the tests that read a run folder or its log:
-    (out_dir, the log's text). None writes into it; a test that needs to copies it."""
+    (out_dir, the log's text), once per test run. None writes into it; a test that needs to
+    copies it."""
     from trainer_testing import train_logged  # tests/trainer/, whose modules ask
 
-    out = tmp_path_factory.mktemp("runs") / "finished"
-    return out, train_logged(text_data, out, "train.max_steps=6")
+    folder, log = built_once(tmp_path_factory, "runs", lambda folder: train_logged(
+        text_data, folder / "finished", "train.max_steps=6"))
+    return folder / "finished", log
 
 
 @pytest.fixture(scope="session")
