@@ -11,6 +11,10 @@ def test_benchmark_prints_the_ratio():
     result = run_cli(BENCHMARK, "--megabytes", "1", "--repeats", "1", "--workers", "2")
     assert result.returncode == 0, result.stderr
     assert "ratio owt_to_mds / best baseline" in result.stdout and "per core" in result.stdout
+    # every baseline the ratio takes the best of, encode_to_numpy (what the workers call) too
+    for baseline in ("encode_ordinary_batch, 2 threads", "encode_ordinary, 2 processes",
+                     "encode_to_numpy, 2 processes"):
+        assert f"baseline tiktoken {baseline}" in result.stdout
 
 
 @pytest.mark.parametrize("flag,value,message", [

@@ -12,8 +12,6 @@ from conftest import perturbed_float64_model
 from vocabulary_testing import DECODER_VARIANTS, variant_config
 
 from aogpt.model.config import GPT2_VOCAB, ModelConfig
-from aogpt.model.hf.configuration_aogpt import AOGPTConfig
-from aogpt.model.hf.modeling_aogpt import AOGPTForCausalLM
 
 BASE = ModelConfig(n_layer=2, n_head=2, n_embd=16, block_size=16, cond_dim=8)
 KINDS = {variant: variant_config(BASE, variant) for variant in DECODER_VARIANTS}
@@ -22,6 +20,9 @@ KINDS = {variant: variant_config(BASE, variant) for variant in DECODER_VARIANTS}
 def wrapped(config: ModelConfig):
     """The project's float64 model and the transformers model holding the same weights."""
     project = perturbed_float64_model(config)
+    from aogpt.model.hf.configuration_aogpt import AOGPTConfig  # imports transformers: not
+    from aogpt.model.hf.modeling_aogpt import AOGPTForCausalLM  # at collection, on every worker
+
     hf = AOGPTForCausalLM(AOGPTConfig(**dataclasses.asdict(config))).double().eval()
     hf.aogpt.load_state_dict(project.state_dict())
     return project, hf

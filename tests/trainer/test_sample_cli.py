@@ -15,8 +15,6 @@ import aogpt
 from aogpt.data_prep.tokenizer import load_gpt2
 from aogpt.model import AOGPT, load_checkpoint, save_consolidated
 from aogpt.model.config import ModelConfig
-from aogpt.model.hf.configuration_aogpt import AOGPTConfig
-from aogpt.model.hf.modeling_aogpt import AOGPTForCausalLM
 from aogpt.model.run_folder import RunFolder, tag_for
 from aogpt.trainer.sample import main
 
@@ -395,6 +393,9 @@ def test_the_hf_model_draws_what_sample_py_draws_from_the_same_given_text(checkp
                  "--seed", "5", "--dtype", "fp32", *steps[sampler]]) == 0
     records = [json.loads(line) for line in out_file.read_text().splitlines()]
     project = load_checkpoint(checkpoint)  # EMA weights, as sample.py reads by default
+    from aogpt.model.hf.configuration_aogpt import AOGPTConfig  # imports transformers: not
+    from aogpt.model.hf.modeling_aogpt import AOGPTForCausalLM  # at collection, on every worker
+
     hf = AOGPTForCausalLM(AOGPTConfig(**dataclasses.asdict(project.config))).eval()
     hf.aogpt.load_state_dict(project.state_dict())
     settings = {"parallel": {"steps": 4}, "speculative": {"sampler": sampler, "draft": 3}}
