@@ -24,7 +24,8 @@ set -euo pipefail
 
 DIR=${AOGPT_SLURM_DIR:-/tmp/aogpt-slurm}
 NODES=${AOGPT_SLURM_NODES:-2}
-CPUS=${AOGPT_SLURM_CPUS:-$(nproc)}
+# nproc alone prints OMP_NUM_THREADS where it is set (a test worker's thread share, say)
+CPUS=${AOGPT_SLURM_CPUS:-$(env -u OMP_NUM_THREADS -u OMP_THREAD_LIMIT nproc)}
 PORT=${AOGPT_SLURM_PORT:-16817}
 CONF=$DIR/slurm.conf
 export SLURM_CONF=$CONF
@@ -131,7 +132,8 @@ nodes_ready() {
 start() {
     [ "$(id -u)" = 0 ] || die "starting a cluster needs root (SlurmUser=root)"
     command -v slurmctld >/dev/null || die "slurm is not installed: run '$0 install' first"
-    if [ -f "$CONF" ] && is_up && nodes_ready; then
+    # reused only as configured now: a cluster left with other CPUs is started afresh
+    if [ -f "$CONF" ] && grep -q " CPUs=$CPUS " "$CONF" && is_up && nodes_ready; then
         echo "local_cluster: reusing the running cluster ($CONF)"
         return
     fi

@@ -10,9 +10,11 @@ import contextlib
 import json
 import os
 import random
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -258,11 +260,14 @@ def test_two_runs_on_one_host_started_at_once_and_one_killed_and_relaunched_both
     outs = {name: tmp_path / name for name in ("a", "b")}
     logs = {name: tmp_path / f"{name}.log" for name in outs}
 
+    # Each its own temporary folder, as SLURM gives each job: streaming's lock files there then
+    # keep no two runs apart, only the blocks in /dev/shm do. Short paths in the system's
+    # temporary folder: the loader workers' sockets live there, and a Unix socket's path has at
+    # most 107 bytes (tmp_path under a pytest-xdist worker was too long: "AF_UNIX path too long").
+    tmps = {name: Path(tempfile.mkdtemp(prefix=f"aogpt-{name}-")) for name in outs}
+
     def launch(name: str) -> subprocess.Popen:
-        # Each its own temporary folder, as SLURM gives each job: streaming's lock files there
-        # then keep no two runs apart, only the blocks in /dev/shm do.
-        tmp = tmp_path / f"tmp-{name}"
-        tmp.mkdir(exist_ok=True)
+        tmp = tmps[name]
         with logs[name].open("a") as log:
             return subprocess.Popen(launcher.command("deepspeed", run_args(text_data, outs[name])),
                                     cwd=REPO, env=launcher.environment(TMPDIR=str(tmp)),
@@ -288,6 +293,8 @@ def test_two_runs_on_one_host_started_at_once_and_one_killed_and_relaunched_both
         for proc in procs.values():
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(proc.pid, signal.SIGKILL)
+        for tmp in tmps.values():
+            shutil.rmtree(tmp, ignore_errors=True)
     for out in outs.values():
         for key in ("loss", "loss_l2r", "loss_ao", "grad_norm", "val_loss_l2r", "val_loss_ao"):
             assert losses(out, key) == pytest.approx(losses(out_ref, key), abs=1e-6), (out, key)
