@@ -70,10 +70,11 @@ def read_an_epoch(reader: subprocess.Popen) -> int:
 
 
 def test_readers_started_at_once_get_their_own_blocks_and_only_a_killed_ones_go(tmp_path):
-    """Three readers open two datasets each at the same moment; one is killed, and the command
-    that removes dead runs' blocks removes its blocks alone, while the others read on. Streaming
-    alone lets two datasets opened at once take the same prefix (FileExistsError:
-    '/000001_locals', mosaicml/streaming#884): 1 of 3 tries of 6 such readers failed so."""
+    """Three readers open two datasets each at the same moment; one is killed, and the sweep
+    that removes dead runs' blocks removes its blocks alone, while the others read on; the
+    command that runs the sweep says so. Streaming alone lets two datasets opened at once take
+    the same prefix (FileExistsError: '/000001_locals', mosaicml/streaming#884): 1 of 3 tries of
+    6 such readers failed so."""
     folder, start = tiny_dataset(tmp_path / "data"), tmp_path / "start"
     readers = start_readers(folder, start, 3, datasets=2)
     try:
@@ -81,20 +82,23 @@ def test_readers_started_at_once_get_their_own_blocks_and_only_a_killed_ones_go(
         prefixes = [prefixes_of(reader) for reader in readers]
         assert len({prefix for pair in prefixes for prefix in pair}) == 6, prefixes
         killed = readers.pop()
-        os.killpg(killed.pid, signal.SIGKILL)
-        killed.wait()
         dead, live = prefixes.pop(), [prefix for pair in prefixes for prefix in pair]
-        assert set(dead) <= set(streaming_blocks())  # a killed process leaves its blocks behind
+        # The host's lock from the kill to the sweep, as the command holds it around its sweep:
+        # a run beside this test that opens a dataset (a pytest-xdist worker) sweeps under the
+        # same lock, so it cannot remove the killed reader's blocks first.
+        with host_lock():
+            os.killpg(killed.pid, signal.SIGKILL)
+            killed.wait()
+            assert set(dead) <= set(streaming_blocks())  # a killed process leaves its blocks
+            line = remove_dead_blocks().describe()  # what the command prints
+        removed, in_use = (listed(line, what)
+                           for what in ("whose processes are gone", "in use alone"))
+        assert set(dead) <= removed and set(live) <= in_use, line
+        assert not set(dead) & set(streaming_blocks())
         result = subprocess.run([sys.executable, "-m", "aogpt.data_prep.shared_memory"],
                                 capture_output=True, text=True, cwd=REPO)
         assert result.returncode == 0, result.stderr
-        removed, in_use = (listed(result.stdout, what)
-                           for what in ("whose processes are gone", "in use alone"))
-        # The dead blocks are gone, the live ones left. Removed by the command, or just before it
-        # by another run on this host that opened a dataset (its registration sweeps too: a
-        # pytest-xdist worker beside this one), never left behind.
-        assert not set(dead) & set(streaming_blocks()), result.stdout
-        assert set(live) <= in_use and not set(live) & removed, result.stdout
+        assert set(live) <= listed(result.stdout, "in use alone"), result.stdout
         for prefix in live:
             assert {path.name for path in streaming_blocks()[prefix]} == {
                 f"{prefix}_{name}" for name in ("locals", "barrier", "next_epoch", "cache_usage",
