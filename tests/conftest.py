@@ -125,12 +125,10 @@ def s3_text_data(s3_server, tmp_path_factory) -> str:
 
 @pytest.fixture(scope="module")
 def launcher():
-    """A module's trainer_testing.Launcher; what its runs leave in /dev/shm goes at the end."""
+    """A module's trainer_testing.Launcher."""
     from trainer_testing import Launcher
 
-    launcher = Launcher()
-    yield launcher
-    launcher.clean()
+    return Launcher()
 
 
 # An output file that cannot be written, by case, with the words of its one-line refusal.

@@ -128,27 +128,20 @@ def init_process_group(timeout_s: float) -> None:
     c10d.default_pg_timeout = c10d.default_pg_nccl_timeout = timeout
     import deepspeed  # the trainer's engine; loaded only by the process that trains
 
+    _without_inference_all_reduce(deepspeed)
     deepspeed.init_distributed(timeout=timeout)
-    _unlink_cpu_all_reduce_buffer(deepspeed.get_accelerator().device_name())
 
 
-def _unlink_cpu_all_reduce_buffer(accelerator: str) -> None:
-    """DeepSpeed's CPU backend (0.19.8), when every rank is on one host (its launcher's
-    LOCAL_SIZE = the world size), gives each rank a 66 MiB all-reduce workspace in /dev/shm,
-    maps every rank's during init_distributed, and never unlinks them: each launch would leave
-    66 MiB per rank in memory until the host reboots. Once all ranks are past init (the barrier),
-    each unlinks its own name; the mappings live on and the memory goes with the processes."""
-    world = torch.distributed.get_world_size()
-    if accelerator != "cpu" or os.environ.get("LOCAL_SIZE") != str(world):
-        return  # no workspace was made: the same answer on every rank, so no one waits alone
-    if world > 1:
-        torch.distributed.barrier()
-    name = (f"deepspeed_allreduce_buffer_{os.getuid()}_{os.environ.get('MASTER_ADDR', '')}_"
-            f"{os.environ.get('MASTER_PORT', '')}_{torch.distributed.get_rank()}")
-    try:
-        os.unlink(os.path.join("/dev/shm", name))
-    except FileNotFoundError:  # the op was not built (it is optional) or no /dev/shm
-        pass
+def _without_inference_all_reduce(deepspeed) -> None:
+    """DeepSpeed's CPU backend (0.19.8) builds a C++ op at init_distributed for one collective,
+    inference_all_reduce, which only its inference tensor parallelism calls: it compiles for
+    ~80 s on 2 cores the first time on each machine and torch environment (and again whenever
+    two environments take turns), and gives each rank a 66 MiB /dev/shm workspace that it never
+    unlinks. Training all-reduces through the process group, so the op is marked unbuildable here,
+    as on a platform without it: init_distributed then skips both."""
+    builder = deepspeed.get_accelerator().create_op_builder("ShareMemCommBuilder")
+    if builder is not None:
+        deepspeed.ops.__compatible_ops__[builder.NAME] = False
 
 
 def all_reduce_sum(values: list[float] | torch.Tensor, device: torch.device) -> torch.Tensor:

@@ -56,8 +56,8 @@ def reference(launcher, text_data, tmp_path_factory):
     out = tmp_path_factory.mktemp("runs") / "reference"
     result = launcher.run("deepspeed", run_args(text_data, out))
     assert_ok(result)
-    # DeepSpeed's CPU backend leaves a 66 MiB all-reduce workspace per rank in /dev/shm unless
-    # the trainer unlinks it (trainer/dist_env.py)
+    # DeepSpeed's CPU backend would map a 66 MiB all-reduce workspace per rank in /dev/shm and
+    # never unlink it, but the trainer skips the op that makes it (trainer/dist_env.py)
     leftovers = list(Path("/dev/shm").glob(f"deepspeed_*_{launcher.ports[-1]}_*"))
     assert not leftovers, f"the run left DeepSpeed's buffers in memory: {leftovers}"
     return out, result.stdout + result.stderr

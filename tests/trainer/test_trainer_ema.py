@@ -2,6 +2,7 @@
 DeepSpeed engine over AOGPT (one process; tests/trainer/test_train_runs.py covers 2 ranks)."""
 
 import os
+from pathlib import Path
 
 import deepspeed
 import pytest
@@ -9,7 +10,7 @@ import torch
 
 from aogpt import UsageError
 from aogpt.model import AOGPT, ModelConfig
-from aogpt.trainer.dist_env import free_port
+from aogpt.trainer.dist_env import free_port, init_process_group
 from aogpt.trainer.ema import ShardedEMA, gather_full_weights
 
 pytestmark = pytest.mark.filterwarnings("ignore::FutureWarning", "ignore::DeprecationWarning")
@@ -25,13 +26,23 @@ def process_group():
     saved = {name: os.environ.get(name) for name in names}
     os.environ.update(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", LOCAL_WORLD_SIZE="1",
                       MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()))
-    deepspeed.init_distributed()
+    init_process_group(timeout_s=60)  # the trainer's, as the engines below expect
     yield
     for name, value in saved.items():
         if value is None:
             os.environ.pop(name, None)
         else:
             os.environ[name] = value
+
+
+def test_the_trainers_process_group_builds_no_inference_op_and_no_dev_shm_workspace():
+    """DeepSpeed's CPU backend would compile its shared-memory op for inference_all_reduce
+    (~80 s on 2 cores, once per machine and environment) and map a /dev/shm workspace per rank:
+    the trainer never calls that collective (trainer/dist_env.py)."""
+    assert deepspeed.comm.comm.cdb.shm_comm_op is None
+    assert not hasattr(torch.ops.deepspeed, "inference_all_reduce_")
+    port = os.environ["MASTER_PORT"]
+    assert not list(Path("/dev/shm").glob(f"deepspeed_*_{port}_*"))
 
 
 def engine_for(config: ModelConfig, stage: int, bf16: bool):

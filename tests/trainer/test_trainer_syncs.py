@@ -14,7 +14,6 @@ stop the run at the next boundary, naming that step's gradient norm.
 import json
 import re
 import subprocess
-from pathlib import Path
 
 import pytest
 import torch
@@ -54,11 +53,7 @@ def waits_between_boundaries(ds_config: str, precision: str, data, tmp_path) -> 
                "--ds_config", f"ds_configs/{ds_config}.json", "--config", "configs/tiny.yaml",
                f"data.path={data}", f"out_dir={tmp_path / 'run'}",
                f"train.precision={precision}", *RUN]
-    try:
-        done = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=600)
-    finally:
-        for leftover in Path("/dev/shm").glob(f"deepspeed_*_{port}_*"):  # the CPU backend's
-            leftover.unlink(missing_ok=True)
+    done = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=600)
     output = done.stdout + done.stderr
     assert done.returncode == EXIT_FAILED, output[-3000:]
     stopped = (f"error: the gradient norm is not finite at step {BAD_GRADIENT_STEP} (found at step "

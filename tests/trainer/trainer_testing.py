@@ -1,8 +1,5 @@
-"""Helpers for the trainer tests: real-text MDS data made by owt_to_mds.py, 2-process launches.
-
-Every multi-process launch uses a fresh free port; DeepSpeed's CPU backend leaves one
-/dev/shm/deepspeed_*_<port>_<rank> buffer per rank behind, removed here for the ports we used.
-"""
+"""Helpers for the trainer tests: real-text MDS data made by owt_to_mds.py, 2-process launches
+(each on a fresh free port)."""
 
 from __future__ import annotations
 
@@ -148,11 +145,6 @@ class Launcher:
             _, alive = psutil.wait_procs(group, timeout=timeout)  # the launcher's children too
             assert not alive, f"still running after the signal: {alive}"
         return returncode, log.read_text()
-
-    def clean(self) -> None:
-        for port in self.ports:
-            for leftover in Path("/dev/shm").glob(f"deepspeed_*_{port}_*"):
-                leftover.unlink(missing_ok=True)
 
 
 def losses(out_dir: Path, key: str = "loss") -> dict[int, float | None]:
