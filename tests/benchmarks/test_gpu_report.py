@@ -122,8 +122,7 @@ def test_smoke_report_runs_every_item_and_writes_markdown_and_json(tmp_path):
     assert e2e["last_loss"] < e2e["first_loss"]
     assert [r["steps"] for r in report["generation"]["results"]] == [4, 32]
     assert [r["name"] for r in report["decode"]["results"]] == ["eager", "compiled"]
-    paper = report["paper"]
-    assert paper["train"] and paper["train_best"] and paper["generation"]
+    assert_paper_rows(report["paper"])
     checks = report["checks"]
     assert checks["exit_code"] == 0 and checks["tests"]
     assert checks["tests"][0]["test"].startswith("tests/model/test_gpu_checks.py")  # first
@@ -134,6 +133,32 @@ def test_smoke_report_runs_every_item_and_writes_markdown_and_json(tmp_path):
                     "## Training throughput", "## End to end", "## Generation",
                     "## One decoder step", "## The paper's code beside ours"):
         assert heading in text
+
+
+def assert_paper_rows(paper: dict) -> None:
+    """benchmarks/paper_baseline.py's smoke rows, both parts, as the report keeps them: each side
+    timed in each training mode with the first (compiling) step apart, each side's best against
+    the other's, and each sampler's best mode against ours."""
+    assert "train_error" not in paper and "generation_error" not in paper  # both complete
+    assert [row["compiled"] for row in paper["train"]] == [False, True]
+    for row in paper["train"]:
+        assert row["paper_tokens_per_s"] > 0 and row["ours_tokens_per_s"] > 0
+        assert row["ratio"] == row["ours_tokens_per_s"] / row["paper_tokens_per_s"]
+        assert row["paper_first_step_s"] > 0 and row["ours_first_step_s"] > 0  # timed apart
+    best = paper["train_best"]  # each side's fastest mode against the other's
+    assert best["paper_tokens_per_s"] == max(r["paper_tokens_per_s"] for r in paper["train"])
+    assert best["ours_tokens_per_s"] == max(r["ours_tokens_per_s"] for r in paper["train"])
+    assert best["ratio"] == best["ours_tokens_per_s"] / best["paper_tokens_per_s"]
+    assert [row["steps"] for row in paper["generation"]] == [4, 8]
+    for row in paper["generation"]:
+        theirs, ours = row["paper"], row["ours"]
+        assert theirs in row["paper_modes"] and len(row["paper_modes"]) in (2, 4)
+        assert theirs["generate_s"] == min(m["generate_s"] for m in row["paper_modes"])  # its best
+        # the first samples come after the process's start-up and a first (compiling) call;
+        # generation is a second call, timed alone
+        assert ours["first_samples_s"] > ours["generate_s"] > 0
+        assert row["ratio_generate"] == theirs["generate_s"] / ours["generate_s"]
+        assert row["ratio_first_samples"] == theirs["first_samples_s"] / ours["first_samples_s"]
 
 
 def test_a_smoke_run_without_out_writes_to_a_temporary_folder_never_to_docs():
