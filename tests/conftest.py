@@ -150,10 +150,10 @@ def run_cli(*args: str, env: dict | None = None, cwd: Path = REPO) -> subprocess
 @pytest.fixture
 def run_main(capsys):
     """run_main(main, *argv) -> (exit status, stdout, stderr): a command's cli_entry main in this
-    process, for tests of what it computes (a subprocess pays the imports, seconds each on 2
-    cores); what a real process does (its status, signals, one-line refusals as a user sees them)
-    stays with run_cli. The environment the command sets (the rank variables of a world of one) is
-    undone after."""
+    process, for tests of what it computes and of its variants of bad input (a subprocess pays the
+    imports, seconds each on 2 cores); what a real process does (its status, signals) stays with
+    run_cli, and so does one refusal per command, its one line as a user sees it. The environment
+    the command sets (the rank variables of a world of one) is undone after."""
     saved = dict(os.environ)
 
     def run(main, *argv) -> tuple[int, str, str]:

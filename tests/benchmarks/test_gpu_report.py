@@ -48,10 +48,10 @@ def test_the_plan_fits_one_device_call_with_the_checks_first_and_every_promised_
     (["--budget", "300"], "paper: both samplers"),  # the default plan, in too little time
     (["--only", "checks,paper,generation,e2e"], "e2e: trainer/main.py"),  # --only: every item
 ])
-def test_a_plan_that_would_drop_a_promised_item_is_refused(args, dropped):
-    result = run_cli("benchmarks/gpu_report.py", "--dry-run", *args)
-    assert result.returncode == 2
-    (line,) = result.stderr.strip().splitlines()
+def test_a_plan_that_would_drop_a_promised_item_is_refused(run_main, args, dropped):
+    code, _, err = run_main(gpu_report.main, "--dry-run", *args)
+    assert code == 2
+    (line,) = err.strip().splitlines()
     assert line.startswith("error: the plan does not fit --budget") and dropped in line
 
 
@@ -75,6 +75,8 @@ def test_the_make_target_passes_the_papers_checkout_and_runs_without_the_venv_on
 
 
 def test_a_run_without_the_papers_code_is_refused_before_any_work(tmp_path):
+    """The command's one refusal run as a real process, as a user meets it: its other refusals
+    run in this process (run_main), without a process's seconds of imports each."""
     out = tmp_path / "r.md"
     result = run_cli("benchmarks/gpu_report.py", "--smoke", "--only", "paper", "--paper",
                      str(tmp_path / "nowhere"), "--out", str(out))
@@ -161,7 +163,7 @@ def assert_paper_rows(paper: dict) -> None:
         assert row["ratio_first_samples"] == theirs["first_samples_s"] / ours["first_samples_s"]
 
 
-def test_a_smoke_run_without_out_writes_to_a_temporary_folder_never_to_docs():
+def test_a_smoke_run_without_out_writes_to_a_temporary_folder_never_to_docs(run_main):
     committed = {name: (REPO / "docs" / name).read_bytes()
                  for name in ("gpu-report.md", "gpu-report.json")}
     result = run_cli("benchmarks/gpu_report.py", "--smoke", "--only", "decode")
@@ -170,26 +172,26 @@ def test_a_smoke_run_without_out_writes_to_a_temporary_folder_never_to_docs():
     assert written.is_file() and REPO not in written.parents
     assert "## One decoder step" in written.read_text()
     assert {name: (REPO / "docs" / name).read_bytes() for name in committed} == committed
-    result = run_cli("benchmarks/gpu_report.py", "--smoke", "--only", "decode", "--out",
-                     str(REPO / "docs" / "gpu-report.md"))
-    assert result.returncode == 2 and "that is the GPU's report" in result.stderr
+    code, _, err = run_main(gpu_report.main, "--smoke", "--only", "decode", "--out",
+                            REPO / "docs" / "gpu-report.md")
+    assert code == 2 and "that is the GPU's report" in err
 
 
 @pytest.mark.parametrize("args, message", [
     (["--smoke", "--only", "train,speed"], "--only: unknown part(s) speed"),
     (["--smoke", "--train-filter", "dtype=bf16"], "--train-filter dtype=bf16: use KEY=VALUE"),
 ])
-def test_bad_options_are_one_line_errors(tmp_path, args, message):
-    result = run_cli("benchmarks/gpu_report.py", *args, "--out", str(tmp_path / "r.md"))
-    assert result.returncode == 2
-    lines = result.stderr.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith(f"error: {message}"), result.stderr
+def test_bad_options_are_one_line_errors(run_main, tmp_path, args, message):
+    code, _, err = run_main(gpu_report.main, *args, "--out", tmp_path / "r.md")
+    assert code == 2
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith(f"error: {message}"), err
     assert not (tmp_path / "r.md").exists()
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="a GPU is here")
-def test_without_a_gpu_only_the_smoke_run_and_the_plan_are_offered(tmp_path):
-    result = run_cli("benchmarks/gpu_report.py", "--out", str(tmp_path / "r.md"))
-    assert result.returncode == 2
-    assert "no CUDA GPU here" in result.stderr and "--smoke" in result.stderr
-    assert "--dry-run" in result.stderr
+def test_without_a_gpu_only_the_smoke_run_and_the_plan_are_offered(run_main, tmp_path):
+    code, _, err = run_main(gpu_report.main, "--out", tmp_path / "r.md")
+    assert code == 2
+    assert "no CUDA GPU here" in err and "--smoke" in err
+    assert "--dry-run" in err

@@ -6,14 +6,20 @@ test_gpu_report.py checks its rows there): the two commands compile the same fou
 """
 
 import shutil
+import sys
 
 import pytest
 from conftest import REPO, run_cli
+
+sys.path.insert(0, str(REPO / "benchmarks"))
+import paper_baseline  # noqa: E402
 
 STANDIN = REPO / "tests" / "benchmarks" / "paper_standin"
 
 
 def test_a_folder_without_the_papers_files_is_one_line(tmp_path):
+    """The command's one refusal run as a real process, as a user meets it: its bad options run
+    in this process (run_main), without a process's seconds of imports each."""
     partial = tmp_path / "partial"
     shutil.copytree(STANDIN, partial)
     (partial / "ema.py").unlink()
@@ -29,6 +35,6 @@ def test_a_folder_without_the_papers_files_is_one_line(tmp_path):
     (["--samples", "0"], "--samples must be at least 1"),
     (["--train-modes", "fast"], "--train-modes: unknown mode(s) fast"),
 ])
-def test_bad_options_are_one_line_errors(args, message):
-    result = run_cli("benchmarks/paper_baseline.py", "--paper", str(STANDIN), *args)
-    assert result.returncode == 2 and result.stderr.startswith(f"error: {message}"), result.stderr
+def test_bad_options_are_one_line_errors(run_main, args, message):
+    code, _, err = run_main(paper_baseline.main, "--paper", STANDIN, *args)
+    assert code == 2 and err.startswith(f"error: {message}"), err

@@ -10,6 +10,7 @@ from conftest import run_cli
 from mds_testing import read_samples
 
 from aogpt import UsageError
+from aogpt.data_prep import sudoku_to_mds
 from aogpt.data_prep.manifest import check_compatible, read_manifest
 from aogpt.data_prep.sudoku import BLANK, TECHNIQUES, Sudoku, grid_rng, load_puzzles, parse_box
 
@@ -152,13 +153,14 @@ def test_the_folder_holds_solved_grids_and_held_out_puzzles(sudoku_data):
     assert "done in" in log and "train: 300 samples of 36 tokens from 300 grids" in log
 
 
-def test_a_second_run_finds_the_folder_complete_and_other_settings_are_refused(sudoku_data):
+def test_a_second_run_finds_the_folder_complete_and_other_settings_are_refused(sudoku_data,
+                                                                               run_main):
     out, _ = sudoku_data
     again = run_cli(SUDOKU_TO_MDS, "--out", str(out), *SMALL)
     assert again.returncode == 0 and "is complete already" in again.stdout
-    other = run_cli(SUDOKU_TO_MDS, "--out", str(out), *SMALL[:-1], "5")
-    assert other.returncode == 2 and "built with other settings" in other.stderr
-    assert len(other.stderr.strip().splitlines()) == 1
+    code, _, err = run_main(sudoku_to_mds.main, "--out", out, *SMALL[:-1], "5")
+    assert code == 2 and "built with other settings" in err
+    assert len(err.strip().splitlines()) == 1
 
 
 @pytest.mark.parametrize("flags, message", [
@@ -171,14 +173,16 @@ def test_a_second_run_finds_the_folder_complete_and_other_settings_are_refused(s
      "--givens 2: no 4 x 4 puzzle of 2 givens with a unique solution"),
     (["--train-grids", "0"], "--train-grids must be at least 1"),
 ])
-def test_bad_input_is_one_line_before_any_work(flags, message, tmp_path):
-    result = run_cli(SUDOKU_TO_MDS, "--out", str(tmp_path / "out"), *flags)
-    assert result.returncode == 2 and message in result.stderr, result.stderr
-    assert len(result.stderr.strip().splitlines()) == 1
+def test_bad_input_is_one_line_before_any_work(run_main, flags, message, tmp_path):
+    code, _, err = run_main(sudoku_to_mds.main, "--out", tmp_path / "out", *flags)
+    assert code == 2 and message in err, err
+    assert len(err.strip().splitlines()) == 1
     assert not (tmp_path / "out").exists()
 
 
 def test_an_out_path_that_is_a_file_is_refused(tmp_path):
+    """The command's one refusal run as a real process, as a user meets it: its other refusals
+    run in this process (run_main), without a process's seconds of imports each."""
     (tmp_path / "taken").write_text("a user's file")
     result = run_cli(SUDOKU_TO_MDS, "--out", str(tmp_path / "taken"), *SMALL)
     assert result.returncode == 2 and "--out" in result.stderr

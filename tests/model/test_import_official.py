@@ -1,8 +1,10 @@
 """Checkpoints in the paper code's format import into models that compute the same logits."""
 
+import importlib.util
+
 import pytest
 import torch
-from conftest import run_cli
+from conftest import REPO, run_cli
 
 from aogpt import UsageError
 from aogpt.model import AOGPT, load_checkpoint, save_consolidated
@@ -13,6 +15,12 @@ from aogpt.model.official import convert_official, official_parameter_names
 ARGS = dict(n_layer=2, n_head=2, n_embd=16, block_size=8, bias=True, vocab_size=50304, dropout=0.0)
 IDX = torch.randint(0, 50257, (2, 8), generator=torch.Generator().manual_seed(0))
 ORDERS = torch.rand(2, 8, generator=torch.Generator().manual_seed(1)).argsort(1)
+
+# tools/ is no package: the command's main from its file, for refusals run in this process
+spec = importlib.util.spec_from_file_location("import_official",
+                                              REPO / "tools" / "import_official.py")
+import_official = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(import_official)
 
 
 def models() -> tuple[AOGPT, AOGPT]:
@@ -99,18 +107,18 @@ def test_a_checkpoint_that_does_not_fit_names_what_is_wrong(change, message):
         convert_official(broken(change))
 
 
-def test_the_cli_reports_a_bad_checkpoint_in_one_line(tmp_path):
+def test_the_cli_reports_a_bad_checkpoint_in_one_line(run_main, tmp_path):
     torch.save(broken("shadow"), tmp_path / "bad.pt")
+    # the command's one refusal as a real process, as a user meets it
     result = run_cli("tools/import_official.py", "--ckpt", str(tmp_path / "bad.pt"),
                      "--out", str(tmp_path / "out"))
     assert result.returncode == 2 and result.stderr.startswith("error: ")
     assert len(result.stderr.strip().splitlines()) == 1 and not (tmp_path / "out").exists()
-    result = run_cli("tools/import_official.py", "--ckpt", str(tmp_path / "absent.pt"),
-                     "--out", "x")
-    assert result.returncode == 2 and "does not exist" in result.stderr
+    code, _, err = run_main(import_official.main, "--ckpt", tmp_path / "absent.pt", "--out", "x")
+    assert code == 2 and "does not exist" in err
 
 
-def test_a_text_file_or_a_folder_is_named_for_what_it_is(tmp_path):
+def test_a_text_file_or_a_folder_is_named_for_what_it_is(run_main, tmp_path):
     (tmp_path / "notes.txt").write_text("not a checkpoint")
     expected = "the ckpt_<iter>.pt file that the paper's training script saved"
     for ckpt, line in (
@@ -119,37 +127,36 @@ def test_a_text_file_or_a_folder_is_named_for_what_it_is(tmp_path):
                                  f"{expected}"),
         (tmp_path, f"error: --ckpt {tmp_path} is a folder, not a file: give {expected}"),
     ):
-        result = run_cli("tools/import_official.py", "--ckpt", str(ckpt), "--out",
-                         str(tmp_path / "out"))
-        assert result.returncode == 2 and result.stderr.splitlines() == [line]
+        code, _, err = run_main(import_official.main, "--ckpt", ckpt, "--out", tmp_path / "out")
+        assert code == 2 and err.splitlines() == [line]
     assert not (tmp_path / "out").exists()
 
 
-def test_the_checkpoint_files_of_out_are_replaced_only_with_force_and_a_run_never(tmp_path):
+def test_the_checkpoint_files_of_out_are_replaced_only_with_force_and_a_run_never(run_main,
+                                                                                   tmp_path):
     torch.save(official_checkpoint(*models()), tmp_path / "ckpt_250.pt")
     out = tmp_path / "imported"
-    command = ["tools/import_official.py", "--ckpt", str(tmp_path / "ckpt_250.pt"),
-               "--out", str(out)]
-    assert run_cli(*command).returncode == 0
+    argv = ["--ckpt", str(tmp_path / "ckpt_250.pt"), "--out", str(out)]
+    assert run_cli("tools/import_official.py", *argv).returncode == 0
     weights = (out / "model.safetensors").read_bytes()
-    result = run_cli(*command)
-    assert result.returncode == 2 and result.stderr.splitlines() == [
+    code, _, err = run_main(import_official.main, *argv)
+    assert code == 2 and err.splitlines() == [
         f"error: --out {out / 'model.json'} holds an earlier converted checkpoint of "
         "tools/import_official.py: pass --force to replace it, or choose another name"]
-    assert run_cli(*command, "--force").returncode == 0
+    assert run_cli("tools/import_official.py", *argv, "--force").returncode == 0
     assert (out / "model.safetensors").read_bytes() == weights  # the same conversion again
     best = tmp_path / "best"  # a training's checkpoint copied there: never replaced
     save_consolidated(best, AOGPT(ModelConfig(**ARGS)).config, {}, None, step=250,
                       source="aogpt trainer")
-    result = run_cli(*command[:-1], str(best), "--force")
-    assert result.returncode == 2 and result.stderr.splitlines() == [
+    code, _, err = run_main(import_official.main, *argv[:-1], best, "--force")
+    assert code == 2 and err.splitlines() == [
         f"error: --out {best / 'model.json'} is a file that tools/import_official.py did not "
         "write: choose another name (--force replaces only an earlier converted checkpoint of "
         "tools/import_official.py)"]
     (tmp_path / "run").mkdir()
     (tmp_path / "run" / "metrics.jsonl").write_text("{}\n")
-    result = run_cli(*command[:-1], str(tmp_path / "run"))
-    assert result.returncode == 2 and result.stderr.splitlines() == [
+    code, _, err = run_main(import_official.main, *argv[:-1], tmp_path / "run")
+    assert code == 2 and err.splitlines() == [
         f"error: --out {tmp_path / 'run'} is a training run (it holds metrics.jsonl): give a new "
         "folder for the converted checkpoint"]
     assert [p.name for p in (tmp_path / "run").iterdir()] == ["metrics.jsonl"]
