@@ -14,7 +14,8 @@ scored without its context, or with one token of context too many) moves that to
 0.13 on average (at least 4e-4 measured), far beyond.
 
 lm-eval's built-in `hf` model, unchanged, runs the same tasks on tools/export_hf.py's folder of the
-same checkpoint (the last tests): where both read the same tokens it gives the same numbers.
+same checkpoint (the last tests), through lm-eval's evaluator in this process, its samples written
+and read back as the command line's are: where both read the same tokens it gives the same numbers.
 """
 
 import ast
@@ -41,6 +42,7 @@ from aogpt.model.config import GPT2_VOCAB  # noqa: E402
 from aogpt.trainer.ensemble import member_orders  # noqa: E402
 from aogpt.trainer.lm_harness import AOGPTLM, context_key  # noqa: E402
 
+TASKS = ("tiny_lambada", "tiny_rolling", "tiny_generate")
 BLOCK = 48  # tiny_config's block_size
 PER_TOKEN = 4e-6  # fp32 vs float64 per-token NLL, see the module docstring
 WORDS = "Anna looked at her brother Tom and said that the dog was hungry again".split()
@@ -196,17 +198,22 @@ def cli_run(tasks, ckpt, tmp_path_factory):
     process.communicate()
 
 
+def offline(out: Path) -> dict[str, str]:
+    """The environment of lm-eval's runs: offline, Hugging Face's caches under `out`."""
+    return {"HF_DATASETS_OFFLINE": "1", "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1",
+            "HF_HOME": str(out / "hf")}
+
+
 def start_lm_eval(module: str, model: str, model_args: str, tasks: Path, out: Path
                   ) -> subprocess.Popen:
     """lm-eval's command line (`python -m module`), offline, on the three local tasks."""
-    env = {**os.environ, "HF_DATASETS_OFFLINE": "1", "HF_HUB_OFFLINE": "1",
-           "TRANSFORMERS_OFFLINE": "1", "HF_HOME": str(out / "hf")}
     return subprocess.Popen(
         [sys.executable, "-m", module, "--model", model, "--model_args", model_args,
-         "--device", "cpu", "--batch_size", "2",
-         "--tasks", "tiny_lambada,tiny_rolling,tiny_generate", "--include_path", str(tasks),
+         "--device", "cpu", "--batch_size", "2", "--tasks", ",".join(TASKS),
+         "--include_path", str(tasks),
          "--output_path", str(out / "results"), "--log_samples"],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=REPO, env=env)
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=REPO,
+        env={**os.environ, **offline(out)})
 
 
 @pytest.fixture(scope="module")
@@ -218,8 +225,14 @@ def finished_run(process: subprocess.Popen, results: Path) -> tuple[dict, dict]:
     """The samples of each task, by doc_id, and the aggregate results of an lm-eval run."""
     stdout, stderr = process.communicate(timeout=600)
     assert process.returncode == 0, stdout[-3000:] + stderr[-3000:]
+    return written_run(results)
+
+
+def written_run(results: Path) -> tuple[dict, dict]:
+    """The samples of each task, by doc_id, and the aggregate results in lm-eval's output folder
+    (the samples' resps as it writes them: numbers and booleans as strings)."""
     samples = {}
-    for name in ("tiny_lambada", "tiny_rolling", "tiny_generate"):
+    for name in TASKS:
         (path,) = results.rglob(f"samples_{name}_*.jsonl")
         samples[name] = sorted((json.loads(line) for line in path.open()),
                                key=lambda s: s["doc_id"])
@@ -412,20 +425,38 @@ def test_generate_until_is_greedy_and_stops_at_until_or_max_gen_toks(cli_samples
 
 
 @pytest.fixture(scope="module")
-def hf_samples(tasks, ckpt, cli_run, tmp_path_factory):
-    """The three tasks through lm-eval's own command line with its built-in `hf` model, beside the
-    aogpt run (cli_run, already started)."""
+def hf_samples(tasks, ckpt, tmp_path_factory):
+    """The three tasks with lm-eval's built-in `hf` model, through lm-eval's own evaluator in this
+    process, beside the aogpt command line (cli_run, already started). The command line is tested
+    once, by cli_run: a second one would index lm-eval's thousands of built-in tasks again (~20 s
+    of CPU) for three local ones. The command line's offline environment is set for the evaluation
+    (libraries imported before, as transformers by export_hf, keep what they read at import). Its
+    samples and results are saved by lm-eval's EvaluationTracker as the command line saves them
+    (resps as strings), then read back as cli_run's are: both sides compare in the same form."""
     pytest.importorskip("accelerate")  # lm-eval's hf model imports it
+    from lm_eval.loggers import EvaluationTracker
+    from lm_eval.tasks import TaskManager
+
     spec = importlib.util.spec_from_file_location("export_hf", REPO / "tools" / "export_hf.py")
     export_hf = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(export_hf)
     out = tmp_path_factory.mktemp("lm_harness_hf")
     export_hf.export(ckpt, out / "hf_model")  # EMA weights, as the aogpt run reads
-    process = start_lm_eval("lm_eval", "hf", f"pretrained={out / 'hf_model'},"
-                            "trust_remote_code=True,dtype=float32", tasks, out)
-    yield finished_run(process, out / "results")
-    process.kill()
-    process.communicate()
+    tracker = EvaluationTracker(output_path=str(out / "results"))
+    with pytest.MonkeyPatch.context() as patch:  # for this evaluation only
+        for name, value in offline(out).items():
+            patch.setenv(name, value)
+        run = lm_eval.simple_evaluate(
+            model="hf", model_args=f"pretrained={out / 'hf_model'},trust_remote_code=True,"
+                                   "dtype=float32",
+            tasks=list(TASKS), device="cpu", batch_size=2, log_samples=True,
+            evaluation_tracker=tracker,
+            task_manager=TaskManager(include_path=str(tasks), include_defaults=False))
+    samples = run.pop("samples")  # what lm-eval's command line does with the run (_cli/run.py)
+    tracker.save_results_aggregated(results=run, samples=samples)
+    for name in run["configs"]:
+        tracker.save_results_samples(task_name=name, samples=samples[name])
+    return written_run(out / "results")
 
 
 def test_hf_model_loglikelihood_equals_aogpts(hf_samples, cli_samples, model64, encoding):
