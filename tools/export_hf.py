@@ -26,7 +26,6 @@ from pathlib import Path
 
 import tiktoken
 import torch
-from transformers import GenerationConfig, GPT2TokenizerFast
 
 from aogpt import UsageError, cli_entry
 from aogpt.data_prep.tokenizer import EOS, load_gpt2
@@ -44,8 +43,6 @@ from aogpt.model.checkpoint import (
     resolve_checkpoint_file,
 )
 from aogpt.model.config import GPT2_VOCAB
-from aogpt.model.hf.configuration_aogpt import AOGPTConfig
-from aogpt.model.hf.modeling_aogpt import AOGPTForCausalLM
 from aogpt.model.hf.remote_code import AUTO_MAP, write_remote_code
 from aogpt.model.run_folder import check_not_a_run
 
@@ -110,6 +107,8 @@ def byte_level_alphabet() -> dict[int, str]:
 
 def write_tokenizer(encoding: tiktoken.Encoding, dest: Path, model_max_length: int) -> None:
     """GPT-2's tokenizer files in transformers' byte-level form, from the tiktoken encoding."""
+    from transformers import GPT2TokenizerFast  # seconds of imports: only an export pays them
+
     ranks = {token: encoding.encode_single_token(token) for token in encoding.token_byte_values()}
     as_text = byte_level_alphabet()  # byte-level BPE writes each byte as a printable character
 
@@ -131,6 +130,12 @@ def write_tokenizer(encoding: tiktoken.Encoding, dest: Path, model_max_length: i
 
 def write_model(model: AOGPT, dest: Path) -> None:
     """config.json (with auto_map), generation_config.json and model.safetensors."""
+    # transformers takes seconds to import: --help and a refused --out answer without it
+    from transformers import GenerationConfig
+
+    from aogpt.model.hf.configuration_aogpt import AOGPTConfig
+    from aogpt.model.hf.modeling_aogpt import AOGPTForCausalLM
+
     config = AOGPTConfig(**dataclasses.asdict(model.config))
     config.auto_map = AUTO_MAP
     with torch.device("meta"):  # its own weights are replaced by the checkpoint's

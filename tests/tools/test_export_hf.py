@@ -386,13 +386,16 @@ def test_a_training_run_is_never_replaced_even_with_force(training_run, tmp_path
     before = files_of(training_run)
     assert {"config.yaml", "metrics.jsonl", "final/model.safetensors",
             "checkpoints/step_00000006/model.safetensors"} <= set(before)
-    done = subprocess.run([sys.executable, "tools/export_hf.py", "--ckpt", str(other),
-                           "--out", str(training_run), "--force"],
+    done = subprocess.run([sys.executable, "-X", "importtime", "tools/export_hf.py", "--ckpt",
+                           str(other), "--out", str(training_run), "--force"],
                           cwd=REPO, capture_output=True, text=True)
     assert done.returncode == 2
-    assert done.stderr.splitlines() == [
+    imported = [line for line in done.stderr.splitlines() if line.startswith("import time:")]
+    assert [line for line in done.stderr.splitlines() if line not in imported] == [
         f"error: --out {training_run} is a training run (it holds config.yaml, metrics.jsonl, "
         "checkpoints/): give a new folder for the export; --force never replaces a run"]
+    # the refusal comes before transformers' seconds of imports, which only an export needs
+    assert imported and not any(" transformers" in line for line in imported)
     assert files_of(training_run) == before
     assert not any(p.name.startswith(".") for p in training_run.parent.iterdir())
 
