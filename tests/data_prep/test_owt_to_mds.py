@@ -9,6 +9,7 @@ import signal
 import subprocess
 import sys
 import tarfile
+import threading
 import time
 
 import numpy as np
@@ -70,15 +71,27 @@ def test_samples_concatenate_to_the_tokenized_document_stream(tmp_path, document
     assert manifest["tokenizer"]["ranks_sha256"] == RANKS_SHA256
 
 
-def test_output_is_identical_for_any_worker_count_and_chunk_size(tmp_path, documents):
+def test_output_is_identical_for_any_worker_count_chunk_size_and_start(tmp_path, documents):
+    """Workers forked (this process alone: the command line) or spawned (another thread runs, as
+    under pytest-xdist) write the same bytes as one process."""
     corpus = write_jsonl(tmp_path / "docs.jsonl", documents)
     shards = ["--samples-per-shard", "16"]
     assert build(tmp_path / "one", corpus, workers=1, extra=shards) == 0
     assert build(tmp_path / "two", corpus, workers=2, extra=[*shards, "--docs-per-chunk", "3"]) == 0
-    one, two = files_of(tmp_path / "one"), files_of(tmp_path / "two")
+    waiting = threading.Event()
+    thread = threading.Thread(target=waiting.wait)
+    thread.start()
+    try:
+        assert packing.start_method() == "spawn"
+        assert build(tmp_path / "spawned", corpus, workers=2, extra=shards) == 0
+    finally:
+        waiting.set()
+        thread.join()
+    one = files_of(tmp_path / "one")
     assert len([name for name in one if name.endswith(".mds")]) > 3
-    assert one.keys() == two.keys() and all(one[name] == two[name] for name in one)
-    assert manifest_of(tmp_path / "one") == manifest_of(tmp_path / "two")
+    for other in ("two", "spawned"):
+        assert files_of(tmp_path / other) == one, other
+        assert manifest_of(tmp_path / other) == manifest_of(tmp_path / "one")
 
 
 def test_every_local_format_gives_the_same_samples(tmp_path, documents):
