@@ -217,7 +217,10 @@ def test_the_heads_bf16_copy_is_never_stale_across_steps_or_a_rollback(text_data
     command = [sys.executable, str(REPO / "tests" / "trainer" / "run_checking_head_cast.py"),
                "--cast-log", str(log),
                *run_args(text_data, out, *ONE_PROCESS, "train.precision=autocast_bf16",
-                         "train.micro_batch_size=4")]  # 2 micro-batches per step
+                         "train.micro_batch_size=4",  # 2 micro-batches per step
+                         # the steps up to the rollback's replay: bf16 math is emulated (slow)
+                         # on CPUs without AVX512-BF16
+                         f"train.max_steps={BAD_STEP + 1}")]
     result = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=600,
                             env={**os.environ, POISON_VARIABLE: str(one_process_samples[6][0])})
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
