@@ -46,7 +46,11 @@ def stale_because(holder: dict, modified: float, me: dict) -> str | None:
         return f"an earlier attempt of SLURM job {holder['slurm_job']}"
     if holder.get("host") == me["host"]:
         try:
-            alive = psutil.Process(holder["pid"]).create_time() <= holder["started"] + 1
+            process = psutil.Process(holder["pid"])
+            # a zombie has ended: killed (-9) and not yet reaped, which a container's init may
+            # leave for seconds after the launcher that started it died
+            alive = (process.create_time() <= holder["started"] + 1
+                     and process.status() != psutil.STATUS_ZOMBIE)
         except (psutil.NoSuchProcess, KeyError, TypeError):
             alive = False
         return None if alive else f"process {holder.get('pid')} on this host, which has ended"

@@ -47,6 +47,27 @@ def test_a_lock_of_an_ended_process_on_this_host_is_taken_over(tmp_path, ended_p
     lock.release()
 
 
+def test_a_lock_of_a_killed_process_not_yet_reaped_is_taken_over():
+    """kill -9 leaves a zombie until its parent (or, once that died too, init) reaps it: the
+    holder has ended, and a relaunch at once must not be refused."""
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        holder = {**holder_record(), "pid": child.pid, "slurm_job": None,
+                  "started": psutil.Process(child.pid).create_time()}
+        me = {**holder_record(), "slurm_job": None}
+        assert stale_because(holder, 0.0, me) is None  # running
+        child.kill()
+        deadline = time.monotonic() + 30
+        while psutil.Process(child.pid).status() != psutil.STATUS_ZOMBIE:  # not reaped yet
+            assert time.monotonic() < deadline
+            time.sleep(0.01)
+        assert stale_because(holder, 0.0, me) == (f"process {child.pid} on this host, which has "
+                                                  "ended")
+    finally:
+        child.kill()
+        child.wait()
+
+
 def test_a_half_written_lock_is_taken_over_saying_what_it_was(tmp_path, capsys):
     (tmp_path / "run.lock").write_text("{\"host\": ")  # its maker was killed while writing it
     os.utime(tmp_path / "run.lock", (time.time() - 7200,) * 2)
