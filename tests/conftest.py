@@ -1,6 +1,8 @@
 """Shared fixtures: the repository root, the real text of ../shared/data when present, the data
 and launcher of the trainer's runs, and a real S3 server with that data in a bucket."""
 
+import functools
+import importlib.util
 import os
 import shutil
 import subprocess
@@ -140,6 +142,17 @@ def unwritable_file(folder: Path, case: str, name: str) -> Path:
     """`folder` itself, or `name` below a file made in it (a file the command must leave alone)."""
     (folder / "notes.txt").write_text("mine")
     return folder if case == "a folder" else folder / "notes.txt" / name
+
+
+@functools.cache
+def tool(name: str):
+    """tools/<name>.py as a module (tools/ is no package), loaded once per process. Modules that
+    import heavy libraries (export_hf.py: transformers) are asked for inside tests, not at
+    collection, which every pytest-xdist worker pays."""
+    spec = importlib.util.spec_from_file_location(name, REPO / "tools" / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
 def run_cli(*args: str, env: dict | None = None, cwd: Path = REPO) -> subprocess.CompletedProcess:

@@ -1,10 +1,8 @@
 """Checkpoints in the paper code's format import into models that compute the same logits."""
 
-import importlib.util
-
 import pytest
 import torch
-from conftest import REPO, run_cli
+from conftest import run_cli, tool
 
 from aogpt import UsageError
 from aogpt.model import AOGPT, load_checkpoint, save_consolidated
@@ -16,11 +14,7 @@ ARGS = dict(n_layer=2, n_head=2, n_embd=16, block_size=8, bias=True, vocab_size=
 IDX = torch.randint(0, 50257, (2, 8), generator=torch.Generator().manual_seed(0))
 ORDERS = torch.rand(2, 8, generator=torch.Generator().manual_seed(1)).argsort(1)
 
-# tools/ is no package: the command's main from its file, for refusals run in this process
-spec = importlib.util.spec_from_file_location("import_official",
-                                              REPO / "tools" / "import_official.py")
-import_official = importlib.util.module_from_spec(spec)
-spec.loader.exec_module(import_official)
+import_official = tool("import_official")  # its main, for refusals run in this process
 
 
 def models() -> tuple[AOGPT, AOGPT]:

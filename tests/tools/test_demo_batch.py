@@ -1,17 +1,14 @@
 """tools/demo.py picks a batch that the trainer accepts on any number of GPUs."""
 
-import importlib.util
 import json
 
 import pytest
-from conftest import REPO
+from conftest import REPO, tool
 
 from aogpt.data_prep.tokenizer import load_gpt2
 from aogpt.trainer.config import load_config
 
-spec = importlib.util.spec_from_file_location("demo", REPO / "tools" / "demo.py")
-demo = importlib.util.module_from_spec(spec)
-spec.loader.exec_module(demo)
+demo = tool("demo")
 
 
 RECIPE = load_config(REPO / demo.CONFIG)

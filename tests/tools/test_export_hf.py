@@ -4,8 +4,6 @@ and the tokenizer. Each kind of network is trained briefly, exported, then read 
 process that cannot import aogpt. The folder records where it came from, and --force replaces an
 earlier export only: never a training run, never other files."""
 
-import functools
-import importlib.util
 import json
 import os
 import re
@@ -16,7 +14,7 @@ import sys
 import pytest
 import torch
 import torch.nn.functional as F
-from conftest import REPO
+from conftest import REPO, tool
 
 import aogpt
 from aogpt.data_prep.tokenizer import EOS, load_gpt2
@@ -24,16 +22,6 @@ from aogpt.model import AOGPT, load_checkpoint, save_consolidated
 from aogpt.model.checkpoint import resolve_checkpoint_file
 from aogpt.model.config import GPT2_VOCAB, ModelConfig, plain_gpt, sigma_gpt
 from aogpt.model.sampler import KVCacheSampler, SamplingConfig
-
-
-@functools.cache
-def export_hf():
-    """tools/export_hf.py as a module, loaded by the first test that needs it: it imports
-    transformers (5 s), which collecting the tests on every pytest-xdist worker need not pay."""
-    spec = importlib.util.spec_from_file_location("export_hf", REPO / "tools" / "export_hf.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 sys.path.insert(0, str(REPO / "tests" / "trainer"))  # the trainer tests' real data and tiny runs
 
@@ -148,7 +136,8 @@ def exported(tmp_path_factory):
     for name, config in KINDS.items():
         initial, trained = briefly_trained(config, text_ids)
         save_consolidated(tmp / name, config, initial.state_dict(), trained.state_dict())
-        assert export_hf().main(["--ckpt", str(tmp / name), "--out", str(tmp / f"{name}_hf")]) == 0
+        assert tool("export_hf").main(["--ckpt", str(tmp / name),
+                                       "--out", str(tmp / f"{name}_hf")]) == 0
         projects[name] = load_checkpoint(tmp / name).requires_grad_(False)
         any_order = dict(ANY_ORDER, order="random" if config.target_injection != "none" else "l2r")
         given = {0: ids[0, :4].tolist()}  # a prompt, and infilling where the kind allows it
@@ -310,7 +299,7 @@ def test_raw_weights_are_exported_when_asked(exported, tmp_path):
     from safetensors.torch import load_file
 
     ckpt = exported["tmp"] / "ao_gpt"
-    assert export_hf().main(["--ckpt", str(ckpt), "--out", str(tmp_path / "raw"),
+    assert tool("export_hf").main(["--ckpt", str(ckpt), "--out", str(tmp_path / "raw"),
                            "--weights", "raw"]) == 0
     saved = load_file(tmp_path / "raw" / "model.safetensors")
     raw = load_checkpoint(ckpt, weights="raw").state_dict()
@@ -328,7 +317,7 @@ def one_line_error(capsys) -> str:
 
 
 def test_a_missing_checkpoint_is_one_line_and_exit_2(tmp_path, capsys):
-    assert export_hf().main(["--ckpt", str(tmp_path / "nowhere"),
+    assert tool("export_hf").main(["--ckpt", str(tmp_path / "nowhere"),
                            "--out", str(tmp_path / "out")]) == 2
     assert "no checkpoint" in one_line_error(capsys)
     assert not (tmp_path / "out").exists()
@@ -340,7 +329,7 @@ def test_a_file_of_unknown_format_is_one_line_and_exit_2(tmp_path, capsys, conte
         torch.save({"model": {}}, tmp_path / "model.pt")
     else:
         (tmp_path / "model.pt").write_text("not a checkpoint")
-    assert export_hf().main(["--ckpt", str(tmp_path / "model.pt"),
+    assert tool("export_hf").main(["--ckpt", str(tmp_path / "model.pt"),
                            "--out", str(tmp_path / "out")]) == 2
     assert re.search(r"not an? (readable )?aogpt", one_line_error(capsys))
     assert not (tmp_path / "out").exists()
@@ -350,7 +339,7 @@ def test_a_tokenizer_file_with_the_wrong_hash_is_one_line_and_exit_2(exported, t
     ranks = tmp_path / "gpt2.tiktoken"
     ranks.write_text("IQ== 0\n")  # a ranks file, but not GPT-2's
     ckpt = exported["tmp"] / "ao_gpt"
-    assert export_hf().main(["--ckpt", str(ckpt), "--out", str(tmp_path / "out"),
+    assert tool("export_hf").main(["--ckpt", str(ckpt), "--out", str(tmp_path / "out"),
                            "--tokenizer-file", str(ranks)]) == 2
     assert "not GPT-2's" in one_line_error(capsys)
     assert not (tmp_path / "out").exists()
@@ -404,7 +393,7 @@ def test_a_folder_of_other_files_is_refused_even_with_force(exported, tmp_path, 
     out = tmp_path / "out"
     out.mkdir()
     (out / "notes.txt").write_text("mine")
-    assert export_hf().main(["--ckpt", str(exported["tmp"] / "plain_gpt"), "--out", str(out),
+    assert tool("export_hf").main(["--ckpt", str(exported["tmp"] / "plain_gpt"), "--out", str(out),
                            "--force"]) == 2
     assert one_line_error(capsys) == (
         f"error: --out {out} holds files this tool did not write there (e.g. notes.txt; 1 in "
@@ -417,13 +406,13 @@ def test_an_earlier_export_is_replaced_only_with_force_and_only_as_it_was_writte
         exported, tmp_path, capsys):
     out = shutil.copytree(exported["tmp"] / "plain_gpt_hf", tmp_path / "out")
     ckpt = str(exported["tmp"] / "plain_gpt")
-    assert export_hf().main(["--ckpt", ckpt, "--out", str(out)]) == 2
+    assert tool("export_hf").main(["--ckpt", ckpt, "--out", str(out)]) == 2
     assert one_line_error(capsys) == (f"error: --out {out} holds an earlier export: pass --force "
                                       "to replace it, or give a new folder")
-    assert export_hf().main(["--ckpt", ckpt, "--out", str(out), "--force"]) == 0
+    assert tool("export_hf").main(["--ckpt", ckpt, "--out", str(out), "--force"]) == 0
     assert [p.name for p in tmp_path.iterdir()] == ["out"]  # no partial or old folder left
     (out / "notes.txt").write_text("mine")  # the user's file among the export's
-    assert export_hf().main(["--ckpt", ckpt, "--out", str(out), "--force"]) == 2
+    assert tool("export_hf").main(["--ckpt", ckpt, "--out", str(out), "--force"]) == 2
     assert "(e.g. notes.txt; 1 in all)" in one_line_error(capsys)
     assert (out / "notes.txt").read_text() == "mine"
 
@@ -432,7 +421,7 @@ def test_the_checkpoint_folder_itself_is_never_replaced(exported, capsys):
     ckpt = exported["tmp"] / "plain_gpt"
     folder = resolve_checkpoint_file(ckpt).parent
     files = sorted(folder.iterdir())
-    assert export_hf().main(["--ckpt", str(ckpt), "--out", str(folder), "--force"]) == 2
+    assert tool("export_hf").main(["--ckpt", str(ckpt), "--out", str(folder), "--force"]) == 2
     assert "holds the checkpoint" in one_line_error(capsys)
     assert sorted(folder.iterdir()) == files
 
@@ -444,9 +433,9 @@ def test_a_failed_export_leaves_the_old_folder_and_no_partial_one(exported, tmp_
     def disk_full(*args, **kwargs):
         raise OSError(28, "No space left on device")
 
-    monkeypatch.setattr(export_hf(), "write_tokenizer", disk_full)
+    monkeypatch.setattr(tool("export_hf"), "write_tokenizer", disk_full)
     with pytest.raises(OSError, match="No space"):
-        export_hf().export(exported["tmp"] / "plain_gpt", out, force=True)
+        tool("export_hf").export(exported["tmp"] / "plain_gpt", out, force=True)
     assert [p.name for p in tmp_path.iterdir()] == ["out"]
     assert files_of(out) == before
 
@@ -457,4 +446,4 @@ def test_the_byte_level_alphabet_is_gpt2s():
     tokenization_gpt2 = pytest.importorskip("transformers.models.gpt2.tokenization_gpt2")
     if not hasattr(tokenization_gpt2, "bytes_to_unicode"):
         pytest.skip("this transformers has no bytes_to_unicode to compare with")
-    assert export_hf().byte_level_alphabet() == tokenization_gpt2.bytes_to_unicode()
+    assert tool("export_hf").byte_level_alphabet() == tokenization_gpt2.bytes_to_unicode()

@@ -19,7 +19,6 @@ and read back as the command line's are: where both read the same tokens it give
 """
 
 import ast
-import importlib.util
 import json
 import math
 import os
@@ -30,7 +29,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import REPO
+from conftest import REPO, tool
 from eval_testing import save_checkpoint
 
 lm_eval = pytest.importorskip("lm_eval")
@@ -437,11 +436,8 @@ def hf_samples(tasks, ckpt, tmp_path_factory):
     from lm_eval.loggers import EvaluationTracker
     from lm_eval.tasks import TaskManager
 
-    spec = importlib.util.spec_from_file_location("export_hf", REPO / "tools" / "export_hf.py")
-    export_hf = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(export_hf)
     out = tmp_path_factory.mktemp("lm_harness_hf")
-    export_hf.export(ckpt, out / "hf_model")  # EMA weights, as the aogpt run reads
+    tool("export_hf").export(ckpt, out / "hf_model")  # EMA weights, as the aogpt run reads
     tracker = EvaluationTracker(output_path=str(out / "results"))
     with pytest.MonkeyPatch.context() as patch:  # for this evaluation only
         for name, value in offline(out).items():

@@ -1,10 +1,9 @@
 """tools/plot_metrics.py: training curves to PNG, several runs overlaid, clear errors."""
 
-import importlib.util
 import json
 import math
 
-from conftest import REPO, run_cli
+from conftest import run_cli, tool
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
@@ -67,11 +66,7 @@ def test_zero_shot_sets_scored_while_training_get_a_panel_each(tmp_path):
 
 def plot_metrics(capsys, *argv) -> tuple[int, str, str]:
     """The command's main() in this process (a subprocess pays matplotlib's import each time)."""
-    spec = importlib.util.spec_from_file_location("plot_metrics",
-                                                  REPO / "tools" / "plot_metrics.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    code = module.main([str(arg) for arg in argv])
+    code = tool("plot_metrics").main([str(arg) for arg in argv])
     return code, *capsys.readouterr()
 
 
