@@ -16,6 +16,7 @@ and the tools read their rank here without paying its import (seconds) or needin
 
 from __future__ import annotations
 
+import functools
 import os
 import re
 import socket
@@ -129,6 +130,7 @@ def init_process_group(timeout_s: float) -> None:
     import deepspeed  # the trainer's engine; loaded only by the process that trains
 
     _without_inference_all_reduce(deepspeed)
+    _muon_compiled_when_called()
     deepspeed.init_distributed(timeout=timeout)
 
 
@@ -142,6 +144,33 @@ def _without_inference_all_reduce(deepspeed) -> None:
     builder = deepspeed.get_accelerator().create_op_builder("ShareMemCommBuilder")
     if builder is not None:
         deepspeed.ops.__compatible_ops__[builder.NAME] = False
+
+
+def _muon_compiled_when_called() -> None:
+    """DeepSpeed (0.19.8) imports its Muon optimizer's module in every engine, to ask whether the
+    optimizer is Muon, and that module wraps three functions in torch.compile as it is imported:
+    wrapping loads dynamo's compiler and inductor, ~2 s of CPU in every rank of every launch,
+    compiled or eager, though only a Muon run ever calls them. Here the module's decorator
+    (deepspeed.runtime.compiler.compile, used by nothing else) wraps a function in torch.compile
+    at its first call instead: the same compiled function for a Muon run, no cost for the rest."""
+    from deepspeed.runtime import compiler
+
+    def compile():
+        def decorate(function):
+            compiled = None
+
+            @functools.wraps(function)
+            def call(*args, **kwargs):
+                nonlocal compiled
+                if compiled is None:
+                    compiled = torch.compile(function)
+                return compiled(*args, **kwargs)
+
+            return call
+
+        return decorate
+
+    compiler.compile = compile
 
 
 def all_reduce_sum(values: list[float] | torch.Tensor, device: torch.device) -> torch.Tensor:

@@ -45,6 +45,19 @@ def test_the_trainers_process_group_builds_no_inference_op_and_no_dev_shm_worksp
     assert not list(Path("/dev/shm").glob(f"deepspeed_*_{port}_*"))
 
 
+def test_an_adamw_engine_leaves_deepspeeds_muon_functions_uncompiled():
+    """Every engine imports DeepSpeed's Muon module, which wrapped three functions in
+    torch.compile at import (loading inductor, ~2 s per rank): the trainer's process group defers
+    that to their first call (trainer/dist_env.py), which an AdamW run never makes."""
+    train_step(engine_for(TINY, 2, False))
+    from deepspeed.runtime.zero.muon import original_muon
+
+    for name in ("zeropower_via_newtonschulz5", "zeropower_via_gram_newtonschulz", "muon_update"):
+        function = getattr(original_muon, name)
+        assert not hasattr(function, "_torchdynamo_orig_callable"), f"{name} was compiled"
+        assert function.__wrapped__.__module__ == original_muon.__name__
+
+
 def engine_for(config: ModelConfig, stage: int, bf16: bool):
     torch.manual_seed(0)
     model = AOGPT(config)
