@@ -119,8 +119,14 @@ def test_a_second_training_into_a_live_out_dir_is_refused_and_the_first_goes_on(
                                                                               tmp_path):
     out = tmp_path / "run"
     first = start(text_data, out, tmp_path / "first.log", "train.max_steps=8", records=1)
-    second = subprocess.run(logged_command(text_data, out, "train.max_steps=8"), cwd=REPO,
-                            capture_output=True, text=True, timeout=120)
+    # paused (as by Ctrl-Z) while the second starts: on a loaded machine the first finished its 8
+    # steps before the second, still importing, reached the lock
+    first.send_signal(signal.SIGSTOP)
+    try:
+        second = subprocess.run(logged_command(text_data, out, "train.max_steps=8"), cwd=REPO,
+                                capture_output=True, text=True, timeout=120)
+    finally:
+        first.send_signal(signal.SIGCONT)
     assert first.wait(timeout=300) == 0, (tmp_path / "first.log").read_text()[-3000:]
     assert second.returncode == 2
     errors = [line for line in second.stderr.splitlines() if line.startswith("error: ")]
