@@ -2,6 +2,9 @@
 same numbers, the fused one compiles into the kernels it is written for, the head's cast is made
 once per optimizer step, and the weight gradient sums in fp32."""
 
+import resource
+from pathlib import Path
+
 import pytest
 import torch
 
@@ -95,3 +98,18 @@ def test_a_bf16_weight_gradient_is_summed_over_chunks_in_fp32():
     # bf16 products rounded once each (2^-8 relative) per chunk, summed in fp32
     assert grad_w.dtype == torch.float32
     torch.testing.assert_close(grad_w.double(), exact, rtol=2**-7, atol=2**-7 * exact.abs().max())
+
+
+
+def test_a_large_cpu_tensor_is_faulted_in_huge_pages():
+    """Importing aogpt sets torch's THP_MEM_ALLOC_ENABLE (aogpt/__init__.py): a fresh 64 MiB
+    tensor is filled with ~550 page faults (2 MB pages) instead of 16,384 (4 KB pages). A
+    chunk's logits, faulted in 4 KB at a time, took half the loss's CPU time."""
+    mode = Path("/sys/kernel/mm/transparent_hugepage/enabled")
+    if not mode.is_file() or "[never]" in mode.read_text():
+        pytest.skip("this kernel has transparent huge pages off")
+    pages = (64 << 20) // 4096
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+    torch.ones(64 << 20, dtype=torch.uint8)
+    faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before
+    assert faults < pages // 4, f"{faults} page faults for {pages} pages of 4 KB"
