@@ -100,11 +100,10 @@ def test_a_bf16_weight_gradient_is_summed_over_chunks_in_fp32():
     torch.testing.assert_close(grad_w.double(), exact, rtol=2**-7, atol=2**-7 * exact.abs().max())
 
 
-
 def test_a_large_cpu_tensor_is_faulted_in_huge_pages():
     """Importing aogpt sets torch's THP_MEM_ALLOC_ENABLE (aogpt/__init__.py): a fresh 64 MiB
-    tensor is filled with ~550 page faults (2 MB pages) instead of 16,384 (4 KB pages). A
-    chunk's logits, faulted in 4 KB at a time, took half the loss's CPU time."""
+    tensor is filled with ~550 page faults (2 MB pages) instead of 16,384 (4 KB pages), as each
+    chunk's fresh logits in the loss are (benchmarks/cpu_loss.py: 1,762 -> 1,450 ms)."""
     mode = Path("/sys/kernel/mm/transparent_hugepage/enabled")
     if not mode.is_file() or "[never]" in mode.read_text():
         pytest.skip("this kernel has transparent huge pages off")

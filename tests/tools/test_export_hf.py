@@ -300,7 +300,7 @@ def test_raw_weights_are_exported_when_asked(exported, tmp_path):
 
     ckpt = exported["tmp"] / "ao_gpt"
     assert tool("export_hf").main(["--ckpt", str(ckpt), "--out", str(tmp_path / "raw"),
-                           "--weights", "raw"]) == 0
+                                 "--weights", "raw"]) == 0
     saved = load_file(tmp_path / "raw" / "model.safetensors")
     raw = load_checkpoint(ckpt, weights="raw").state_dict()
     assert saved.keys() == {f"aogpt.{name}" for name in raw}
@@ -318,7 +318,7 @@ def one_line_error(capsys) -> str:
 
 def test_a_missing_checkpoint_is_one_line_and_exit_2(tmp_path, capsys):
     assert tool("export_hf").main(["--ckpt", str(tmp_path / "nowhere"),
-                           "--out", str(tmp_path / "out")]) == 2
+                                 "--out", str(tmp_path / "out")]) == 2
     assert "no checkpoint" in one_line_error(capsys)
     assert not (tmp_path / "out").exists()
 
@@ -330,7 +330,7 @@ def test_a_file_of_unknown_format_is_one_line_and_exit_2(tmp_path, capsys, conte
     else:
         (tmp_path / "model.pt").write_text("not a checkpoint")
     assert tool("export_hf").main(["--ckpt", str(tmp_path / "model.pt"),
-                           "--out", str(tmp_path / "out")]) == 2
+                                 "--out", str(tmp_path / "out")]) == 2
     assert re.search(r"not an? (readable )?aogpt", one_line_error(capsys))
     assert not (tmp_path / "out").exists()
 
@@ -340,7 +340,7 @@ def test_a_tokenizer_file_with_the_wrong_hash_is_one_line_and_exit_2(exported, t
     ranks.write_text("IQ== 0\n")  # a ranks file, but not GPT-2's
     ckpt = exported["tmp"] / "ao_gpt"
     assert tool("export_hf").main(["--ckpt", str(ckpt), "--out", str(tmp_path / "out"),
-                           "--tokenizer-file", str(ranks)]) == 2
+                                 "--tokenizer-file", str(ranks)]) == 2
     assert "not GPT-2's" in one_line_error(capsys)
     assert not (tmp_path / "out").exists()
 
@@ -394,7 +394,7 @@ def test_a_folder_of_other_files_is_refused_even_with_force(exported, tmp_path, 
     out.mkdir()
     (out / "notes.txt").write_text("mine")
     assert tool("export_hf").main(["--ckpt", str(exported["tmp"] / "plain_gpt"), "--out", str(out),
-                           "--force"]) == 2
+                                 "--force"]) == 2
     assert one_line_error(capsys) == (
         f"error: --out {out} holds files this tool did not write there (e.g. notes.txt; 1 in "
         "all): give a new or empty folder; --force replaces only an earlier export of this tool "
