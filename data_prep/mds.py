@@ -18,17 +18,20 @@ hashes): data_prep/verify.py checks whole datasets with it, the trainer checks s
 
 import hashlib
 import json
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 import xxhash
 
-from aogpt.files import write_bytes_atomic, write_text_atomic
+from aogpt.files import write_atomic, write_bytes_atomic, write_text_atomic
 
 # Hashes of every shard file, in index.json (what MDSWriter(hashes=["xxh64"]) writes): checked by
 # data_prep/verify.py, and by streaming when a reader asks (StreamingDataset(validate_hash=...)).
 HASHES = ["xxh64"]
+
+Bytes = bytes | bytearray | memoryview | np.ndarray  # what a shard's samples may be given as
 
 
 def column_dtype(encoding: str) -> tuple[np.dtype, tuple[int, ...]]:
@@ -58,32 +61,56 @@ def shard_config(columns: dict[str, str], compression: str | None) -> dict:
             "size_limit": None, "version": 2}
 
 
-def write_shard(folder: Path, number: int, columns: dict[str, str], samples: bytes,
-                compression: str | None = None) -> dict:
-    """Writes shard.<number>.mds (atomically) from the samples' packed bytes; returns its entry."""
+def write_shard(folder: Path, number: int, columns: dict[str, str],
+                samples: Bytes | Sequence[Bytes], compression: str | None = None) -> dict:
+    """Writes shard.<number>.mds (atomically) from the samples' packed bytes, in one buffer or in
+    several that follow each other (a shard's rows spread over the chunk files they are read
+    from); returns its entry. An uncompressed shard is written and hashed part by part: it is
+    never copied whole in memory (each 64 MiB copy costs its page faults too)."""
+    parts = [samples] if isinstance(samples, Bytes) else list(samples)
+    parts = [memoryview(part).cast("B") for part in parts]
     config = shard_config(columns, compression)
     header = json.dumps(config, sort_keys=True).encode()
     row_size = sum(config["column_sizes"])
-    count = len(samples) // row_size
-    assert count * row_size == len(samples), "samples must be whole rows"
+    size = sum(part.nbytes for part in parts)
+    count = size // row_size
+    assert count * row_size == size, "samples must be whole rows"
     start = 4 + 4 * (count + 1) + len(header)
     offsets = start + row_size * np.arange(count + 1, dtype=np.int64)
     if offsets[-1] >= 2**32:
         raise ValueError(f"a shard must stay below 4 GiB (MDS offsets are uint32), "
                          f"not {offsets[-1]} bytes")
-    raw = np.uint32(count).tobytes() + offsets.astype(np.uint32).tobytes() + header + samples
+    head = np.uint32(count).tobytes() + offsets.astype(np.uint32).tobytes() + header
     raw_name = f"shard.{number:05d}.mds"
-    entry = {**config, "samples": count, "raw_data": _file_info(raw_name, raw), "zip_data": None}
-    data, name = raw, raw_name
-    if compression:
-        from aogpt.data_prep.streaming_compat import streaming
+    if not compression:
+        info = _write_parts(folder / raw_name, [memoryview(head), *parts])
+        return {**config, "samples": count, "raw_data": info, "zip_data": None}
+    from aogpt.data_prep.streaming_compat import streaming
 
-        codecs = streaming.base.compression
-        data = codecs.compress(compression, raw)
-        name = f"{raw_name}.{codecs.get_compression_extension(compression)}"
-        entry["zip_data"] = _file_info(name, data)
+    codecs = streaming.base.compression
+    raw = b"".join([head, *parts])
+    data = codecs.compress(compression, raw)
+    name = f"{raw_name}.{codecs.get_compression_extension(compression)}"
     write_bytes_atomic(folder / name, data)
-    return entry
+    return {**config, "samples": count, "raw_data": _file_info(raw_name, raw),
+            "zip_data": _file_info(name, data)}
+
+
+def _write_parts(path: Path, parts: list[memoryview]) -> dict:
+    """Writes the parts one after the other (atomically) and hashes them on the way: the
+    file's entry in the index."""
+    digests = {name: new_hash(name) for name in HASHES}
+
+    def write(partial: Path) -> None:
+        with open(partial, "wb") as file:
+            for part in parts:
+                file.write(part)
+                for digest in digests.values():
+                    digest.update(part)
+
+    write_atomic(path, write)
+    return {"basename": path.name, "bytes": sum(part.nbytes for part in parts),
+            "hashes": {name: digest.hexdigest() for name, digest in digests.items()}}
 
 
 def write_index(folder: Path, entries: list[dict]) -> None:

@@ -12,7 +12,8 @@ Two passes, each spread over the worker processes:
 
 The concatenation of a split's samples is therefore its document stream token for token; only the
 final tail shorter than seq_len is dropped (and counted). Memory stays bounded: at most two chunks
-per worker are in flight, and one shard is the largest array a worker holds.
+per worker are in flight, and a shard is written from the chunk files' pages, mapped in place
+(a 64 MiB shard took 0.36 s copied through new arrays, 0.04 s from the mapped pages).
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import json
+import mmap
 import multiprocessing
 import os
 import sys
@@ -39,7 +41,7 @@ from aogpt.data_prep.detokenizers import DETOKENIZERS
 from aogpt.data_prep.manifest import COLUMN
 from aogpt.data_prep.sources import Chunk
 from aogpt.data_prep.tokenizer import EOS, load_gpt2
-from aogpt.files import write_bytes_atomic
+from aogpt.files import write_atomic, write_bytes_atomic
 from aogpt.progress import progress
 
 SHARD_BYTES = 1 << 26  # 64 MiB of tokens per shard: streaming's default shard size
@@ -160,7 +162,7 @@ def tokenize_chunk(index: int, chunk: Chunk, spec: PackSpec, chunk_dir: str) -> 
         meta["lowest"] = lowest_placed(placed, spec.seq_len)
     for split, name in enumerate(spec.splits):
         tokens = _join(pieces[split], spec, counts[split])
-        write_bytes_atomic(Path(chunk_dir) / f"{index:08d}.{name}.u16", tokens.tobytes())
+        write_atomic(Path(chunk_dir) / f"{index:08d}.{name}.u16", tokens.tofile)
         meta[name] = counts[split]
     write_bytes_atomic(Path(chunk_dir) / f"{index:08d}.json", json.dumps(meta).encode())
     return meta
@@ -200,7 +202,7 @@ def _join(pieces: list[np.ndarray], spec: PackSpec, counts: dict) -> np.ndarray:
         pieces = [group[:len(group) - len(group) % spec.seq_len] for group in groups]
     if not pieces:
         return np.empty(0, dtype=np.uint16)
-    return np.concatenate(pieces).astype(np.uint16)
+    return np.concatenate(pieces, dtype=np.uint16, casting="unsafe")  # ids < 2**16: checked
 
 
 # ---- pass 2: write one shard (runs in a worker) --------------------------------------------------
@@ -217,13 +219,20 @@ class ShardTask:
 
 
 def write_shard(task: ShardTask) -> int:
-    tokens = np.concatenate([np.fromfile(path, dtype=np.uint16, count=count, offset=2 * first)
-                             for path, first, count in task.reads])
-    assert len(tokens) == task.samples * task.seq_len
-    entry = mds.write_shard(Path(task.split_dir), task.number, mds_columns(task.seq_len),
-                            tokens.tobytes(), task.compression)
+    parts = [_mapped_tokens(path, first, count) for path, first, count in task.reads]
+    assert sum(part.nbytes for part in parts) == 2 * task.samples * task.seq_len
+    entry = mds.write_shard(Path(task.split_dir), task.number, mds_columns(task.seq_len), parts,
+                            task.compression)
     write_bytes_atomic(Path(task.entry), json.dumps(entry).encode())
     return task.samples
+
+
+def _mapped_tokens(path: str, first: int, count: int) -> memoryview:
+    """Tokens [first, first + count) of a chunk file as its pages in the page cache, mapped rather
+    than read into new memory; the mapping closes with the last view of it."""
+    with open(path, "rb") as file:
+        mapped = mmap.mmap(file.fileno(), 0, access=mmap.ACCESS_READ)
+    return memoryview(mapped)[2 * first:2 * (first + count)]
 
 
 def plan_shards(chunk_files: list[str], chunk_tokens: list[int], spec: PackSpec, split_dir: Path,
