@@ -19,9 +19,10 @@ import math
 import sys
 import time
 from collections.abc import Iterable, Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from tqdm import tqdm
+if TYPE_CHECKING:
+    from tqdm import tqdm
 
 PLAIN_EVERY_S = 30.0
 
@@ -115,6 +116,8 @@ def progress(iterable: Iterable | None = None, *, total: float | None = None, de
              every_s: float = PLAIN_EVERY_S) -> tqdm | PlainProgress:
     """A tqdm bar on a terminal, plain lines every `every_s` seconds otherwise (see above)."""
     if on_terminal():
+        from tqdm import tqdm  # only here: importing it costs ~60 ms (its version lookup)
+
         return tqdm(iterable, total=total, desc=desc, unit=unit, initial=initial,
                     disable=disable, dynamic_ncols=True, mininterval=0.5)
     return PlainProgress(total, desc, unit, initial, every_s, disable, iterable)
