@@ -16,7 +16,6 @@ and the tools read their rank here without paying its import (seconds) or needin
 
 from __future__ import annotations
 
-import functools
 import os
 import re
 import socket
@@ -129,48 +128,10 @@ def init_process_group(timeout_s: float) -> None:
     c10d.default_pg_timeout = c10d.default_pg_nccl_timeout = timeout
     import deepspeed  # the trainer's engine; loaded only by the process that trains
 
-    _without_inference_all_reduce(deepspeed)
-    _muon_compiled_when_called()
+    from aogpt.trainer import lean_start
+
+    lean_start.skip_unused_costs(deepspeed)
     deepspeed.init_distributed(timeout=timeout)
-
-
-def _without_inference_all_reduce(deepspeed) -> None:
-    """DeepSpeed's CPU backend (0.19.8) builds a C++ op at init_distributed for one collective,
-    inference_all_reduce, which only its inference tensor parallelism calls: it compiles for
-    ~80 s on 2 cores the first time on each machine and torch environment (and again whenever
-    two environments take turns), and gives each rank a 66 MiB /dev/shm workspace that it never
-    unlinks. Training all-reduces through the process group, so the op is marked unbuildable here,
-    as on a platform without it: init_distributed then skips both."""
-    builder = deepspeed.get_accelerator().create_op_builder("ShareMemCommBuilder")
-    if builder is not None:
-        deepspeed.ops.__compatible_ops__[builder.NAME] = False
-
-
-def _muon_compiled_when_called() -> None:
-    """DeepSpeed (0.19.8) imports its Muon optimizer's module in every engine, to ask whether the
-    optimizer is Muon, and that module wraps three functions in torch.compile as it is imported:
-    wrapping loads dynamo's compiler and inductor, ~2 s of CPU in every rank of every launch,
-    compiled or eager, though only a Muon run ever calls them. Here the module's decorator
-    (deepspeed.runtime.compiler.compile, used by nothing else) wraps a function in torch.compile
-    at its first call instead: the same compiled function for a Muon run, no cost for the rest."""
-    from deepspeed.runtime import compiler
-
-    def compile():
-        def decorate(function):
-            compiled = None
-
-            @functools.wraps(function)
-            def call(*args, **kwargs):
-                nonlocal compiled
-                if compiled is None:
-                    compiled = torch.compile(function)
-                return compiled(*args, **kwargs)
-
-            return call
-
-        return decorate
-
-    compiler.compile = compile
 
 
 def all_reduce_sum(values: list[float] | torch.Tensor, device: torch.device) -> torch.Tensor:

@@ -57,7 +57,7 @@ def reference(launcher, text_data, tmp_path_factory):
     result = launcher.run("deepspeed", run_args(text_data, out))
     assert_ok(result)
     # DeepSpeed's CPU backend would map a 66 MiB all-reduce workspace per rank in /dev/shm and
-    # never unlink it, but the trainer skips the op that makes it (trainer/dist_env.py)
+    # never unlink it, but the trainer skips the op that makes it (trainer/lean_start.py)
     leftovers = list(Path("/dev/shm").glob(f"deepspeed_*_{launcher.ports[-1]}_*"))
     assert not leftovers, f"the run left DeepSpeed's buffers in memory: {leftovers}"
     return out, result.stdout + result.stderr

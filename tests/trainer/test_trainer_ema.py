@@ -38,7 +38,7 @@ def process_group():
 def test_the_trainers_process_group_builds_no_inference_op_and_no_dev_shm_workspace():
     """DeepSpeed's CPU backend would compile its shared-memory op for inference_all_reduce
     (~80 s on 2 cores, once per machine and environment) and map a /dev/shm workspace per rank:
-    the trainer never calls that collective (trainer/dist_env.py)."""
+    the trainer never calls that collective (trainer/lean_start.py)."""
     assert deepspeed.comm.comm.cdb.shm_comm_op is None
     assert not hasattr(torch.ops.deepspeed, "inference_all_reduce_")
     port = os.environ["MASTER_PORT"]
@@ -48,7 +48,7 @@ def test_the_trainers_process_group_builds_no_inference_op_and_no_dev_shm_worksp
 def test_an_adamw_engine_leaves_deepspeeds_muon_functions_uncompiled():
     """Every engine imports DeepSpeed's Muon module, which wrapped three functions in
     torch.compile at import (loading inductor, ~2 s per rank): the trainer's process group defers
-    that to their first call (trainer/dist_env.py), which an AdamW run never makes."""
+    that to their first call (trainer/lean_start.py), which an AdamW run never makes."""
     train_step(engine_for(TINY, 2, False))
     from deepspeed.runtime.zero.muon import original_muon
 
