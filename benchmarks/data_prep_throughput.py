@@ -11,7 +11,9 @@ and measures, in one run and on the same cores:
   ours      `python data_prep/owt_to_mds.py --source corpus.jsonl --workers N` wall time: start-up,
             reading, tokenizing, packing, shard writing and index merging included
 It prints tokens/s, tokens/s per core and the ratio ours / baseline (the goal is >= 0.95:
-tokenizing is the limit, packing and writing shards must be nearly free), best of --repeats.
+tokenizing is the limit, packing and writing shards must be nearly free), best of --repeats, and
+the median of the ratios taken within each repeat (the steadier number where the machine's speed
+drifts between repeats).
 It also prints tokens per CPU-second, which stays comparable when other jobs load the machine
 (wall-clock rates then swing from run to run); for ours it includes start-up of all processes.
 """
@@ -24,6 +26,7 @@ import random
 import re
 import resource
 import shutil
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -66,14 +69,26 @@ def documents(text: str, megabytes: float) -> list[str]:
 
 
 class Rate:
-    """Tokens per second of wall time, and per CPU-second (robust to load from elsewhere)."""
+    """Tokens per second of wall time, and per CPU-second (robust to load from elsewhere): the
+    best of the repeats, and each repeat's own (`walls`)."""
 
     def __init__(self) -> None:
         self.wall = self.cpu = 0.0
+        self.walls: list[float] = []
 
     def record(self, tokens: int, wall_seconds: float, cpu_seconds: float) -> None:
+        self.walls.append(tokens / wall_seconds)
         self.wall = max(self.wall, tokens / wall_seconds)
         self.cpu = max(self.cpu, tokens / cpu_seconds)
+
+
+def paired_ratios(ours: Rate, baselines: tuple[Rate, ...]) -> list[float]:
+    """Each repeat's ratio of ours to the fastest baseline of the same repeat: the runs of one
+    repeat follow each other within a minute, so a machine whose speed drifts (this project's
+    moves by up to a third within an hour) moves both sides of a ratio alike, where the best of
+    each side may come from different hours."""
+    return [wall / max(rate.walls[repeat] for rate in baselines)
+            for repeat, wall in enumerate(ours.walls)]
 
 
 def _children_cpu() -> float:
@@ -206,6 +221,9 @@ def main(argv: list[str] | None = None) -> int:
     print(f"ratio owt_to_mds / best baseline: {end_to_end.wall / best.wall:.2f} in wall time "
           f"(goal >= 0.95), {end_to_end.cpu / max(rate.cpu for rate in baselines):.2f} in tokens "
           f"per CPU-second")
+    ratios = paired_ratios(end_to_end, baselines)
+    print(f"ratio within each repeat (ours / that repeat's fastest baseline): median "
+          f"{statistics.median(ratios):.2f} ({', '.join(f'{ratio:.2f}' for ratio in ratios)})")
     print(f"per-chunk work of a worker / plain encode_ordinary, CPU in one process (a tenth of "
           f"the corpus, best of 3): {chunk_cost:.2f}")
     return 0

@@ -1,6 +1,8 @@
 """benchmarks/data_prep_throughput.py runs end to end (a smoke test on a tiny corpus), and refuses
 sizes and counts that mean nothing."""
 
+import re
+
 import pytest
 from conftest import run_cli
 
@@ -11,6 +13,9 @@ def test_benchmark_prints_the_ratio():
     result = run_cli(BENCHMARK, "--megabytes", "1", "--repeats", "1", "--workers", "2")
     assert result.returncode == 0, result.stderr
     assert "ratio owt_to_mds / best baseline" in result.stdout and "per core" in result.stdout
+    paired = re.search(r"ratio within each repeat .*: median ([\d.]+) \(([\d.]+)\)",
+                       result.stdout)
+    assert paired and paired[1] == paired[2]  # one repeat: its own ratio is the median
     # every baseline the ratio takes the best of, encode_to_numpy (what the workers call) too
     for baseline in ("encode_ordinary_batch, 2 threads", "encode_ordinary, 2 processes",
                      "encode_to_numpy, 2 processes"):
