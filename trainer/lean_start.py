@@ -72,24 +72,23 @@ def _optimizers_load_dynamo_only_when_compiling() -> None:
     compiled run) each runs as it is; from then on, as torch has it. Where torch's wrappers are
     not the ones described here (another version), they are left as they are."""
     for name in OPTIMIZER_METHODS_WITHOUT_DYNAMO:
-        function = getattr(getattr(torch.optim.Optimizer, name), "__wrapped__", None)
+        wrapper = getattr(torch.optim.Optimizer, name)
+        function = getattr(wrapper, "__wrapped__", None)
         if function is not None:  # torch._disable_dynamo's wrapper asks this attribute first
-            function.__dynamo_disable = _as_is_until_dynamo_loads(function)
-    step = torch.optim.Adam.__dict__["step"]
-    if step.__code__.co_name == "_use_grad" and hasattr(step, "__wrapped__"):
+            function.__dynamo_disable = _as_is_until_dynamo_loads(wrapper, function)
+    step = torch.optim.Adam.__dict__.get("step")
+    if getattr(getattr(step, "__code__", None), "co_name", None) == "_use_grad" and hasattr(
+            step, "__wrapped__"):
         torch.optim.Adam.step = _graph_breaks_only_under_dynamo(step.__wrapped__)
 
 
-def _as_is_until_dynamo_loads(function):
+def _as_is_until_dynamo_loads(wrapper, function):
     @functools.wraps(function)
     def call(*args, **kwargs):
         if "torch._dynamo" not in sys.modules:
             return function(*args, **kwargs)
-        import torch._dynamo
-
-        disabled = torch._dynamo.disable(function, recursive=True, wrapping=False)
-        function.__dynamo_disable = disabled  # what torch makes at the first call
-        return disabled(*args, **kwargs)
+        del function.__dynamo_disable  # torch's wrapper makes its own from here on, as it would
+        return wrapper(*args, **kwargs)
 
     return call
 
