@@ -58,7 +58,10 @@ class PreemptionFlag:
         if signum == signal.SIGINT and self.announce and self.received != "SIGINT":
             # os.write: a print() here could land inside one of the main thread's own prints
             os.write(2, f"\n{SECOND_CTRL_C}\n".encode())
-        self.received = self.received or signal.Signals(signum).name
+        # A Ctrl-C names the stop even after a SIGTERM: the launcher forwards one to its ranks
+        # because of the same Ctrl-C, and under load it can reach a rank first
+        self.received = ("SIGINT" if signum == signal.SIGINT
+                         else self.received or signal.Signals(signum).name)
 
     @property
     def requested(self) -> bool:

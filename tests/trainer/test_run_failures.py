@@ -23,7 +23,7 @@ from aogpt.data_prep.manifest import read_manifest
 from aogpt.trainer.config import load_config
 from aogpt.trainer.data import TrainBatches, validation_loader
 from aogpt.trainer.dist_env import free_port, setup_distributed_env
-from aogpt.trainer.failsafe import EXIT_FAILED, EXIT_PREEMPTED
+from aogpt.trainer.failsafe import EXIT_FAILED, EXIT_PREEMPTED, PreemptionFlag
 from aogpt.trainer.metrics import read_metrics
 from aogpt.trainer.recovery import FirstNonFinite
 
@@ -295,6 +295,23 @@ def test_the_signal_watchdog_bounds_the_time_to_exit(mode, status, line):
     lines = line if isinstance(line, list) else [line] if line else []
     assert [text for text in result.stderr.splitlines() if text] == lines
     assert time.monotonic() - start < 30  # the import takes most of it
+
+
+def test_a_ctrl_c_names_the_stop_even_after_the_launchers_sigterm_reached_the_rank_first():
+    """Ctrl-C reaches the launcher and its ranks at once, and the launcher forwards a SIGTERM:
+    under load a rank can see that SIGTERM first (a full test run logged "on SIGTERM")."""
+    saved = {sig: signal.getsignal(sig) for sig in PreemptionFlag.SIGNALS}
+    try:
+        for first, then, named in ((signal.SIGTERM, signal.SIGINT, "SIGINT"),
+                                   (signal.SIGINT, signal.SIGTERM, "SIGINT"),
+                                   (signal.SIGUSR1, signal.SIGTERM, "SIGUSR1")):
+            flag = PreemptionFlag(announce=False)
+            os.kill(os.getpid(), first)
+            os.kill(os.getpid(), then)
+            assert flag.received == named, (first, then)
+    finally:
+        for sig, handler in saved.items():
+            signal.signal(sig, handler)
 
 
 def test_ctrl_c_while_the_trainer_starts_up_is_one_line_and_status_130(text_data, tmp_path):
