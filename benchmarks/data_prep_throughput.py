@@ -73,12 +73,15 @@ class Rate:
     best of the repeats, and each repeat's own (`walls`)."""
 
     def __init__(self) -> None:
-        self.wall = self.cpu = 0.0
         self.walls: list[float] = []
+        self.cpu = 0.0
+
+    @property
+    def wall(self) -> float:
+        return max(self.walls, default=0.0)
 
     def record(self, tokens: int, wall_seconds: float, cpu_seconds: float) -> None:
         self.walls.append(tokens / wall_seconds)
-        self.wall = max(self.wall, tokens / wall_seconds)
         self.cpu = max(self.cpu, tokens / cpu_seconds)
 
 
