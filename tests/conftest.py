@@ -3,6 +3,7 @@ and launcher of the trainer's runs, and a real S3 server with that data in a buc
 
 import functools
 import importlib.util
+import json
 import os
 import shutil
 import subprocess
@@ -97,6 +98,19 @@ def finished_run(text_data, tmp_path_factory) -> tuple[Path, str]:
     folder, log = built_once(tmp_path_factory, "runs", lambda folder: train_logged(
         text_data, folder / "finished", "train.max_steps=6"))
     return folder / "finished", log
+
+
+@pytest.fixture(scope="session")
+def reference_run(text_data, tmp_path_factory) -> tuple[Path, str, int]:
+    """The uninterrupted 2-process run that whole-run tests compare with (trainer_testing.
+    train_reference: 18 steps under the deepspeed launcher, ZeRO-1 fp32), once per test run:
+    (out_dir, its output, its launch's port). None writes into it."""
+    from trainer_testing import train_reference  # tests/trainer/, whose modules ask
+
+    folder, result = built_once(tmp_path_factory, "reference",
+                                lambda folder: train_reference(text_data, folder / "run"))
+    launch = json.loads(result)
+    return folder / "run", launch["output"], launch["port"]
 
 
 @pytest.fixture(scope="session")

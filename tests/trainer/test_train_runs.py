@@ -1,9 +1,9 @@
 """Whole training runs on 2 processes (real DeepSpeed on gloo, real streaming, real text), launched
 the way users launch them: `deepspeed --num_gpus 2 trainer/main.py ...` and torchrun.
 
-One uninterrupted reference run is compared with: ZeRO-2 and ZeRO-3 runs (same first steps), and
-a run stopped by SIGTERM and re-run (the same run, step for step). Each launch costs ~20-40 s on
-2 cores, so assertions share runs.
+One uninterrupted reference run (the session's, conftest.reference_run, which the S3 tests share)
+is compared with: ZeRO-2 and ZeRO-3 runs (same first steps), and a run stopped by SIGTERM and re-run
+(the same run, step for step). Each launch costs ~20-40 s on 2 cores, so assertions share runs.
 """
 
 import contextlib
@@ -23,9 +23,10 @@ import pytest
 import torch
 from trainer_testing import (
     MAIN,
+    REFERENCE_STEPS,
     REPO,
-    TINY_RUN,
     losses,
+    reference_args,
 )
 
 from aogpt.data_prep.shared_memory import SHM, STREAMING_BLOCK
@@ -38,12 +39,7 @@ from aogpt.trainer.main import main
 from aogpt.trainer.metrics import read_metrics
 
 pytestmark = pytest.mark.slow
-STEPS = 18
-
-
-def run_args(data, out_dir, ds_config="ds_configs/cpu.json", *overrides) -> list[str]:
-    return ["--ds_config", str(ds_config), "--config", "configs/tiny.yaml", f"data.path={data}",
-            f"out_dir={out_dir}", *TINY_RUN, f"train.max_steps={STEPS}", *overrides]
+STEPS = REFERENCE_STEPS
 
 
 def assert_ok(result: subprocess.CompletedProcess) -> None:
@@ -51,16 +47,15 @@ def assert_ok(result: subprocess.CompletedProcess) -> None:
 
 
 @pytest.fixture(scope="module")
-def reference(launcher, text_data, tmp_path_factory):
-    """The user command: deepspeed launcher, 2 processes, ZeRO-1 fp32 (cpu.json), 18 steps."""
-    out = tmp_path_factory.mktemp("runs") / "reference"
-    result = launcher.run("deepspeed", run_args(text_data, out))
-    assert_ok(result)
+def reference(reference_run):
+    """The session's reference run (conftest.reference_run): the user command, deepspeed
+    launcher, 2 processes, ZeRO-1 fp32, 18 steps."""
+    out, output, port = reference_run
     # DeepSpeed's CPU backend would map a 66 MiB all-reduce workspace per rank in /dev/shm and
     # never unlink it, but the trainer skips the op that makes it (trainer/lean_start.py)
-    leftovers = list(Path("/dev/shm").glob(f"deepspeed_*_{launcher.ports[-1]}_*"))
+    leftovers = list(Path("/dev/shm").glob(f"deepspeed_*_{port}_*"))
     assert not leftovers, f"the run left DeepSpeed's buffers in memory: {leftovers}"
-    return out, result.stdout + result.stderr
+    return out, output
 
 
 def final_weights(out_dir, kind):
@@ -121,7 +116,7 @@ def test_resuming_with_another_model_shape_is_refused(reference, text_data, monk
                         "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "1"}.items():
         monkeypatch.setenv(name, value)
     monkeypatch.chdir(REPO)
-    assert main(run_args(text_data, out, "ds_configs/cpu.json", "model.n_layer=3")) == 2
+    assert main(reference_args(text_data, out, "ds_configs/cpu.json", "model.n_layer=3")) == 2
     error = capsys.readouterr().err.strip()
     assert error.count("\n") == 0 and error.startswith("error: the checkpoint in ")
     assert "model.n_layer 2 -> 3" in error
@@ -135,7 +130,7 @@ def test_zero_stages_agree_on_the_first_steps(reference, launcher, text_data, tm
         ds_config = tmp_path / f"zero{stage}_fp32.json"
         ds_config.write_text(json.dumps({**base, "zero_optimization": {"stage": stage}}))
         runs[stage] = tmp_path / f"zero{stage}"
-        assert_ok(launcher.run("torchrun", run_args(text_data, runs[stage], ds_config,
+        assert_ok(launcher.run("torchrun", reference_args(text_data, runs[stage], ds_config,
                                                     "train.max_steps=4")))
     for stage, run in runs.items():
         for key in ("loss", "grad_norm"):
@@ -156,7 +151,7 @@ def test_elastic_resume_on_another_world_size_and_stage_continues_the_same_run(
     out = tmp_path / "elastic"
     for launch, (ds_config, stop) in enumerate([(zero2, 4), ("ds_configs/cpu.json", 8),
                                                  (zero2, 12)]):
-        args = run_args(text_data, out, ds_config, f"train.max_steps={stop}")
+        args = reference_args(text_data, out, ds_config, f"train.max_steps={stop}")
         result = (subprocess.run([sys.executable, MAIN, *args], cwd=REPO, capture_output=True,
                                  text=True, timeout=600)
                   if launch == 1 else launcher.run("torchrun", args))
@@ -186,7 +181,7 @@ def test_signals_and_kill_9_at_any_moment_cost_no_step_and_the_run_stays_the_sam
     ways of stopping: each launch of 2 processes costs ~20 s of start-up.)"""
     out_ref, _ = reference
     out = tmp_path / "interrupted"
-    args = run_args(text_data, out)
+    args = reference_args(text_data, out)
     latest, stopped_at = out / "checkpoints" / "latest", 0
     for sig in (signal.SIGTERM, signal.SIGINT):
         _, log = launcher.run_and_signal("deepspeed", args, out, after_step=stopped_at + 2,
@@ -202,7 +197,7 @@ def test_signals_and_kill_9_at_any_moment_cost_no_step_and_the_run_stays_the_sam
         assert load_checkpoint(out / "checkpoints" / f"step_{tag:08d}").config.n_layer == 2
         stopped_at = tag
 
-    args = run_args(text_data, out, "ds_configs/cpu.json", "checkpoint.every=1")
+    args = reference_args(text_data, out, "ds_configs/cpu.json", "checkpoint.every=1")
     run, resumed_at = RunFolder(out), stopped_at
     for attempt, delay in enumerate(random.Random(0).uniform(0.0, 2.0) for _ in range(2)):
         with (tmp_path / f"attempt{attempt}.log").open("w") as log:
@@ -269,7 +264,8 @@ def test_two_runs_on_one_host_started_at_once_and_one_killed_and_relaunched_both
 
     def launch(name: str) -> subprocess.Popen:
         tmp = tmps[name]
-        args = run_args(text_data, outs[name], "ds_configs/cpu.json", f"train.max_steps={steps}")
+        args = reference_args(text_data, outs[name], "ds_configs/cpu.json",
+                              f"train.max_steps={steps}")
         with logs[name].open("a") as log:
             return subprocess.Popen(launcher.command("deepspeed", args),
                                     cwd=REPO, env=launcher.environment(TMPDIR=str(tmp)),
@@ -320,7 +316,7 @@ sys.exit(main(sys.argv[1:]))
 
 def test_a_full_disk_during_a_save_ends_the_run_and_keeps_the_last_checkpoint(text_data, tmp_path):
     out = tmp_path / "full"
-    args = run_args(text_data, out, "ds_configs/cpu.json", "train.tokens_per_step=512",
+    args = reference_args(text_data, out, "ds_configs/cpu.json", "train.tokens_per_step=512",
                     "checkpoint.every=2", "train.max_steps=6")
     result = subprocess.run([sys.executable, "-c", FULL_DISK_RUN, *args], cwd=REPO,
                             capture_output=True, text=True, timeout=300)
@@ -339,7 +335,7 @@ def test_a_full_disk_during_a_save_ends_the_run_and_keeps_the_last_checkpoint(te
 
 def test_sigusr1_stops_a_single_process_run_with_its_own_exit_status(text_data, tmp_path):
     out, log = tmp_path / "single", tmp_path / "single.log"
-    args = [sys.executable, MAIN, *run_args(text_data, out, "ds_configs/cpu.json",
+    args = [sys.executable, MAIN, *reference_args(text_data, out, "ds_configs/cpu.json",
                                             "train.tokens_per_step=512", "checkpoint.every=100")]
     with log.open("w") as sink:
         proc = subprocess.Popen(args, cwd=REPO, stdout=sink, stderr=subprocess.STDOUT)
@@ -355,7 +351,7 @@ def test_sigusr1_stops_a_single_process_run_with_its_own_exit_status(text_data, 
 def test_a_second_ctrl_c_stops_at_once_and_says_what_is_lost(text_data, tmp_path):
     """Steps of 64 micro-batches: the second Ctrl-C comes long before the step could end."""
     out, log = tmp_path / "single", tmp_path / "single.log"
-    args = [sys.executable, MAIN, *run_args(text_data, out, "ds_configs/cpu.json",
+    args = [sys.executable, MAIN, *reference_args(text_data, out, "ds_configs/cpu.json",
                                             "train.micro_batch_size=1",
                                             "train.tokens_per_step=4096", "checkpoint.every=1")]
     with log.open("w") as sink:
@@ -378,7 +374,7 @@ def test_launcher_reports_bad_input_once_with_status_2(launcher, text_data, tmp_
     ds_config = tmp_path / "disagrees.json"
     ds_config.write_text(json.dumps({"train_micro_batch_size_per_gpu": 4,
                                      "zero_optimization": {"stage": 1}}))
-    result = launcher.run("deepspeed", run_args(text_data, tmp_path / "run", ds_config),
+    result = launcher.run("deepspeed", reference_args(text_data, tmp_path / "run", ds_config),
                           timeout=120)
     assert result.returncode == 2
     errors = [line for line in (result.stdout + result.stderr).splitlines()
@@ -402,7 +398,7 @@ def test_compiled_zero3_run_with_checkpointing_matches_eager_and_resumes(referen
     ds_config.write_text(json.dumps({**base, "zero_optimization": {"stage": 3}}))
     out = tmp_path / "compiled"
     for stop in (2, 4):  # stopped at 2, resumed to 4
-        args = run_args(text_data, out, ds_config, "model.activation_checkpointing=true",
+        args = reference_args(text_data, out, ds_config, "model.activation_checkpointing=true",
                         "train.compile=true", f"train.max_steps={stop}")
         result = subprocess.run([sys.executable, MAIN, *args], cwd=REPO, capture_output=True,
                                 text=True, timeout=600)

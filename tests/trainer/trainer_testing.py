@@ -36,6 +36,11 @@ TINY_RUN = [
 ]
 
 
+# The reference run's length: its first 12 steps are also every shorter run's of the same
+# settings (the schedule depends on optim.decay_steps, not on train.max_steps)
+REFERENCE_STEPS = 18
+
+
 # one process, one micro-batch of 8 x 64 tokens per step, a validation and a checkpoint every 3
 LOGGED_RUN = [*TINY_RUN, "train.tokens_per_step=512", "eval.every=3", "train.log_every=2",
               "checkpoint.every=3"]
@@ -83,6 +88,23 @@ def train_logged(data, out: Path, *overrides: str) -> str:
     output = log.read_text()
     assert done.returncode == 0, output[-3000:]
     return output
+
+
+def reference_args(data, out_dir, ds_config="ds_configs/cpu.json", *overrides: str) -> list[str]:
+    """trainer/main.py's arguments for the reference's settings (TINY_RUN, ZeRO-1 fp32 by
+    default, REFERENCE_STEPS steps)."""
+    return ["--ds_config", str(ds_config), "--config", "configs/tiny.yaml", f"data.path={data}",
+            f"out_dir={out_dir}", *TINY_RUN, f"train.max_steps={REFERENCE_STEPS}", *overrides]
+
+
+def train_reference(data, out_dir: Path) -> str:
+    """The user command of the reference run: the deepspeed launcher, 2 processes, ZeRO-1 fp32,
+    REFERENCE_STEPS steps. Returns JSON: its output and the launch's port."""
+    launcher = Launcher()
+    result = launcher.run("deepspeed", reference_args(data, out_dir))
+    output = result.stdout + result.stderr
+    assert result.returncode == 0, output[-8000:]
+    return json.dumps({"output": output, "port": launcher.ports[-1]})
 
 
 def as_one_process(monkeypatch) -> None:
