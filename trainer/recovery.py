@@ -328,9 +328,7 @@ class Recovery:
                 f"roll back to: {stopped} {last_checkpoint} (a smaller checkpoint.every saves one "
                 "sooner; a larger checkpoint.keep_last keeps one from before a spike)")
         self.record(bad, why, tag, step)
-        progress = self.checkpointer.load(tag, elastic=False)
-        dist.barrier()  # every rank's data stream is back before any draws from it
-        return progress
+        return self.checkpointer.load(tag, elastic=False)  # every rank's stream is back after it
 
     def record(self, bad: BadStep, why: str, tag: str, found_at: int) -> None:
         """Collective: the rollback to `tag` recorded (by rank 0, then adopted by the others) for

@@ -22,9 +22,11 @@ import psutil
 import pytest
 import torch
 from trainer_testing import (
+    BIN,
     MAIN,
     REFERENCE_STEPS,
     REPO,
+    Launcher,
     losses,
     reference_args,
 )
@@ -34,6 +36,7 @@ from aogpt.model import load_checkpoint
 from aogpt.model.checkpoint import read_consolidated
 from aogpt.model.run_folder import RunFolder
 from aogpt.trainer.config import load_config
+from aogpt.trainer.dist_env import free_port
 from aogpt.trainer.failsafe import EXIT_PREEMPTED
 from aogpt.trainer.main import main
 from aogpt.trainer.metrics import read_metrics
@@ -225,6 +228,27 @@ def test_signals_and_kill_9_at_any_moment_cost_no_step_and_the_run_stays_the_sam
         reference_weights = final_weights(out_ref, kind)
         for name, value in final_weights(out, kind).items():
             torch.testing.assert_close(value, reference_weights[name], rtol=0, atol=1e-6)
+
+
+def test_a_relaunch_of_a_finished_run_leaves_no_rank_while_another_loads_its_data_position(
+        reference, text_data, tmp_path):
+    """The finished reference relaunched (nothing to do but publish final/), with rank 1 slow to
+    load the loader's position: no rank goes on before every rank has loaded it. A rank that went
+    on would exit at once and unlink streaming's shared block of that position while the other
+    still attached to it (`make demo` run twice beside other trainings once died of it:
+    FileNotFoundError '/000289_resume')."""
+    out_ref, _ = reference
+    out = shutil.copytree(out_ref, tmp_path / "finished")
+    moments = tmp_path / "moments"
+    command = [str(BIN / "deepspeed"), "--num_gpus", "2", "--master_port", str(free_port()),
+               str(REPO / "tests" / "trainer" / "run_with_a_slow_rank_1_load.py"),
+               "--moments", str(moments), *reference_args(text_data, out)]
+    result = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=600,
+                            env=Launcher.environment())
+    assert_ok(result)
+    assert f"already at step {STEPS} >= train.max_steps={STEPS}" in result.stdout
+    ranks = [json.loads(Path(f"{moments}.rank{rank}.json").read_text()) for rank in (0, 1)]
+    assert max(r["loaded"] for r in ranks) <= min(r["fit"] for r in ranks), ranks
 
 
 def streaming_blocks_held(proc: subprocess.Popen) -> set[str]:
