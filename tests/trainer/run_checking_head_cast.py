@@ -13,6 +13,7 @@ import json
 import sys
 
 import torch
+from trainer_testing import take
 
 from aogpt.model.gpt import LMHead
 from aogpt.trainer import loop, main
@@ -41,9 +42,7 @@ LMHead.forward, loop.Trainer.train_step = checked_forward, counted_train_step
 
 if __name__ == "__main__":
     args = sys.argv[1:]
-    at = args.index("--cast-log")
-    out = args[at + 1]
-    del args[at:at + 2]
+    out = take(args, "--cast-log")
     status = main.main(args)
     with open(out, "w") as file:
         json.dump(records, file)

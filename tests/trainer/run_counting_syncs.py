@@ -19,6 +19,8 @@ from device_syncs import SyncLog, install
 log = SyncLog()
 reads = install(log)  # before the trainer is built: DeepSpeed makes its streams at set-up
 
+from trainer_testing import take  # noqa: E402  (after the patches too: it imports aogpt.trainer)
+
 from aogpt.trainer import loop, main  # noqa: E402  (after the patches, on purpose)
 
 train_step = loop.Trainer.train_step
@@ -37,16 +39,6 @@ def counted_train_step(self, update):
 
 
 loop.Trainer.train_step = counted_train_step
-
-
-def take(args: list[str], flag: str) -> str | None:
-    """The value of `flag` in args, removed from them (None where it is absent)."""
-    if flag not in args:
-        return None
-    at = args.index(flag)
-    value = args[at + 1]
-    del args[at:at + 2]
-    return value
 
 
 if __name__ == "__main__":

@@ -12,6 +12,8 @@ import os
 import sys
 import time
 
+from trainer_testing import take
+
 from aogpt.trainer import data, loop, main
 
 RANK = int(os.environ.get("RANK", "0"))
@@ -35,9 +37,7 @@ data.TrainBatches.load_state_dict, loop.Trainer.fit = slow_load_state_dict, time
 
 if __name__ == "__main__":
     args = sys.argv[1:]
-    at = args.index("--moments")
-    out = args[at + 1]
-    del args[at:at + 2]
+    out = take(args, "--moments")
     status = main.main(args)
     with open(f"{out}.rank{RANK}.json", "w") as file:
         json.dump(moments, file)

@@ -107,6 +107,17 @@ def train_reference(data, out_dir: Path) -> str:
     return json.dumps({"output": output, "port": launcher.ports[-1]})
 
 
+def take(args: list[str], flag: str) -> str | None:
+    """The value of `flag` in args, removed from them (None where it is absent): the
+    tests/trainer/run_*.py wrappers take their own flags before trainer/main.py reads the rest."""
+    if flag not in args:
+        return None
+    at = args.index(flag)
+    value = args[at + 1]
+    del args[at:at + 2]
+    return value
+
+
 def as_one_process(monkeypatch) -> None:
     """The environment of rank 0 of a 1-process run, for tests that open the loader themselves."""
     for name, value in {"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1", "LOCAL_WORLD_SIZE": "1",
