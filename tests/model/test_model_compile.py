@@ -6,6 +6,8 @@ import re
 
 import pytest
 import torch
+from torch._dynamo.utils import counters
+from torch._inductor.utils import run_and_get_code
 from vocabulary_testing import drawn_afresh, order_configs
 
 from aogpt.model import AOGPT, ModelConfig
@@ -13,9 +15,6 @@ from aogpt.model.orders import OrderConfig, OrderSampler
 
 pytestmark = pytest.mark.slow  # inductor compiles C++ for the CPU: ~30-60 s on 2 cores
 T, B, STEPS = 32, 4, 4
-# torch._dynamo and torch._inductor are imported by the tests, not at collection: every
-# pytest-xdist worker collects this module, and their import costs ~1.6 s of CPU and puts torch's
-# optimizers on their dynamo-aware path for the rest of that worker (trainer/lean_start.py)
 
 
 def train(model: AOGPT, steps: int, after_first_step=lambda: None) -> list[float]:
@@ -38,8 +37,6 @@ def train(model: AOGPT, steps: int, after_first_step=lambda: None) -> list[float
 
 @pytest.mark.parametrize("scope", ["block", "network"])
 def test_compiled_training_matches_eager_and_compiles_once_without_graph_breaks(scope):
-    from torch._dynamo.utils import counters
-
     torch.manual_seed(0)
     config = ModelConfig(n_layer=2, n_head=2, n_embd=32, block_size=T, cond_dim=8,
                          loss_chunk_size=64, activation_checkpointing=True)
@@ -69,9 +66,6 @@ COMPILED_ORDERS = {name: config for name, config in order_configs(8).items()
 
 @pytest.mark.parametrize("config", COMPILED_ORDERS.values(), ids=list(COMPILED_ORDERS))
 def test_compiled_orders_are_the_eager_bits_and_a_new_step_never_recompiles(config):
-    from torch._dynamo.utils import counters
-    from torch._inductor.utils import run_and_get_code
-
     eager, compiled = OrderSampler(config, T, seed=7), OrderSampler(config, T, seed=7)
     compiled.compile()
     torch._dynamo.reset()  # another test's graph of the same function could serve this one

@@ -11,6 +11,7 @@ import os
 import pytest
 import torch
 from conftest import perturbed_float64_model, run_cli
+from torch._dynamo.utils import counters
 
 from aogpt.model import AOGPT, save_consolidated
 from aogpt.model.config import ModelConfig
@@ -97,8 +98,6 @@ def test_a_compiled_step_gives_the_eager_logits_and_tokens_away_from_ties(known,
 def test_compiled_generation_compiles_each_step_shape_once_and_matches_eager():
     """Whole generations: the same tokens (top-k 3 at a low temperature keeps every draw far
     from a tie), and a second generation compiles nothing more."""
-    from torch._dynamo.utils import counters  # not at collection: test_model_compile.py says why
-
     model = peaked_model()
     config = SamplingConfig(steps=5, top_k=3, temperature=0.5, seed=4)
     eager = KVCacheSampler(model, B, N, config, compile=False).generate(torch.arange(B))
