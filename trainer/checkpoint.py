@@ -347,12 +347,6 @@ class Checkpointer:
                 shutil.rmtree(load_dir, ignore_errors=True)
         for name, part in self.client.items():
             part.load_state_dict(client.get(name))
-        # The loader's position goes through streaming's shared memory, which one rank of a node
-        # creates and the others attach to: no rank may go on before all have attached (and no
-        # rank may draw from a stream that another has not moved back yet, after a rollback), or
-        # a rank with nothing left to do (a run already at train.max_steps) exits and unlinks the
-        # block while another still attaches to it (FileNotFoundError '/<prefix>_resume')
-        dist.barrier()
         # another partitioning has other rank files: rank 0's carries what all ranks share
         rank_state = load_rank_state(rank_state_file(folder, 0 if elastic else self.env.rank))
         self.load_ema(folder, rank_state["ema"], elastic)

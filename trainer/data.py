@@ -420,6 +420,12 @@ class TrainBatches:
         # it for a stale checkpoint): going back in the same process, that epoch comes next again
         self.dataset.next_epoch = state["epoch"]
         self.loader.load_state_dict(state)
+        # Streaming keeps the position in a shared-memory block that one rank of a node creates
+        # and the others attach to: no rank goes on before all have attached, or a rank with
+        # nothing left to do (a run already at train.max_steps) exits and unlinks the block while
+        # another still attaches to it (FileNotFoundError '/<prefix>_resume')
+        if torch.distributed.is_initialized():
+            torch.distributed.barrier()
 
     def skip(self, micro_batches: int) -> list[int]:
         """Moves the stream past this rank's next `micro_batches` micro-batches; their samples'

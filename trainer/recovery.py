@@ -328,7 +328,8 @@ class Recovery:
                 f"roll back to: {stopped} {last_checkpoint} (a smaller checkpoint.every saves one "
                 "sooner; a larger checkpoint.keep_last keeps one from before a spike)")
         self.record(bad, why, tag, step)
-        return self.checkpointer.load(tag, elastic=False)  # every rank's stream is back after it
+        # collective: every rank's stream is back (TrainBatches.load_state_dict) when it returns
+        return self.checkpointer.load(tag, elastic=False)
 
     def record(self, bad: BadStep, why: str, tag: str, found_at: int) -> None:
         """Collective: the rollback to `tag` recorded (by rank 0, then adopted by the others) for
