@@ -88,6 +88,20 @@ def text_data(tmp_path_factory) -> Path:
 
 
 @pytest.fixture(scope="session")
+def synthetic_data(tmp_path_factory) -> Path:
+    """The synthetic language's shards (data_prep/synthetic_to_mds.py: 128 token ids, sequences
+    of 64, as many as text_data has), once per test run: the data of the whole-run tests, whose
+    assertions are about how a run runs (resumes, signals, rollbacks, ZeRO stages, waits) and not
+    about text. Its model (trainer_testing.SYNTHETIC_RUN) has a head of 128 rows instead of
+    GPT-2's 50,257, which were ~85% of each step's arithmetic: a 2-process run costs a fifth."""
+    from trainer_testing import build_synthetic  # tests/trainer/, whose modules ask
+
+    folder, _ = built_once(tmp_path_factory, "synthetic",
+                           lambda folder: str(build_synthetic(folder / "language")))
+    return folder / "language"
+
+
+@pytest.fixture(scope="session")
 def finished_run(text_data, tmp_path_factory) -> tuple[Path, str]:
     """One finished training (trainer_testing.train_logged: one process, 6 steps of the tiny
     model, a validation and a checkpoint every 3) for the tests that read a run folder or its log:
@@ -101,14 +115,14 @@ def finished_run(text_data, tmp_path_factory) -> tuple[Path, str]:
 
 
 @pytest.fixture(scope="session")
-def reference_run(text_data, tmp_path_factory) -> tuple[Path, str, int]:
+def reference_run(synthetic_data, tmp_path_factory) -> tuple[Path, str, int]:
     """The uninterrupted 2-process run that whole-run tests compare with (trainer_testing.
-    train_reference: 18 steps under the deepspeed launcher, ZeRO-1 fp32), once per test run:
-    (out_dir, its output, its launch's port). None writes into it."""
+    train_reference: 18 steps of synthetic_data under the deepspeed launcher, ZeRO-1 fp32), once
+    per test run: (out_dir, its output, its launch's port). None writes into it."""
     from trainer_testing import train_reference  # tests/trainer/, whose modules ask
 
     folder, result = built_once(tmp_path_factory, "reference",
-                                lambda folder: train_reference(text_data, folder / "run"))
+                                lambda folder: train_reference(synthetic_data, folder / "run"))
     launch = json.loads(result)
     return folder / "run", launch["output"], launch["port"]
 
@@ -136,6 +150,18 @@ def s3_text_data(s3_server, tmp_path_factory) -> str:
     url = f"{s3_server.bucket('aogpt-text')}/text"
     staging = tmp_path_factory.mktemp("s3_staging")
     build_data(url, real_documents(), source_dir=staging, extra=["--staging", str(staging / "s")])
+    return url
+
+
+@pytest.fixture(scope="session")
+def s3_synthetic_data(s3_server, synthetic_data) -> str:
+    """synthetic_data's folder uploaded to a bucket as a remote build leaves it (shards, then
+    indexes, then manifest.json, which marks it complete): its s3:// URL."""
+    url = f"{s3_server.bucket('aogpt-synthetic')}/language"
+    files = sorted((path for path in synthetic_data.rglob("*") if path.is_file()),
+                   key=lambda path: (path.name == "manifest.json", path.name == "index.json"))
+    for path in files:
+        s3_server.write(f"{url}/{path.relative_to(synthetic_data)}", path.read_bytes())
     return url
 
 

@@ -213,13 +213,14 @@ def kill_after_checkpoint(launcher, args: list[str], out, step: int, log) -> Non
 
 @pytest.mark.slow
 def test_training_from_the_bucket_killed_and_resumed_elsewhere_is_the_local_folders_run(
-        launcher, text_data, s3_text_data, reference_run, tmp_path):
+        launcher, synthetic_data, s3_synthetic_data, reference_run, tmp_path):
     """The local folder's run (the session's reference: 2 processes, the same settings, 18 steps)
     against the same run from the bucket: killed with -9 after step 4's checkpoint (or soon
-    after), resumed on 1 process for two steps (elastic), then on 2 to step 12."""
+    after), resumed on 1 process for two steps (elastic), then on 2 to step 12. The data is the
+    synthetic language (conftest.synthetic_data), uploaded."""
     local, _, _ = reference_run
     out = tmp_path / "bucket"
-    args = run_args(s3_text_data, out, "checkpoint.every=2")
+    args = run_args(s3_synthetic_data, out, "checkpoint.every=2")
     # Each launch has a node cache of its own, as a job requeued onto other nodes has (and a
     # killed run's shared-memory names for its cache would otherwise meet the next launch on
     # this one host, where other tests' datasets keep streaming's cleanup from reaching them).
@@ -245,7 +246,7 @@ def test_training_from_the_bucket_killed_and_resumed_elsewhere_is_the_local_fold
         assert got[step] == pytest.approx(expected[step], abs=tolerance), step
     evaluate = [sys.executable, "trainer/evaluate.py", "--ckpt", str(out), "--orders", "l2r",
                 "--max-samples", "16", "--json"]
-    for data, name in ((text_data, "local.json"), (s3_text_data, "bucket.json")):
+    for data, name in ((synthetic_data, "local.json"), (s3_synthetic_data, "bucket.json")):
         assert_ok(subprocess.run([*evaluate, str(tmp_path / name), "--data", str(data)],
                                  cwd=REPO, capture_output=True, text=True, timeout=300))
     scores = [json.loads((tmp_path / name).read_text())["results"][0]["l2r"]["nll"]

@@ -18,7 +18,7 @@ import subprocess
 import pytest
 import torch
 from device_syncs import SyncLog, _Reads
-from trainer_testing import BIN, REPO
+from trainer_testing import BIN, REPO, SYNTHETIC_VOCAB
 
 from aogpt.trainer.dist_env import free_port
 from aogpt.trainer.failsafe import EXIT_FAILED
@@ -27,7 +27,9 @@ LOG_EVERY, MAX_STEPS = 3, 7  # steps 1, 3 and 6 read the device; 2, 4, 5 must no
 BOUNDARIES = {1, 3, 6, 7}
 BAD_GRADIENT_STEP = 5  # its gradient is NaN, its loss finite: the run stops at step 6
 RUN = [  # 2 ranks x 2 sequences of 64 x 2 accumulation steps: every micro-step path is taken
-    "model.block_size=64", "train.micro_batch_size=2", "train.tokens_per_step=512",
+    # (of the synthetic language, conftest.synthetic_data: waits do not depend on the data)
+    "model.block_size=64", f"model.vocab_size={SYNTHETIC_VOCAB}", "train.micro_batch_size=2",
+    "train.tokens_per_step=512",
     f"train.log_every={LOG_EVERY}", f"train.max_steps={MAX_STEPS}", "eval.every=0",
     "checkpoint.every=100", "data.num_workers=1", "optim.warmup_steps=2",
     # the spike rule watches every step too (it judges them at the boundaries)
@@ -89,13 +91,13 @@ def test_the_recording_sees_the_waits_only_a_cuda_device_has():
     ("zero2", "fp32"),
     ("zero2", "bf16"),  # ZeRO-2's bf16 path (its overflow check)
 ], ids=lambda value: value)
-def test_between_log_boundaries_no_step_waits_for_the_device(ds_config, precision, text_data,
-                                                             tmp_path):
-    assert waits_between_boundaries(ds_config, precision, text_data, tmp_path) == []
+def test_between_log_boundaries_no_step_waits_for_the_device(ds_config, precision,
+                                                             synthetic_data, tmp_path):
+    assert waits_between_boundaries(ds_config, precision, synthetic_data, tmp_path) == []
 
 
 @pytest.mark.slow
-def test_zero3_waits_only_inside_deepspeeds_parameter_partitioning(text_data, tmp_path):
-    waits = waits_between_boundaries("zero3", "fp32", text_data, tmp_path)
+def test_zero3_waits_only_inside_deepspeeds_parameter_partitioning(synthetic_data, tmp_path):
+    waits = waits_between_boundaries("zero3", "fp32", synthetic_data, tmp_path)
     assert waits, "ZeRO-3 waits for its streams: if it no longer does, update docs/performance.md"
     assert [w for w in waits if not ZERO3_MACHINERY.match(w["where"])] == []

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import yaml
 from conftest import run_cli
-from trainer_testing import REPO, logged_command, train_logged
+from trainer_testing import REPO, SYNTHETIC_MODEL, logged_command, train_logged
 
 from aogpt.data_prep.manifest import read_manifest
 from aogpt.trainer.metrics import read_metrics
@@ -73,14 +73,18 @@ def test_the_run_ends_with_a_summary(logged):
 
 
 @pytest.mark.slow
-def test_a_relaunch_with_other_settings_keeps_the_config_and_records_the_change(text_data,
+def test_a_relaunch_with_other_settings_keeps_the_config_and_records_the_change(synthetic_data,
                                                                                 tmp_path):
     """Resumed at step 3 with twice the tokens per step: tokens are counted at the rate of each
     step, config.yaml stays as the run began, config_changes.jsonl says what changed when."""
     out = tmp_path / "run"
-    train_logged(text_data, out, "train.max_steps=3")
+
+    def train(*overrides: str) -> str:
+        return train_logged(synthetic_data, out, SYNTHETIC_MODEL, *overrides)
+
+    train("train.max_steps=3")
     began = (out / "config.yaml").read_text()
-    output = train_logged(text_data, out, "train.max_steps=5", "train.tokens_per_step=1024")
+    output = train("train.max_steps=5", "train.tokens_per_step=1024")
     assert (out / "config.yaml").read_text() == began
     assert ("config changed since the run began: train.max_steps 3 -> 5, train.tokens_per_step "
             f"512 -> 1024 (recorded in {out / 'config_changes.jsonl'})") in output
@@ -92,20 +96,20 @@ def test_a_relaunch_with_other_settings_keeps_the_config_and_records_the_change(
               if "tokens_seen" in r}
     assert tokens[2] == 1024 and tokens[4] == 3 * 512 + 1024 and tokens[5] == 3 * 512 + 2 * 1024
     assert "done: 5 steps, 3,584 tokens" in output
-    train_logged(text_data, out, "train.max_steps=5", "train.tokens_per_step=1024")  # nothing new
+    train("train.max_steps=5", "train.tokens_per_step=1024")  # nothing new
     assert len((out / "config_changes.jsonl").read_text().splitlines()) == 1
 
 
 @pytest.mark.slow
-def test_a_rerun_after_an_attempt_without_checkpoint_sets_its_files_aside(text_data,
+def test_a_rerun_after_an_attempt_without_checkpoint_sets_its_files_aside(synthetic_data,
                                                                                tmp_path):
     out = tmp_path / "run"
-    proc = start(text_data, out, tmp_path / "killed.log", "checkpoint.every=100",
-                 "train.max_steps=100", records=2)
+    proc = start(synthetic_data, out, tmp_path / "killed.log", SYNTHETIC_MODEL,
+                 "checkpoint.every=100", "train.max_steps=100", records=2)
     proc.send_signal(signal.SIGKILL)
     proc.wait()
     killed = read_metrics(out / "metrics.jsonl")
-    output = train_logged(text_data, out, "train.max_steps=4")
+    output = train_logged(synthetic_data, out, SYNTHETIC_MODEL, "train.max_steps=4")
     (aside,) = (out / "previous").iterdir()
     assert ("starting from step 0 (it holds no checkpoint): the earlier run's files are set aside "
             f"in {aside}/ (config.yaml, metrics.jsonl)") in output
@@ -115,15 +119,17 @@ def test_a_rerun_after_an_attempt_without_checkpoint_sets_its_files_aside(text_d
 
 
 @pytest.mark.slow
-def test_a_second_training_into_a_live_out_dir_is_refused_and_the_first_goes_on(text_data,
+def test_a_second_training_into_a_live_out_dir_is_refused_and_the_first_goes_on(synthetic_data,
                                                                               tmp_path):
     out = tmp_path / "run"
-    first = start(text_data, out, tmp_path / "first.log", "train.max_steps=8", records=1)
+    first = start(synthetic_data, out, tmp_path / "first.log", SYNTHETIC_MODEL,
+                  "train.max_steps=8", records=1)
     # paused (as by Ctrl-Z) while the second starts: on a loaded machine the first finished its 8
     # steps before the second, still importing, reached the lock
     first.send_signal(signal.SIGSTOP)
     try:
-        second = subprocess.run(logged_command(text_data, out, "train.max_steps=8"), cwd=REPO,
+        second = subprocess.run(logged_command(synthetic_data, out, SYNTHETIC_MODEL,
+                                               "train.max_steps=8"), cwd=REPO,
                                 capture_output=True, text=True, timeout=120)
     finally:
         first.send_signal(signal.SIGCONT)

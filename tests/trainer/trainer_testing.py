@@ -1,5 +1,5 @@
-"""Helpers for the trainer tests: real-text MDS data made by owt_to_mds.py, 2-process launches
-(each on a fresh free port)."""
+"""Helpers for the trainer tests: real-text MDS data made by owt_to_mds.py, the synthetic
+language's made by synthetic_to_mds.py, 2-process launches (each on a fresh free port)."""
 
 from __future__ import annotations
 
@@ -35,6 +35,11 @@ TINY_RUN = [
     "checkpoint.every=4", "checkpoint.keep_last=2", "ema.decay=0.99",
 ]
 
+
+# The tiny run on the synthetic language (conftest.synthetic_data): its vocabulary, not GPT-2's
+SYNTHETIC_VOCAB = 128
+SYNTHETIC_MODEL = f"model.vocab_size={SYNTHETIC_VOCAB}"
+SYNTHETIC_RUN = [*TINY_RUN, SYNTHETIC_MODEL]
 
 # The reference run's length: its first 12 steps are also every shorter run's of the same
 # settings (the schedule depends on optim.decay_steps, not on train.max_steps)
@@ -72,6 +77,17 @@ def build_data(out: Path | str, documents: list[str], val_fraction: float = 0.05
     return out
 
 
+def build_synthetic(out: Path) -> Path:
+    """A data folder of the synthetic language made by the real data_prep/synthetic_to_mds.py:
+    as many training sequences of SEQ_LEN as real_documents() make (WikiText-2's), 200 held out."""
+    result = subprocess.run(
+        [sys.executable, str(REPO / "data_prep" / "synthetic_to_mds.py"), "--out", str(out),
+         "--seq-len", str(SEQ_LEN), "--vocab", str(SYNTHETIC_VOCAB), "--train-samples", "3780",
+         "--val-samples", "200"], capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr
+    return out
+
+
 def logged_command(data, out, *overrides: str) -> list[str]:
     """trainer/main.py in one process (LOGGED_RUN), as a user types it."""
     return [sys.executable, MAIN, "--ds_config", "ds_configs/cpu.json", "--config",
@@ -91,10 +107,11 @@ def train_logged(data, out: Path, *overrides: str) -> str:
 
 
 def reference_args(data, out_dir, ds_config="ds_configs/cpu.json", *overrides: str) -> list[str]:
-    """trainer/main.py's arguments for the reference's settings (TINY_RUN, ZeRO-1 fp32 by
-    default, REFERENCE_STEPS steps)."""
+    """trainer/main.py's arguments for the reference's settings (SYNTHETIC_RUN: data is the
+    synthetic language; ZeRO-1 fp32 by default, REFERENCE_STEPS steps)."""
     return ["--ds_config", str(ds_config), "--config", "configs/tiny.yaml", f"data.path={data}",
-            f"out_dir={out_dir}", *TINY_RUN, f"train.max_steps={REFERENCE_STEPS}", *overrides]
+            f"out_dir={out_dir}", *SYNTHETIC_RUN, f"train.max_steps={REFERENCE_STEPS}",
+            *overrides]
 
 
 def train_reference(data, out_dir: Path) -> str:
