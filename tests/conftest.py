@@ -102,15 +102,16 @@ def synthetic_data(tmp_path_factory) -> Path:
 
 
 @pytest.fixture(scope="session")
-def finished_run(text_data, tmp_path_factory) -> tuple[Path, str]:
+def finished_run(synthetic_data, tmp_path_factory) -> tuple[Path, str]:
     """One finished training (trainer_testing.train_logged: one process, 6 steps of the tiny
-    model, a validation and a checkpoint every 3) for the tests that read a run folder or its log:
+    model on synthetic_data, a validation and a checkpoint every 3) for the tests that read a run
+    folder or its log:
     (out_dir, the log's text), once per test run. None writes into it; a test that needs to
     copies it."""
     from trainer_testing import train_logged  # tests/trainer/, whose modules ask
 
     folder, log = built_once(tmp_path_factory, "runs", lambda folder: train_logged(
-        text_data, folder / "finished", "train.max_steps=6"))
+        synthetic_data, folder / "finished", "train.max_steps=6"))
     return folder / "finished", log
 
 

@@ -16,7 +16,7 @@ import psutil
 import pytest
 import torch
 from device_testing import META, DeviceCrossings
-from trainer_testing import MAIN, REPO, TINY_RUN, Launcher, losses
+from trainer_testing import MAIN, REPO, SYNTHETIC_RUN, SYNTHETIC_VOCAB, TINY_RUN, Launcher, losses
 
 from aogpt import RunFailure
 from aogpt.data_prep.manifest import read_manifest
@@ -377,12 +377,13 @@ def test_sigterm_ends_a_run_that_no_step_can_answer_within_the_grace(text_data, 
 
 
 @pytest.mark.slow
-def test_a_hung_rank_fails_the_others_collectives_within_the_timeout(text_data, tmp_path):
+def test_a_hung_rank_fails_the_others_collectives_within_the_timeout(synthetic_data, tmp_path):
     """Two ranks started as srun starts them (no launcher); rank 1 stops for good mid-run. Rank 0
-    waits in a collective for train.collective_timeout_s, then ends with one line."""
+    waits in a collective for train.collective_timeout_s, then ends with one line. (The synthetic
+    language's model: no step's arithmetic matters here.)"""
     out, port = tmp_path / "run", free_port()
-    command = train_command(text_data, out, "train.tokens_per_step=1024",
-                            "train.collective_timeout_s=20")
+    command = train_command(synthetic_data, out, f"model.vocab_size={SYNTHETIC_VOCAB}",
+                            "train.tokens_per_step=1024", "train.collective_timeout_s=20")
     ranks = []
     for rank in (0, 1):
         env = {**os.environ, "RANK": str(rank), "LOCAL_RANK": str(rank), "WORLD_SIZE": "2",
@@ -409,12 +410,14 @@ def test_a_hung_rank_fails_the_others_collectives_within_the_timeout(text_data, 
 
 
 @pytest.mark.slow
-def test_a_shard_truncated_under_the_deepspeed_launcher_ends_every_rank(data, tmp_path):
+def test_a_shard_truncated_under_the_deepspeed_launcher_ends_every_rank(synthetic_data, tmp_path):
     """`deepspeed --num_gpus 2`: the rank that meets the damaged shard says so and exits, the
-    launcher ends the other, and nothing of the job is left."""
+    launcher ends the other, and nothing of the job is left. (A copy of the synthetic language's
+    data: its model's steps cost a fifth of GPT-2 text's.)"""
+    data = shutil.copytree(synthetic_data, tmp_path / "data")
     out, launcher = tmp_path / "run", Launcher()
     args = ["--ds_config", "ds_configs/cpu.json", "--config", "configs/tiny.yaml",
-            f"data.path={data}", f"out_dir={out}", *TINY_RUN, "eval.every=0",
+            f"data.path={data}", f"out_dir={out}", *SYNTHETIC_RUN, "eval.every=0",
             "checkpoint.every=100", "train.max_steps=1000"]
     run = Run(launcher.command("deepspeed", args), tmp_path / "run.log", launcher.environment())
     run.wait_for_step(out)

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import yaml
 from conftest import run_cli
-from trainer_testing import REPO, SYNTHETIC_MODEL, logged_command, train_logged
+from trainer_testing import REPO, logged_command, train_logged
 
 from aogpt.data_prep.manifest import read_manifest
 from aogpt.trainer.metrics import read_metrics
@@ -52,10 +52,10 @@ def test_a_log_file_holds_plain_lines_and_no_progress_bar(logged):
                                 line) for line in lines), number
 
 
-def test_the_start_says_the_data_size_and_how_many_epochs_the_run_makes(logged, text_data):
+def test_the_start_says_the_data_size_and_how_many_epochs_the_run_makes(logged, synthetic_data):
     _, output = logged
-    samples = read_manifest(text_data)["splits"]["train"]["samples"]
-    assert (f"data: {samples:,} training samples of 64 tokens in {text_data} | 6 steps x 8 "
+    samples = read_manifest(synthetic_data)["splits"]["train"]["samples"]
+    assert (f"data: {samples:,} training samples of 64 tokens in {synthetic_data} | 6 steps x 8 "
             f"sequences = 48 samples, {48 / samples:,.2f} epochs") in output.splitlines()
 
 
@@ -80,7 +80,7 @@ def test_a_relaunch_with_other_settings_keeps_the_config_and_records_the_change(
     out = tmp_path / "run"
 
     def train(*overrides: str) -> str:
-        return train_logged(synthetic_data, out, SYNTHETIC_MODEL, *overrides)
+        return train_logged(synthetic_data, out, *overrides)
 
     train("train.max_steps=3")
     began = (out / "config.yaml").read_text()
@@ -104,12 +104,12 @@ def test_a_relaunch_with_other_settings_keeps_the_config_and_records_the_change(
 def test_a_rerun_after_an_attempt_without_checkpoint_sets_its_files_aside(synthetic_data,
                                                                                tmp_path):
     out = tmp_path / "run"
-    proc = start(synthetic_data, out, tmp_path / "killed.log", SYNTHETIC_MODEL,
-                 "checkpoint.every=100", "train.max_steps=100", records=2)
+    proc = start(synthetic_data, out, tmp_path / "killed.log", "checkpoint.every=100",
+                 "train.max_steps=100", records=2)
     proc.send_signal(signal.SIGKILL)
     proc.wait()
     killed = read_metrics(out / "metrics.jsonl")
-    output = train_logged(synthetic_data, out, SYNTHETIC_MODEL, "train.max_steps=4")
+    output = train_logged(synthetic_data, out, "train.max_steps=4")
     (aside,) = (out / "previous").iterdir()
     assert ("starting from step 0 (it holds no checkpoint): the earlier run's files are set aside "
             f"in {aside}/ (config.yaml, metrics.jsonl)") in output
@@ -122,14 +122,12 @@ def test_a_rerun_after_an_attempt_without_checkpoint_sets_its_files_aside(synthe
 def test_a_second_training_into_a_live_out_dir_is_refused_and_the_first_goes_on(synthetic_data,
                                                                               tmp_path):
     out = tmp_path / "run"
-    first = start(synthetic_data, out, tmp_path / "first.log", SYNTHETIC_MODEL,
-                  "train.max_steps=8", records=1)
+    first = start(synthetic_data, out, tmp_path / "first.log", "train.max_steps=8", records=1)
     # paused (as by Ctrl-Z) while the second starts: on a loaded machine the first finished its 8
     # steps before the second, still importing, reached the lock
     first.send_signal(signal.SIGSTOP)
     try:
-        second = subprocess.run(logged_command(synthetic_data, out, SYNTHETIC_MODEL,
-                                               "train.max_steps=8"), cwd=REPO,
+        second = subprocess.run(logged_command(synthetic_data, out, "train.max_steps=8"), cwd=REPO,
                                 capture_output=True, text=True, timeout=120)
     finally:
         first.send_signal(signal.SIGCONT)
@@ -178,12 +176,12 @@ FORCED = {  # an output flag given --force, pointed at a file of a run, a datase
 
 
 @pytest.mark.parametrize("case", FORCED)
-def test_force_replaces_only_what_the_same_command_wrote(case, logged, text_data, tmp_path):
+def test_force_replaces_only_what_the_same_command_wrote(case, logged, synthetic_data, tmp_path):
     out, _ = logged
     corpus = tmp_path / "corpus.jsonl"
     corpus.write_text('{"text": "a document of my corpus"}\n')
     argv, what, own = FORCED[case]
-    places = {"run": out, "data": text_data, "corpus": corpus}
+    places = {"run": out, "data": synthetic_data, "corpus": corpus}
     argv = [arg.format(**places) for arg in argv]
     target = Path(argv[-1])
     before = target.read_bytes()
@@ -213,10 +211,10 @@ def finished_without_checkpoints(logged, tmp_path):
 
 
 def test_a_finished_run_is_never_replaced_by_a_fresh_start(finished_without_checkpoints,
-                                                           text_data):
+                                                           synthetic_data):
     out = finished_without_checkpoints
     before = {path: path.read_bytes() for path in out.rglob("*") if path.is_file()}
-    result = subprocess.run(logged_command(text_data, out, "train.max_steps=6"), cwd=REPO,
+    result = subprocess.run(logged_command(synthetic_data, out, "train.max_steps=6"), cwd=REPO,
                             capture_output=True, text=True, timeout=300)
     assert one_line_refusal(result) == (
         f"out_dir {out} holds a finished run ({out / 'final'}/), and no checkpoint to resume "
@@ -227,10 +225,10 @@ def test_a_finished_run_is_never_replaced_by_a_fresh_start(finished_without_chec
 
 @pytest.mark.slow
 def test_start_over_sets_the_finished_run_aside_and_trains_from_step_0(
-        finished_without_checkpoints, text_data):
+        finished_without_checkpoints, synthetic_data):
     out = finished_without_checkpoints
     before = {path.relative_to(out): path.read_bytes() for path in out.rglob("*") if path.is_file()}
-    output = train_logged(text_data, out, "train.max_steps=2", "--start-over")
+    output = train_logged(synthetic_data, out, "train.max_steps=2", "--start-over")
     (aside,) = (out / "previous").iterdir()
     assert ("starting from step 0 (as asked): the earlier run's files are set aside in "
             f"{aside}/ (config.yaml, metrics.jsonl, final/)") in output
@@ -240,15 +238,15 @@ def test_start_over_sets_the_finished_run_aside_and_trains_from_step_0(
 
 
 @pytest.mark.parametrize("case", ["a dataset", "a folder of other files"])
-def test_an_out_dir_that_holds_a_dataset_or_other_files_is_refused(case, text_data, tmp_path):
+def test_an_out_dir_that_holds_a_dataset_or_other_files_is_refused(case, synthetic_data, tmp_path):
     if case == "a dataset":
-        out, what = text_data, "a dataset (data_prep's)"
+        out, what = synthetic_data, "a dataset (data_prep's)"
     else:
         out, what = tmp_path / "notes", "a file the trainer did not write (todo.txt)"
         out.mkdir()
         (out / "todo.txt").write_text("my notes")
     before = sorted(out.rglob("*"))
-    result = subprocess.run(logged_command(text_data, out), cwd=REPO, capture_output=True,
+    result = subprocess.run(logged_command(synthetic_data, out), cwd=REPO, capture_output=True,
                             text=True, timeout=300)
     assert one_line_refusal(result) == (
         f"out_dir {out} holds {what}: a training writes into a new or empty folder, or its own "

@@ -38,16 +38,16 @@ TINY_RUN = [
 
 # The tiny run on the synthetic language (conftest.synthetic_data): its vocabulary, not GPT-2's
 SYNTHETIC_VOCAB = 128
-SYNTHETIC_MODEL = f"model.vocab_size={SYNTHETIC_VOCAB}"
-SYNTHETIC_RUN = [*TINY_RUN, SYNTHETIC_MODEL]
+SYNTHETIC_RUN = [*TINY_RUN, f"model.vocab_size={SYNTHETIC_VOCAB}"]
 
 # The reference run's length: its first 12 steps are also every shorter run's of the same
 # settings (the schedule depends on optim.decay_steps, not on train.max_steps)
 REFERENCE_STEPS = 18
 
 
-# one process, one micro-batch of 8 x 64 tokens per step, a validation and a checkpoint every 3
-LOGGED_RUN = [*TINY_RUN, "train.tokens_per_step=512", "eval.every=3", "train.log_every=2",
+# one process, one micro-batch of 8 x 64 tokens per step, a validation and a checkpoint every 3;
+# the synthetic language's model (conftest.synthetic_data is the data)
+LOGGED_RUN = [*SYNTHETIC_RUN, "train.tokens_per_step=512", "eval.every=3", "train.log_every=2",
               "checkpoint.every=3"]
 
 
@@ -89,7 +89,8 @@ def build_synthetic(out: Path) -> Path:
 
 
 def logged_command(data, out, *overrides: str) -> list[str]:
-    """trainer/main.py in one process (LOGGED_RUN), as a user types it."""
+    """trainer/main.py in one process (LOGGED_RUN: data is the synthetic language), as a user
+    types it."""
     return [sys.executable, MAIN, "--ds_config", "ds_configs/cpu.json", "--config",
             "configs/tiny.yaml", f"data.path={data}", f"out_dir={out}", *LOGGED_RUN, *overrides]
 
