@@ -413,7 +413,7 @@ def test_a_hung_rank_fails_the_others_collectives_within_the_timeout(synthetic_d
 def test_a_shard_truncated_under_the_deepspeed_launcher_ends_every_rank(synthetic_data, tmp_path):
     """`deepspeed --num_gpus 2`: the rank that meets the damaged shard says so and exits, the
     launcher ends the other, and nothing of the job is left. (A copy of the synthetic language's
-    data: its model's steps cost a fifth of GPT-2 text's.)"""
+    data: its model's steps cost a sixth of GPT-2 text's.)"""
     data = shutil.copytree(synthetic_data, tmp_path / "data")
     out, launcher = tmp_path / "run", Launcher()
     args = ["--ds_config", "ds_configs/cpu.json", "--config", "configs/tiny.yaml",

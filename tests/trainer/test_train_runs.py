@@ -1,12 +1,12 @@
 """Whole training runs on 2 processes (real DeepSpeed on gloo, real streaming, real MDS shards),
 launched the way users launch them: `deepspeed --num_gpus 2 trainer/main.py ...` and torchrun. They
-train on the synthetic language (conftest.synthetic_data): what they check is how a run runs, and
-its head of 128 ids makes each launch a fifth of one on GPT-2 text (the demo, the README and
-conftest.finished_run train on real text).
+train on the synthetic language (conftest.synthetic_data): what they check is how a run runs, and a
+head of its 128 ids instead of GPT-2's 50,257 leaves a step a sixth of the arithmetic (the demo and
+the README train on real text).
 
 One uninterrupted reference run (the session's, conftest.reference_run, which the S3 tests share)
 is compared with: ZeRO-2 and ZeRO-3 runs (same first steps), and a run stopped by SIGTERM and re-run
-(the same run, step for step). Each launch costs ~20-40 s on 2 cores, so assertions share runs.
+(the same run, step for step). Each launch costs ~15-20 s on 2 cores, so assertions share runs.
 """
 
 import contextlib
