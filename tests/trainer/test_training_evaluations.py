@@ -44,7 +44,7 @@ def run(text_data, tmp_path_factory):
     args = ["--ds_config", "ds_configs/cpu.json", "--config", "configs/tiny.yaml",
             f"data.path={text_data}", f"out_dir={out}", *TINY_RUN, f"train.max_steps={STEPS}",
             "train.tokens_per_step=512", "eval.every=2", "checkpoint.every=2",
-            f"eval.sets=[{','.join(map(str, sets))}]", f"eval.max_tokens={20 * SEQ_LEN}",
+            f"eval.sets=[{','.join(map(str, sets))}]", f"eval.max_tokens={10 * SEQ_LEN}",
             "eval.raw_weights=true", "eval.sample_every=2", "eval.sample_count=2",
             "eval.sample_steps=8", f"eval.judge={tiny_gpt2(root / 'judge')}"]
     done = subprocess.run([sys.executable, MAIN, *args], cwd=REPO, capture_output=True, text=True,
@@ -57,7 +57,7 @@ def evaluate(run_main, checkpoint, sets, weights, json_out) -> dict:
     code, _, err = run_main(
         evaluate_py.main, "--ckpt", checkpoint, *[a for s in sets for a in ("--data", s)],
         "--num-orders", "2", "--seed", EVAL_ORDER_SEED, "--weights", weights, "--precision",
-        "fp32", "--max-samples", "20", "--json", json_out)
+        "fp32", "--max-samples", "10", "--json", json_out)
     assert code == 0, err[-3000:]
     return {result["data"]: result for result in json.loads(json_out.read_text())["results"]}
 
