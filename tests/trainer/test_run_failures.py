@@ -16,7 +16,7 @@ import psutil
 import pytest
 import torch
 from device_testing import META, DeviceCrossings
-from trainer_testing import MAIN, REPO, SYNTHETIC_RUN, SYNTHETIC_VOCAB, TINY_RUN, Launcher, losses
+from trainer_testing import MAIN, REPO, SYNTHETIC_MODEL, SYNTHETIC_RUN, TINY_RUN, Launcher, losses
 
 from aogpt import RunFailure
 from aogpt.data_prep.manifest import read_manifest
@@ -382,8 +382,8 @@ def test_a_hung_rank_fails_the_others_collectives_within_the_timeout(synthetic_d
     waits in a collective for train.collective_timeout_s, then ends with one line. (The synthetic
     language's model: no step's arithmetic matters here.)"""
     out, port = tmp_path / "run", free_port()
-    command = train_command(synthetic_data, out, f"model.vocab_size={SYNTHETIC_VOCAB}",
-                            "train.tokens_per_step=1024", "train.collective_timeout_s=20")
+    command = train_command(synthetic_data, out, SYNTHETIC_MODEL, "train.tokens_per_step=1024",
+                            "train.collective_timeout_s=20")
     ranks = []
     for rank in (0, 1):
         env = {**os.environ, "RANK": str(rank), "LOCAL_RANK": str(rank), "WORLD_SIZE": "2",

@@ -26,12 +26,10 @@ import psutil
 import pytest
 import torch
 from trainer_testing import (
-    BIN,
     MAIN,
     REFERENCE_STEPS,
     REPO,
     SYNTHETIC_VOCAB,
-    Launcher,
     losses,
     reference_args,
 )
@@ -41,7 +39,6 @@ from aogpt.model import load_checkpoint
 from aogpt.model.checkpoint import read_consolidated
 from aogpt.model.run_folder import RunFolder
 from aogpt.trainer.config import load_config
-from aogpt.trainer.dist_env import free_port
 from aogpt.trainer.failsafe import EXIT_PREEMPTED
 from aogpt.trainer.main import main
 from aogpt.trainer.metrics import read_metrics
@@ -240,7 +237,7 @@ def test_signals_and_kill_9_at_any_moment_cost_no_step_and_the_run_stays_the_sam
 
 
 def test_a_relaunch_of_a_finished_run_leaves_no_rank_while_another_loads_its_data_position(
-        reference, synthetic_data, tmp_path):
+        reference, launcher, synthetic_data, tmp_path):
     """The finished reference relaunched (nothing to do but publish final/), with rank 1 slow to
     load the loader's position: no rank goes on before every rank has loaded it. A rank that went
     on would exit at once and unlink streaming's shared block of that position while the other
@@ -249,11 +246,11 @@ def test_a_relaunch_of_a_finished_run_leaves_no_rank_while_another_loads_its_dat
     out_ref, _ = reference
     out = shutil.copytree(out_ref, tmp_path / "finished")
     moments = tmp_path / "moments"
-    command = [str(BIN / "deepspeed"), "--num_gpus", "2", "--master_port", str(free_port()),
-               str(REPO / "tests" / "trainer" / "run_with_a_slow_rank_1_load.py"),
-               "--moments", str(moments), *reference_args(synthetic_data, out)]
+    command = launcher.command(
+        "deepspeed", ["--moments", str(moments), *reference_args(synthetic_data, out)],
+        script=REPO / "tests" / "trainer" / "run_with_a_slow_rank_1_load.py")
     result = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=600,
-                            env=Launcher.environment())
+                            env=launcher.environment())
     assert_ok(result)
     assert f"already at step {STEPS} >= train.max_steps={STEPS}" in result.stdout
     ranks = [json.loads(Path(f"{moments}.rank{rank}.json").read_text()) for rank in (0, 1)]

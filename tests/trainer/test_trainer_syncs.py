@@ -18,9 +18,8 @@ import subprocess
 import pytest
 import torch
 from device_syncs import SyncLog, _Reads
-from trainer_testing import BIN, REPO, SYNTHETIC_VOCAB
+from trainer_testing import REPO, SYNTHETIC_MODEL, Launcher
 
-from aogpt.trainer.dist_env import free_port
 from aogpt.trainer.failsafe import EXIT_FAILED
 
 LOG_EVERY, MAX_STEPS = 3, 7  # steps 1, 3 and 6 read the device; 2, 4, 5 must not
@@ -28,8 +27,7 @@ BOUNDARIES = {1, 3, 6, 7}
 BAD_GRADIENT_STEP = 5  # its gradient is NaN, its loss finite: the run stops at step 6
 RUN = [  # 2 ranks x 2 sequences of 64 x 2 accumulation steps: every micro-step path is taken
     # (of the synthetic language, conftest.synthetic_data: waits do not depend on the data)
-    "model.block_size=64", f"model.vocab_size={SYNTHETIC_VOCAB}", "train.micro_batch_size=2",
-    "train.tokens_per_step=512",
+    "model.block_size=64", SYNTHETIC_MODEL, "train.micro_batch_size=2", "train.tokens_per_step=512",
     f"train.log_every={LOG_EVERY}", f"train.max_steps={MAX_STEPS}", "eval.every=0",
     "checkpoint.every=100", "data.num_workers=1", "optim.warmup_steps=2",
     # the spike rule watches every step too (it judges them at the boundaries)
@@ -47,14 +45,13 @@ ZERO3_MACHINERY = re.compile(r"^(partition_parameters|partitioned_param_coordina
 def waits_between_boundaries(ds_config: str, precision: str, data, tmp_path) -> list[dict]:
     """Runs 2 ranks with the deepspeed launcher; the waits outside boundaries, over both ranks
     (after checking that the recording saw the boundaries' own reads)."""
-    port = free_port()
     log = tmp_path / "syncs"
-    command = [str(BIN / "deepspeed"), "--num_gpus", "2", "--master_port", str(port),
-               str(REPO / "tests" / "trainer" / "run_counting_syncs.py"), "--sync-log", str(log),
-               "--bad-gradient-step", str(BAD_GRADIENT_STEP),
-               "--ds_config", f"ds_configs/{ds_config}.json", "--config", "configs/tiny.yaml",
-               f"data.path={data}", f"out_dir={tmp_path / 'run'}",
-               f"train.precision={precision}", *RUN]
+    command = Launcher().command(
+        "deepspeed", ["--sync-log", str(log), "--bad-gradient-step", str(BAD_GRADIENT_STEP),
+                      "--ds_config", f"ds_configs/{ds_config}.json", "--config",
+                      "configs/tiny.yaml", f"data.path={data}", f"out_dir={tmp_path / 'run'}",
+                      f"train.precision={precision}", *RUN],
+        script=REPO / "tests" / "trainer" / "run_counting_syncs.py")
     done = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=600)
     output = done.stdout + done.stderr
     assert done.returncode == EXIT_FAILED, output[-3000:]

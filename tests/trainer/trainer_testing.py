@@ -38,7 +38,8 @@ TINY_RUN = [
 
 # The tiny run on the synthetic language (conftest.synthetic_data): its vocabulary, not GPT-2's
 SYNTHETIC_VOCAB = 128
-SYNTHETIC_RUN = [*TINY_RUN, f"model.vocab_size={SYNTHETIC_VOCAB}"]
+SYNTHETIC_MODEL = f"model.vocab_size={SYNTHETIC_VOCAB}"
+SYNTHETIC_RUN = [*TINY_RUN, SYNTHETIC_MODEL]
 
 # The reference run's length: its first 12 steps are also every shorter run's of the same
 # settings (the schedule depends on optim.decay_steps, not on train.max_steps)
@@ -160,14 +161,16 @@ class Launcher:
     def environment(**extra: str) -> dict[str, str]:
         return {**os.environ, "OMP_NUM_THREADS": "1", **extra}
 
-    def command(self, launcher: str, args: list[str]) -> list[str]:
+    def command(self, launcher: str, args: list[str], script: str | Path = MAIN) -> list[str]:
+        """`launcher` (deepspeed or torchrun) starting `script` (trainer/main.py, or a test's
+        wrapper of it) on 2 processes with these arguments, on a fresh port."""
         port = free_port()
         self.ports.append(port)
         if launcher == "deepspeed":
             return [str(BIN / "deepspeed"), "--num_gpus", "2", "--master_port", str(port),
-                    MAIN, *args]
+                    str(script), *args]
         return [str(BIN / "torchrun"), "--nproc_per_node", "2", "--master_port", str(port),
-                MAIN, *args]
+                str(script), *args]
 
     def run(self, launcher: str, args: list[str],
             timeout: float = 300) -> subprocess.CompletedProcess:
