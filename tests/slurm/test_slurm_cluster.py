@@ -26,6 +26,9 @@ from slurm_testing import (
 from aogpt.data_prep.manifest import read_manifest
 from aogpt.model import load_checkpoint
 
+sys.path.insert(0, str(REPO / "tests" / "trainer"))  # the trainer tests' synthetic language
+from trainer_testing import SEQ_LEN, SYNTHETIC_MODEL  # noqa: E402
+
 pytestmark = pytest.mark.slow
 
 TINY = {"AOGPT_CONFIG": "configs/tiny.yaml"}
@@ -126,13 +129,17 @@ def test_train_small_runs_on_two_nodes_and_writes_metrics_and_checkpoints(two_no
 
 
 def test_time_limit_warning_checkpoints_requeues_and_resumes(
-        cluster: Cluster, data_dir: Path, tmp_path: Path):
-    out, max_steps = tmp_path / "run", 14
+        cluster: Cluster, synthetic_data: Path, tmp_path: Path):
     # One node, two processes; no periodic checkpoint, so the only one mid-run is the signal's.
+    # It trains on the synthetic language (conftest.synthetic_data): what is asserted is how the
+    # job stops and comes back, and GPT-2's head was most of each step's arithmetic. Its steps
+    # take ~0.15 s here: the signal, sent after step 3, must land well before the last step.
+    out, max_steps = tmp_path / "run", 50
     job = cluster.sbatch(
         "slurm/train_small.sh", tmp_path / "train.out", "--nodes=1", "--gpus-per-node=0", **TINY,
-        AOGPT_PROCS_PER_NODE="2", AOGPT_DATA=str(data_dir), AOGPT_OUT_DIR=str(out),
-        AOGPT_OVERRIDES=f"train.max_steps={max_steps} train.log_every=1 checkpoint.every=1000 "
+        AOGPT_PROCS_PER_NODE="2", AOGPT_DATA=str(synthetic_data), AOGPT_OUT_DIR=str(out),
+        AOGPT_OVERRIDES=f"model.block_size={SEQ_LEN} {SYNTHETIC_MODEL} "
+                        f"train.max_steps={max_steps} train.log_every=1 checkpoint.every=1000 "
                         "eval.every=0",
     )
     deadline = time.monotonic() + 300  # a cold DeepSpeed op build
