@@ -110,6 +110,13 @@ def describe_dataset_file(path: str | Path) -> str | None:
     return f"{'the manifest' if path == folder / FILENAME else 'a file'} of dataset {folder}"
 
 
+def rebuild_command(location: str, manifest: dict) -> str:
+    """The command that rebuilds a damaged dataset: the data_prep tool its manifest names
+    (owt_to_mds, eval_to_mds, synthetic_to_mds, sudoku_to_mds), into the same location."""
+    tool = (manifest.get("settings") or {}).get("tool", "owt_to_mds")
+    return f"`python data_prep/{tool}.py --out {location} --overwrite`"
+
+
 def split_path(data_dir: str | Path, split: str) -> Path:
     """The folder holding `split`'s index.json (DIR/train, DIR/val, or DIR for an eval set)."""
     splits = read_manifest(data_dir)["splits"]

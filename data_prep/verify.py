@@ -24,7 +24,7 @@ from pathlib import Path
 
 from aogpt import cli_entry
 from aogpt.data_prep import mds, remote
-from aogpt.data_prep.manifest import read_manifest
+from aogpt.data_prep.manifest import read_manifest, rebuild_command
 from aogpt.progress import progress
 
 PROGRESS_FROM_BYTES = 512 << 20  # smaller splits are checked in moments: no progress bar
@@ -43,9 +43,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 
 def how_to_fix(folder: str, manifest: dict) -> str:
-    tool = (manifest.get("settings") or {}).get("tool", "owt_to_mds")
     return (f"re-copy it from where the dataset was built, or rebuild the dataset with "
-            f"`python data_prep/{tool}.py --out {folder} --overwrite` and its original arguments")
+            f"{rebuild_command(folder, manifest)} and its original arguments")
 
 
 def check_split(split_dir: Path, split: dict, contents: bool, name: str,

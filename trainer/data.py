@@ -10,12 +10,12 @@
     validation_loader(cfg, manifests, dist_env, device)
                                          the `val` split, unshuffled, never the training stream
 
-A data location is a folder made by data_prep/owt_to_mds.py or a remote URL (s3://, gs://, ...)
-of one. Remote shards are copied to a cache on each node, data.local_cache (default
-out_dir/data_cache); with data.local_cache set, a local folder is treated the same way, which
-keeps a shared filesystem out of the read path (many ranks reading small random pieces of
-the same files is what shared filesystems do worst). Several datasets are mixed
-through data.streams with their proportions.
+A data location is a folder made by a data_prep tool (owt_to_mds.py for text) or a remote URL
+(s3://, gs://, ...) of one. Remote shards are copied to a cache on each node, data.local_cache
+(default out_dir/data_cache); with data.local_cache set, a local folder is treated the same way,
+which keeps a shared filesystem out of the read path (many ranks reading small random pieces of
+the same files is what shared filesystems do worst). Several datasets are mixed through
+data.streams with their proportions.
 
 A shard the loader cannot read ends the run with one line naming the file and the sample
 (loader_failure: aogpt.RunFailure, exit status 1); a local shard whose file is missing or of
@@ -37,7 +37,13 @@ import torch
 
 from aogpt import RunFailure, UsageError
 from aogpt.data_prep import mds, remote
-from aogpt.data_prep.manifest import COLUMN, check_compatible, read_manifest, split_path
+from aogpt.data_prep.manifest import (
+    COLUMN,
+    check_compatible,
+    read_manifest,
+    rebuild_command,
+    split_path,
+)
 from aogpt.data_prep.streaming_compat import release_shared_memory, streaming
 from aogpt.files import write_text_atomic
 from aogpt.model.run_folder import RunFolder
@@ -136,13 +142,16 @@ def check_data(cfg: RunConfig, dist_env: DistEnv) -> dict[str, dict]:
     return manifests
 
 
-def how_to_fix(locations: list[str]) -> str:
-    checked = [location for location in locations
+def how_to_fix(manifests: dict[str, dict]) -> str:
+    """What to do about a damaged shard of these data locations (their manifests by location):
+    re-copy it, or rebuild with the tool each dataset was made with; verify.py checks them."""
+    checked = [location for location in manifests
                if not is_remote(location) or remote.scheme(location) in remote.WRITE_SCHEMES]
     check = (f"; `python data_prep/verify.py {' '.join(checked)}` checks every shard"
              if checked else "")
-    return ("re-copy the file, or rebuild the dataset with data_prep/owt_to_mds.py --overwrite"
-            + check)
+    rebuild = " or ".join(rebuild_command(location, manifest)
+                          for location, manifest in manifests.items())
+    return f"re-copy the file, or rebuild the dataset with {rebuild}{check}"
 
 
 def check_shard_sizes(location: str, manifest: dict, splits: list[str]) -> None:
@@ -163,14 +172,14 @@ def check_shard_sizes(location: str, manifest: dict, splits: list[str]) -> None:
                 entries = mds.read_index(folder)
             except (OSError, ValueError) as err:
                 raise UsageError(f"{folder / 'index.json'} is unreadable ({err}): "
-                                 f"{how_to_fix([location])}") from None
+                                 f"{how_to_fix({location: manifest})}") from None
             problems += [problem for entry in entries
                          if (problem := mds.shard_problem(folder, entry, header=False,
                                                           hashes=False))]
     if problems:
         more = f" (and {len(problems) - 1} more damaged shards)" if len(problems) > 1 else ""
         raise UsageError(f"shard {problems[0].path} is {problems[0].what}{more}: "
-                         f"{how_to_fix([location])}")
+                         f"{how_to_fix({location: manifest})}")
 
 
 # streaming's own message when a sample's bytes are past the end of its shard file
@@ -179,7 +188,8 @@ SAMPLE_NOT_PRESENT = re.compile(r"Relative sample index (\d+) is not present in 
 CHECKSUM_FAILURE = re.compile(r"Checksum failure: (\S+)")
 
 
-def loader_failure(err: Exception, dataset, which: str, locations: list[str]) -> RunFailure:
+def loader_failure(err: Exception, dataset, which: str, manifests: dict[str, dict]
+                   ) -> RunFailure:
     """A loader's exception as one line naming the shard file and the sample it could not read,
     found by checking the dataset's shard files (sizes, headers) or named by streaming's message;
     streaming's own words otherwise."""
@@ -192,7 +202,7 @@ def loader_failure(err: Exception, dataset, which: str, locations: list[str]) ->
         if copying:
             damaged = CHECKSUM_FAILURE.search(copying)
             if damaged:
-                return _damaged_copy(Path(damaged.group(1)), dataset, which, locations)
+                return _damaged_copy(Path(damaged.group(1)), dataset, which, manifests)
             return RunFailure(f"the {which} data loader cannot copy a shard from {stream.remote} "
                               f"({copying}): check that the store is reachable, then re-run to "
                               f"resume from the last checkpoint")
@@ -211,14 +221,14 @@ def loader_failure(err: Exception, dataset, which: str, locations: list[str]) ->
                 sample = int(named.group(1))
             at = f"sample {sample:,} of " if sample is not None else ""
             return RunFailure(f"the {which} data loader cannot read {at}shard {problem.path}: "
-                              f"{problem.what} ({detail}): {how_to_fix(locations)}")
+                              f"{problem.what} ({detail}): {how_to_fix(manifests)}")
     if named:
         return RunFailure(f"the {which} data loader cannot read sample {named.group(1)} of shard "
-                          f"{named.group(2)} ({detail}): {how_to_fix(locations)}")
-    return RunFailure(f"the {which} data loader failed: {detail}: {how_to_fix(locations)}")
+                          f"{named.group(2)} ({detail}): {how_to_fix(manifests)}")
+    return RunFailure(f"the {which} data loader failed: {detail}: {how_to_fix(manifests)}")
 
 
-def _damaged_copy(path: Path, dataset, which: str, locations: list[str]) -> RunFailure:
+def _damaged_copy(path: Path, dataset, which: str, manifests: dict[str, dict]) -> RunFailure:
     """A copied shard whose hash is not its index's: named by its source (the bucket's object),
     and removed from the cache, where streaming would take it for a good copy on the next run."""
     source = str(path)
@@ -230,7 +240,7 @@ def _damaged_copy(path: Path, dataset, which: str, locations: list[str]) -> RunF
     return RunFailure(f"the {which} data loader copied shard {source}, and its "
                       f"{next(iter(mds.HASHES))} hash differs from the index's: its bytes are "
                       f"damaged at the source (the copy was removed from the cache): "
-                      f"{how_to_fix(locations)}")
+                      f"{how_to_fix(manifests)}")
 
 
 def shut_down_workers(loader) -> None:
@@ -372,7 +382,8 @@ class TrainBatches:
         # drop_last: every micro-batch is full, so every optimizer step sees exactly
         # tokens_per_step tokens; an epoch's few leftover samples are skipped, never repeated.
         self.loader = _loader(self.dataset, cfg, cfg.data.num_workers, device, drop_last=True)
-        self.locations = [location for location, _ in training_locations(cfg)]
+        # what a loader failure names: each location's dataset and the tool that rebuilds it
+        self.manifests = {location: manifests[location] for location, _ in training_locations(cfg)}
         self.device = device
         self._iterator = None
 
@@ -397,7 +408,7 @@ class TrainBatches:
                     raise UsageError("the training split has fewer samples than one micro-batch "
                                      "per rank: use more data or a smaller micro batch") from None
             except Exception as err:  # a shard that cannot be read, a worker that died
-                raise loader_failure(err, self.dataset, "training", self.locations) from None
+                raise loader_failure(err, self.dataset, "training", self.manifests) from None
 
     def close(self) -> None:
         """Ends the worker processes and frees the shared memory (the run is over, or failing)."""
@@ -438,9 +449,10 @@ class ValidationBatches:
 
     def __init__(self, cfg: RunConfig, manifests: dict[str, dict], dist_env: DistEnv,
                  device: torch.device):
-        self.location = validation_location(cfg)
+        location = validation_location(cfg)
+        self.manifests = {location: manifests[location]}  # what a loader failure names
         self.dataset = IndexedStreamingDataset(
-            streams=[_stream(cfg, self.location, manifests[self.location], "val", dist_env)],
+            streams=[_stream(cfg, location, manifests[location], "val", dist_env)],
             shuffle=False, batch_size=cfg.train.micro_batch_size,
         )
         self.loader = _loader(self.dataset, cfg, num_workers=0, device=device, drop_last=False)
@@ -449,7 +461,7 @@ class ValidationBatches:
         try:
             yield from self.loader
         except Exception as err:  # a shard that cannot be read
-            raise loader_failure(err, self.dataset, "validation", [self.location]) from None
+            raise loader_failure(err, self.dataset, "validation", self.manifests) from None
 
     def close(self) -> None:
         shut_down_workers(self.loader)

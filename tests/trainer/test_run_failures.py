@@ -1,6 +1,7 @@
 """A run never hangs: a damaged shard, a non-finite loss, a lost rank or a signal that no step can
 answer ends it with one line naming the cause, a non-zero status, within a bounded time, and no
-process of it left behind. Real runs of trainer/main.py on data built by owt_to_mds.py."""
+process of it left behind. Real runs of trainer/main.py on the synthetic language's shards (built
+by synthetic_to_mds.py: the failures do not depend on what the data says)."""
 
 import gc
 import os
@@ -16,7 +17,7 @@ import psutil
 import pytest
 import torch
 from device_testing import META, DeviceCrossings
-from trainer_testing import MAIN, REPO, SYNTHETIC_MODEL, SYNTHETIC_RUN, TINY_RUN, Launcher, losses
+from trainer_testing import MAIN, REPO, SYNTHETIC_RUN, Launcher, losses
 
 from aogpt import RunFailure
 from aogpt.data_prep.manifest import read_manifest
@@ -28,15 +29,16 @@ from aogpt.trainer.metrics import read_metrics
 from aogpt.trainer.recovery import FirstNonFinite
 
 CPU = torch.device("cpu")
-# one process, one micro-batch of 8 x 64 tokens per step
-ONE_PROCESS = [*TINY_RUN, "train.tokens_per_step=512", "eval.every=0", "checkpoint.every=100",
+# one process, one micro-batch of 8 x 64 tokens per step, of the synthetic language
+# (conftest.synthetic_data): the failures asserted here do not depend on what the data says
+ONE_PROCESS = [*SYNTHETIC_RUN, "train.tokens_per_step=512", "eval.every=0", "checkpoint.every=100",
                "train.max_steps=1000"]
 
 
 @pytest.fixture
-def data(text_data, tmp_path):
+def data(synthetic_data, tmp_path):
     """A copy of the data to damage."""
-    return shutil.copytree(text_data, tmp_path / "data")
+    return shutil.copytree(synthetic_data, tmp_path / "data")
 
 
 def train_command(data: Path, out: Path, *overrides: str) -> list[str]:
@@ -125,8 +127,8 @@ def test_a_truncated_shard_is_refused_before_the_run_with_one_line(data, tmp_pat
     assert error_lines(result.stderr) == [
         f"error: shard {shard} is 5,000 bytes, the index says {size:,} (truncated: samples 0 to "
         f"{samples - 1:,} are cut off): re-copy the file, or rebuild the dataset with "
-        f"data_prep/owt_to_mds.py --overwrite; `python data_prep/verify.py {data}` checks every "
-        "shard"]
+        f"`python data_prep/synthetic_to_mds.py --out {data} --overwrite`; `python "
+        f"data_prep/verify.py {data}` checks every shard"]  # the tool that made it
     assert not (tmp_path / "run").exists()  # refused before any work
 
 
@@ -145,7 +147,8 @@ def test_a_shard_truncated_during_the_run_ends_it_with_one_line_naming_file_and_
     (error,) = error_lines(output)
     assert error.startswith("error: the training data loader cannot read sample ")
     assert f" of shard {shard}: {size * 6 // 10:,} bytes, the index says {size:,}" in error
-    assert "re-copy the file, or rebuild the dataset with data_prep/owt_to_mds.py" in error
+    assert ("re-copy the file, or rebuild the dataset with `python data_prep/synthetic_to_mds.py "
+            f"--out {data} --overwrite`") in error
     assert seconds < 60
 
 
@@ -221,11 +224,11 @@ def test_the_first_non_finite_loss_and_gradient_norm_steps_are_kept(steps, first
     assert watch.check() == first
 
 
-def test_a_non_finite_loss_ends_the_run_without_saving_that_step(text_data, tmp_path):
+def test_a_non_finite_loss_ends_the_run_without_saving_that_step(synthetic_data, tmp_path):
     """An absurd learning rate: step 1 (initial weights) is finite and saved, its update sends the
     weights past float32's range, and step 2's loss is NaN."""
     out = tmp_path / "run"
-    command = train_command(text_data, out, "optim.lr=1e30", "optim.grad_clip=0",
+    command = train_command(synthetic_data, out, "optim.lr=1e30", "optim.grad_clip=0",
                             "optim.warmup_steps=0", "checkpoint.every=1", "train.max_steps=5")
     result = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=300)
     assert result.returncode == EXIT_FAILED, result.stdout + result.stderr
@@ -314,11 +317,11 @@ def test_a_ctrl_c_names_the_stop_even_after_the_launchers_sigterm_reached_the_ra
             signal.signal(sig, handler)
 
 
-def test_ctrl_c_while_the_trainer_starts_up_is_one_line_and_status_130(text_data, tmp_path):
+def test_ctrl_c_while_the_trainer_starts_up_is_one_line_and_status_130(synthetic_data, tmp_path):
     """Ctrl-C while the imports load (torch has just been mapped, deepspeed and streaming are
     still to come): before the command's main runs, where cli_entry cannot answer it (aogpt's
     handler until then: a KeyboardInterrupt raised inside an import can be lost)."""
-    proc = subprocess.Popen(train_command(text_data, tmp_path / "run"), cwd=REPO,
+    proc = subprocess.Popen(train_command(synthetic_data, tmp_path / "run"), cwd=REPO,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     maps = Path(f"/proc/{proc.pid}/maps")
     while "libtorch_cpu" not in maps.read_text():
@@ -349,13 +352,13 @@ def test_ctrl_c_ends_a_start_up_that_loses_the_keyboard_interrupt():
     assert (proc.returncode, out, err) == (130, "", "interrupted\n")
 
 
-def test_sigterm_ends_a_run_that_no_step_can_answer_within_the_grace(text_data, tmp_path):
+def test_sigterm_ends_a_run_that_no_step_can_answer_within_the_grace(synthetic_data, tmp_path):
     """The loader's worker hangs (stopped, as on a dead filesystem) before step 1 can finish: no
     step ever answers SIGTERM, and the watchdog ends the run after checkpoint.signal_grace_s."""
     out = tmp_path / "run"
     # 32 micro-batches of one sequence per step: the batches prefetched before the worker stops
     # cannot finish a step
-    command = train_command(text_data, out, "train.micro_batch_size=1",
+    command = train_command(synthetic_data, out, "train.micro_batch_size=1",
                             "train.tokens_per_step=2048", "checkpoint.signal_grace_s=3")
     run = Run(command, tmp_path / "run.log")
     worker = run.loader_worker()
@@ -379,10 +382,9 @@ def test_sigterm_ends_a_run_that_no_step_can_answer_within_the_grace(text_data, 
 @pytest.mark.slow
 def test_a_hung_rank_fails_the_others_collectives_within_the_timeout(synthetic_data, tmp_path):
     """Two ranks started as srun starts them (no launcher); rank 1 stops for good mid-run. Rank 0
-    waits in a collective for train.collective_timeout_s, then ends with one line. (The synthetic
-    language's model: no step's arithmetic matters here.)"""
+    waits in a collective for train.collective_timeout_s, then ends with one line."""
     out, port = tmp_path / "run", free_port()
-    command = train_command(synthetic_data, out, SYNTHETIC_MODEL, "train.tokens_per_step=1024",
+    command = train_command(synthetic_data, out, "train.tokens_per_step=1024",
                             "train.collective_timeout_s=20")
     ranks = []
     for rank in (0, 1):
