@@ -131,16 +131,31 @@ def test_resuming_with_another_model_shape_is_refused(reference, synthetic_data,
     assert "model.n_layer 2 -> 3" in error
 
 
-def test_zero_stages_agree_on_the_first_steps(reference, launcher, synthetic_data, tmp_path):
-    out, _ = reference
+def fp32_zero_config(stage: int, folder: Path) -> Path:
+    """ds_configs/cpu.json (fp32) with ZeRO stage `stage`, written into `folder`."""
     base = json.loads((REPO / "ds_configs" / "cpu.json").read_text())
-    runs = {}
-    for stage in (2, 3):
-        ds_config = tmp_path / f"zero{stage}_fp32.json"
-        ds_config.write_text(json.dumps({**base, "zero_optimization": {"stage": stage}}))
-        runs[stage] = tmp_path / f"zero{stage}"
-        assert_ok(launcher.run("torchrun", reference_args(synthetic_data, runs[stage], ds_config,
-                                                          "train.max_steps=4")))
+    path = folder / f"zero{stage}_fp32.json"
+    path.write_text(json.dumps({**base, "zero_optimization": {"stage": stage}}))
+    return path
+
+
+@pytest.fixture(scope="module")
+def zero2_first_steps(launcher, synthetic_data, tmp_path_factory) -> Path:
+    """The reference's settings under ZeRO-2 for 4 steps (torchrun, 2 processes): the ZeRO-stage
+    test compares them with the reference, the elastic test resumes a copy of them."""
+    folder = tmp_path_factory.mktemp("zero2")
+    out = folder / "run"
+    assert_ok(launcher.run("torchrun", reference_args(
+        synthetic_data, out, fp32_zero_config(2, folder), "train.max_steps=4")))
+    return out
+
+
+def test_zero_stages_agree_on_the_first_steps(reference, zero2_first_steps, launcher,
+                                              synthetic_data, tmp_path):
+    out, _ = reference
+    runs = {2: zero2_first_steps, 3: tmp_path / "zero3"}
+    assert_ok(launcher.run("torchrun", reference_args(
+        synthetic_data, runs[3], fp32_zero_config(3, tmp_path), "train.max_steps=4")))
     for stage, run in runs.items():
         for key in ("loss", "grad_norm"):
             expected = {s: v for s, v in losses(out, key).items() if s <= 4}
@@ -150,24 +165,20 @@ def test_zero_stages_agree_on_the_first_steps(reference, launcher, synthetic_dat
 
 
 def test_elastic_resume_on_another_world_size_and_stage_continues_the_same_run(
-        reference, launcher, synthetic_data, tmp_path):
-    """2 processes under ZeRO-2, resumed as 1 process under ZeRO-1, then as 2 under ZeRO-2 again:
-    the same samples, orders and EMA as the uninterrupted run (2 processes, ZeRO-1)."""
+        reference, zero2_first_steps, launcher, synthetic_data, tmp_path):
+    """2 processes under ZeRO-2 (a copy of zero2_first_steps), resumed as 1 process under ZeRO-1,
+    then as 2 under ZeRO-2 again: the same samples, orders and EMA as the uninterrupted run (2
+    processes, ZeRO-1)."""
     out_ref, _ = reference
-    zero2 = tmp_path / "zero2_fp32.json"
-    base = json.loads((REPO / "ds_configs" / "cpu.json").read_text())
-    zero2.write_text(json.dumps({**base, "zero_optimization": {"stage": 2}}))
-    out = tmp_path / "elastic"
-    for launch, (ds_config, stop) in enumerate([(zero2, 4), ("ds_configs/cpu.json", 8),
-                                                 (zero2, 12)]):
+    out = shutil.copytree(zero2_first_steps, tmp_path / "elastic")
+    zero2 = fp32_zero_config(2, tmp_path)
+    for launch, (ds_config, stop) in enumerate([("ds_configs/cpu.json", 8), (zero2, 12)]):
         args = reference_args(synthetic_data, out, ds_config, f"train.max_steps={stop}")
-        result = (subprocess.run([sys.executable, MAIN, *args], cwd=REPO, capture_output=True,
-                                 text=True, timeout=600)
-                  if launch == 1 else launcher.run("torchrun", args))
+        result = (launcher.run("torchrun", args) if launch else subprocess.run(
+            [sys.executable, MAIN, *args], cwd=REPO, capture_output=True, text=True, timeout=600))
         assert_ok(result)
-        if launch:
-            assert "elastic resume: step_0000000" in result.stdout
-            assert not (out / "checkpoints" / "universal").exists()  # removed once loaded
+        assert "elastic resume: step_0000000" in result.stdout
+        assert not (out / "checkpoints" / "universal").exists()  # removed once loaded
     # fp32 throughout: other partitions sum gradients in another order (~1e-7 relative), as
     # in the ZeRO-stage test above.
     for key in ("loss", "grad_norm"):
@@ -426,9 +437,7 @@ def test_compiled_zero3_run_with_checkpointing_matches_eager_and_resumes(referen
     the eager reference run on 2 (the orders and samples of a step do not depend on the world
     size)."""
     out_ref, _ = reference
-    ds_config = tmp_path / "zero3_fp32.json"
-    base = json.loads((REPO / "ds_configs" / "cpu.json").read_text())
-    ds_config.write_text(json.dumps({**base, "zero_optimization": {"stage": 3}}))
+    ds_config = fp32_zero_config(3, tmp_path)
     out = tmp_path / "compiled"
     for stop in (2, 4):  # stopped at 2, resumed to 4
         args = reference_args(synthetic_data, out, ds_config, "model.activation_checkpointing=true",
