@@ -133,9 +133,9 @@ def test_time_limit_warning_checkpoints_requeues_and_resumes(
     # One node, two processes; no periodic checkpoint, so the only one mid-run is the signal's.
     # It trains on the synthetic language (conftest.synthetic_data): what is asserted is how the
     # job stops and comes back, and GPT-2's head was most of each step's arithmetic. Its steps
-    # take ~0.15 s on 2 cores: the signal, sent after step 3, must land well before the last
-    # step also on a machine a few times faster (the signal takes ~1 s through SLURM).
-    out, max_steps = tmp_path / "run", 100
+    # take ~0.13 s alone on 2 cores, ~0.3 s in the full suite: the signal, sent after step 3,
+    # must land well before the last step also on a faster machine (it takes ~1 s through SLURM).
+    out, max_steps = tmp_path / "run", 60
     job = cluster.sbatch(
         "slurm/train_small.sh", tmp_path / "train.out", "--nodes=1", "--gpus-per-node=0", **TINY,
         AOGPT_PROCS_PER_NODE="2", AOGPT_DATA=str(synthetic_data), AOGPT_OUT_DIR=str(out),
