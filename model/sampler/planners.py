@@ -58,13 +58,13 @@ if TYPE_CHECKING:
 def scores(probs: torch.Tensor, planner: str) -> torch.Tensor:
     """How much each candidate should come next, (..., vocab) probabilities -> (...): higher
     first. threshold ranks by confidence (its cut is made apart)."""
-    top = probs.topk(2, dim=-1).values if probs.size(-1) > 1 else torch.cat(
-        [probs, torch.zeros_like(probs)], dim=-1)
     if planner == "margin":
+        top = probs.topk(2, dim=-1).values if probs.size(-1) > 1 else torch.cat(
+            [probs, torch.zeros_like(probs)], dim=-1)
         return top[..., 0] - top[..., 1]
     if planner == "entropy":
         return (probs * probs.clamp(min=1e-30).log()).sum(dim=-1)  # minus the entropy
-    return top[..., 0]  # confidence, threshold
+    return probs.amax(dim=-1)  # confidence, threshold
 
 
 class PlannerSampling:
@@ -132,6 +132,24 @@ class PlannerSampling:
             left = left.clamp(max=config.candidates)
         return left
 
+    def score_re_fed_rows(self, logits: torch.Tensor, final: torch.Tensor,
+                          fed_from: torch.Tensor, targets: int) -> None:
+        """Adds the exact conditionals of the last call's later reveals, re-fed as the rows
+        before the candidates (slots fed_from..final-1), to the log-likelihood. The first
+        call's real rows are the given tokens: not generated, not scored. There are at most
+        reveal - 1 of them (threshold: any number), so only those rows are read."""
+        config, sampler = self.config, self.sampler
+        count = targets if config.planner == "threshold" else min(config.reveal - 1, targets)
+        if count == 0:
+            return
+        row = final - fed_from - count + torch.arange(count, device=sampler.device)  # (b, count)
+        slot = fed_from + row
+        scored = (row >= 0) & (slot >= self.given[:, None])
+        row_logits = logits.gather(1, row.clamp(min=0)[..., None].expand(-1, -1, logits.size(-1)))
+        tokens = sampler.ordered.gather(1, slot.clamp(min=0, max=self.sampler.seq_len - 1))
+        logp = row_logits.double().log_softmax(dim=-1).gather(2, tokens[..., None])[..., 0]
+        self.log_likelihood += torch.where(scored, logp, 0.0).sum(dim=1)
+
     def step(self, rows: int, targets: int, keys: int):
         """One call: the re-fed rows' exact conditionals, the candidates' distributions, the
         planner's choice, the chosen tokens, and the order, cache and state moved on."""
@@ -144,43 +162,41 @@ class PlannerSampling:
         tail = sampler.orders.gather(1, (final + j).clamp(max=n - 1))  # (b, targets)
         logits, target_slots, valid = sampler.network(fed_from, fed_from, final, final + count,
                                                       rows, targets, keys, copy_targets=tail)
-        model_logp = logits.double().log_softmax(dim=-1)  # the model's own, as token_nll
-
-        # the re-fed rows: the exact conditionals of the last call's later reveals (the first
-        # call's real rows are the given tokens: not generated, not scored)
-        is_real = valid & (target_slots < final) & (target_slots >= self.given[:, None])
-        real_tokens = sampler.ordered.gather(1, target_slots.clamp(max=n - 1))
-        real_logp = model_logp.gather(2, real_tokens[..., None])[..., 0]
-        self.log_likelihood += torch.where(is_real, real_logp, 0.0).sum(dim=1)
+        # Row r of the call is slot fed_from + r. Past the scores (one softmax per row), only
+        # the rows a call draws from or scores are read over the whole vocabulary: copies of
+        # every row's logits, in float64 too, made the confidence and margin planners 3-4x
+        # slower at GPT-2's vocabulary (benchmarks/sampler_pareto.py, 4 x 128 tokens).
+        self.score_re_fed_rows(logits, final, fed_from, targets)
 
         # the candidates' rows, best first by the planner's score (ties: a uniform per position)
-        rows_of = (final - fed_from + j).clamp(max=targets - 1)[..., None]  # candidate i's row
+        candidate_row = (final - fed_from + j).clamp(max=targets - 1)  # (b, targets)
         is_candidate = j < count  # (b, targets)
-        cand_logits = logits.gather(1, rows_of.expand(-1, -1, logits.size(-1)))
-        confidence = cand_logits[..., :sampler.vocab].float().softmax(dim=-1)
-        score = torch.where(is_candidate, scores(confidence, config.planner).double(), -torch.inf)
+        confidence = logits[..., :sampler.vocab].float().softmax(dim=-1)
+        row_score = scores(confidence, config.planner).gather(1, candidate_row)
+        score = torch.where(is_candidate, row_score.double(), -torch.inf)
         by_tie = self.tie_breaks.gather(1, tail).argsort(dim=1)
         best = by_tie.gather(1, score.gather(1, by_tie).argsort(dim=1, descending=True,
                                                                 stable=True))  # (b, targets)
-        if config.planner == "threshold":
-            sure = (confidence.max(dim=-1).values >= config.threshold) & is_candidate
-            reveal = sure.sum(dim=1).clamp(min=1)
+        if config.planner == "threshold":  # its score is the confidence
+            reveal = ((row_score >= config.threshold) & is_candidate).sum(dim=1).clamp(min=1)
         else:
             reveal = torch.full_like(count[:, 0], config.reveal)
         reveal = torch.minimum(reveal, count[:, 0])  # (b,): 0 when the sample is done
-        chosen = j < reveal[:, None]  # (b, targets): the first `reveal` of `best`
 
-        # their tokens, each from its own row with its position's uniform
-        positions = tail.gather(1, best)
-        chosen_logits = cand_logits.gather(1, best[..., None].expand(-1, -1, logits.size(-1)))
+        # the first `reveal` of `best` (never more than `most`), each token drawn from its own
+        # row with its position's uniform
+        most = targets if config.planner == "threshold" else min(config.reveal, targets)
+        positions = tail.gather(1, best[:, :most])
+        chosen_rows = (final - fed_from + best[:, :most]).clamp(max=targets - 1)
+        chosen_logits = logits.gather(1, chosen_rows[..., None].expand(-1, -1, logits.size(-1)))
         drawn = (inverse_cdf(token_probs(chosen_logits, config),
                              sampler.uniforms.gather(1, positions)) if self.forced is None
                  else self.forced.gather(1, positions))
-        first_logp = model_logp.gather(1, (final - fed_from + best[:, :1]).clamp(
-            max=targets - 1)[..., None].expand(-1, -1, model_logp.size(-1)))[:, 0]
+        first_logp = chosen_logits[:, 0].double().log_softmax(dim=-1)  # the model's own
         self.log_likelihood += torch.where(reveal > 0, first_logp.gather(
             1, drawn[:, :1])[:, 0], 0.0)
-        sampler.ordered.scatter_(1, torch.where(chosen, final + j, n), drawn)
+        sampler.ordered.scatter_(1, torch.where(j[:most] < reveal[:, None], final + j[:most], n),
+                                 drawn)
 
         # the order's tail: the chosen best first, then the other candidates as they were
         rank = torch.empty_like(best).scatter_(1, best, j.expand_as(best))  # of candidate i
