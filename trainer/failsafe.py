@@ -67,6 +67,13 @@ class PreemptionFlag:
     def requested(self) -> bool:
         return self.received is not None
 
+    def wait(self, seconds: float) -> None:
+        """Sleeps `seconds`, or less: until one of these signals arrives (time.sleep would go on
+        sleeping after the handler)."""
+        deadline = time.monotonic() + seconds
+        while not self.requested and (left := deadline - time.monotonic()) > 0:
+            time.sleep(min(left, 0.05))
+
 
 class EveryRankFailure(RunFailure):
     """A RunFailure that every rank meets at the same point (a value all ranks reduce together):
@@ -102,6 +109,11 @@ def _die(status: int, line: str | None) -> None:
     """Ends the process from any thread, now: os.write (no buffered stream's lock), no atexit."""
     if line:  # on a line of its own, should a progress bar be half-way through one
         os.write(2, ("\n" + line.rstrip("\n") + "\n").encode())
+    # the last word: while the children are ended, the main thread may wake to their death (the
+    # loader's "worker exited unexpectedly") and report it as the cause
+    quiet = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(quiet, 1)
+    os.dup2(quiet, 2)
     try:
         end_child_processes()
     finally:

@@ -178,7 +178,9 @@ def train(plan: Plan, dist_env: DistEnv) -> int:
         exit_deadline(EXIT_AFTER_FAILURE_S)
         trainer.close()  # loader workers ignore SIGTERM: they would hold the exit
         if isinstance(err, EveryRankFailure) and dist_env.rank != 0:
-            time.sleep(RANK0_REPORTS_FIRST_S)  # rank 0 says it (see above)
+            # rank 0 says it (see above); the launcher's SIGTERM, sent once rank 0 has failed,
+            # ends the wait
+            trainer.preemption.wait(RANK0_REPORTS_FIRST_S)
             return EXIT_FAILED
         if is_collective_failure(err):  # another rank died or hung: it says why, if it can
             raise RunFailure(f"rank {dist_env.rank} lost the other ranks at step "
