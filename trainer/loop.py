@@ -211,6 +211,7 @@ class Trainer:
         self.validator.start_clock()
         with log:
             while self.progress.step < cfg.train.max_steps:
+                log.begin_step()
                 sums, data_wait = self.train_step(self.progress.step)
                 self.progress.advance(cfg.train.tokens_per_step, cfg.sequences_per_step)
                 step, last = self.progress.step, self.progress.step == cfg.train.max_steps
@@ -247,7 +248,8 @@ class Trainer:
     def step_metrics(self, sums: torch.Tensor, window: Window) -> dict:
         """The metrics record of a logged step, over the log interval `window` (collective)."""
         total = all_reduce_sum(sums, self.device).tolist()  # also waits for the step to finish
-        tokens_per_s = window.tokens / window.seconds
+        seconds = window.seconds  # read once: the clock runs on
+        tokens_per_s = window.tokens / seconds
         grad_norm = self.engine.get_global_grad_norm()
         return {
             "loss": token_weighted(total[0] + total[2], total[1] + total[3]),
@@ -259,7 +261,7 @@ class Trainer:
             "tokens_per_s_per_device": tokens_per_s / self.env.world_size,
             "samples_seen": self.progress.samples_seen,
             "tokens_seen": self.progress.tokens_seen,
-            "step_time": window.seconds_per_step,
+            "step_time": seconds / window.steps,
             "data_wait": window.data_wait / window.steps,
             "mfu": (self.flops_per_token * tokens_per_s / (self.peak_flops * self.env.world_size)
                     if self.peak_flops else None),

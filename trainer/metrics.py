@@ -214,8 +214,8 @@ def summary_lines(run: RunFolder, progress, launch: Window, last: dict,
 
 class TrainingLog:
     """What a training launch tells: the step records in metrics.jsonl (and wandb), the step bar
-    and the log lines on rank 0, and the throughput of the log interval (`window`) and of the
-    launch. A step is logged every train.log_every steps, at the first and the last, and
+    and the log lines on rank 0, and the throughput of the log interval (`window`: its steps'
+    own time) and of the launch (all of it). A step is logged every train.log_every steps, at the first and the last, and
     whenever the loop asks (a step that skipped data)."""
 
     def __init__(self, cfg, rank: int, step: int, run_config: dict | None = None):
@@ -233,17 +233,29 @@ class TrainingLog:
         if self.is_main:
             self.bar.write(line)
 
+    def begin_step(self) -> None:
+        """A step starts: the log interval's clock runs again (see `advance`)."""
+        self.window.go()
+
     def advance(self, step: int, data_wait: float, asked: bool = False) -> bool:
-        """One more step done (data_wait: the seconds it waited for data); whether it is logged."""
+        """One more step done (data_wait: the seconds it waited for data); whether it is logged.
+        The interval's clock stops until the next step begins (`begin_step`): evaluations,
+        samples and checkpoints are timed on their own (eval_s, sample_s) and would make the
+        interval after them look slow (tokens_per_s, step_time, mfu). A logged step's clock runs
+        on until its record is made (`step`), which waits for the device to finish its steps."""
         self.window.add(self.tokens_per_step, data_wait)
         self.launch.add(self.tokens_per_step, data_wait)
         self.bar.update(1)
-        return step % self.every == 0 or step == 1 or step == self.max_steps or asked
+        logged = step % self.every == 0 or step == 1 or step == self.max_steps or asked
+        if not logged:
+            self.window.stop()
+        return logged
 
     def step(self, step: int, record: dict) -> dict:
         """A logged step's record (trainer/loop.py's step_metrics over `window`): said, and the
-        next window begins. Written by `write`, with what else the step adds."""
-        self.last, self.window = record, Window()
+        next window begins, its clock stopped until the next step. Written by `write`, with what
+        else the step adds."""
+        self.last, self.window = record, Window(running=False)
         self.say(step_line(record, step, self.max_steps,
                            self.launch.seconds_per_step * (self.max_steps - step)))
         return record
@@ -257,8 +269,8 @@ class TrainingLog:
 
     def restart(self, progress) -> None:
         """After a rollback to `progress` (trainer/checkpoint.py's Progress): the bar goes back,
-        metrics.jsonl was cut back to its step, the interval starts again."""
-        self.window = Window()
+        metrics.jsonl was cut back to its step, the interval starts again with the next step."""
+        self.window = Window(running=False)
         self.logger.reopen()
         self.bar.reset(total=self.max_steps)
         self.bar.update(progress.step)
@@ -278,20 +290,33 @@ class TrainingLog:
 
 
 class Window:
-    """Steps, tokens and time since it began: the throughput of a log interval, or of a launch."""
+    """Steps, tokens and time since it began: the throughput of a log interval, or of a launch.
+    A log interval's clock can be stopped (`stop`, `go`), so that the work between two steps
+    (evaluations, samples, checkpoints) does not count as a step's time."""
 
-    def __init__(self):
-        self.start = time.perf_counter()
+    def __init__(self, running: bool = True):
         self.steps, self.tokens, self.data_wait = 0, 0, 0.0
+        self._counted = 0.0  # seconds before the clock last stopped
+        self._since: float | None = time.perf_counter() if running else None
 
     def add(self, tokens: int, data_wait: float) -> None:
         self.steps += 1
         self.tokens += tokens
         self.data_wait += data_wait
 
+    def stop(self) -> None:
+        if self._since is not None:
+            self._counted += time.perf_counter() - self._since
+            self._since = None
+
+    def go(self) -> None:
+        if self._since is None:
+            self._since = time.perf_counter()
+
     @property
     def seconds(self) -> float:
-        return time.perf_counter() - self.start
+        running = 0.0 if self._since is None else time.perf_counter() - self._since
+        return self._counted + running
 
     @property
     def seconds_per_step(self) -> float:

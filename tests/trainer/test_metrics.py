@@ -1,12 +1,14 @@
 """metrics.jsonl on rank 0, wandb only when configured, progress bars on rank 0, the metrics'
-names."""
+names, the log interval's time."""
 
 import json
+import time
 
 from aogpt.model.orders import ANY_ORDER, READINGS
-from aogpt.trainer.config import LoggingConfig
+from aogpt.trainer.config import LoggingConfig, RunConfig
 from aogpt.trainer.metrics import (
     MetricsLogger,
+    TrainingLog,
     loss_key,
     read_metrics,
     step_line,
@@ -85,3 +87,28 @@ def test_metric_names_and_log_labels_come_from_the_readings():
         "step 1/2 | 512 tokens | loss 6.5000 (left to right 5.4000, any order 6.6000) |")
     assert validation_line(record, 1, "ema") == (
         "step 1 | validation (ema weights): left to right 5.0000 (ppl 148.41)")
+
+
+def test_the_work_between_steps_stays_out_of_the_log_intervals_time(tmp_path):
+    """Evaluations, samples and checkpoints run between steps and are timed on their own: a log
+    interval's seconds (tokens_per_s, step_time, mfu) are its steps' alone, the interval after a
+    boundary does not carry it, and the launch's rate counts everything."""
+    cfg = RunConfig(out_dir=str(tmp_path))
+    cfg.train.log_every, cfg.train.max_steps, cfg.logging.wandb = 2, 4, "off"
+    step_s, between_s = 0.02, 0.5  # a step, then the work before the next (after every step)
+    intervals = []
+    with TrainingLog(cfg, rank=0, step=0) as log:
+        for step in range(1, 5):
+            log.begin_step()
+            time.sleep(step_s)
+            if log.advance(step, data_wait=0.0):
+                window = log.window
+                intervals.append((window.steps, window.seconds))
+                log.step(step, {"loss": 5.0, "lr": 1e-3, "tokens_seen": step * 512,
+                                "tokens_per_s": window.tokens / window.seconds})
+            time.sleep(between_s)
+        launch = log.launch.seconds
+    assert [steps for steps, _ in intervals] == [1, 1, 2]  # steps 1, 2, and 3-4
+    for steps, seconds in intervals:  # a sleep's overrun, not a boundary's 0.5 s
+        assert steps * step_s <= seconds < steps * step_s + between_s, intervals
+    assert launch >= 4 * (step_s + between_s)

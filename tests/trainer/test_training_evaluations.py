@@ -89,6 +89,17 @@ def test_the_ema_and_raw_weights_give_their_own_curves(run):
     assert 0 < last["eval_fraction"] and last["eval_s"] > 0
 
 
+def test_the_step_after_an_evaluation_is_timed_without_it(run):
+    """The evaluation, samples and checkpoint of step 2 run before step 3 and are timed on their
+    own: step 3's record (step_time, tokens_per_s, mfu) is its step's time only (it used to
+    carry theirs, and a plot of the throughput dipped at every evaluation)."""
+    out, _, _, _ = run
+    records = {r["step"]: r for r in read_metrics(out / "metrics.jsonl")}
+    boundary = records[2]["eval_s"] + records[2]["sample_s"]
+    assert records[3]["step_time"] < boundary
+    assert records[3]["tokens_per_s"] == pytest.approx(512 / records[3]["step_time"])
+
+
 def test_each_round_is_one_log_line_with_its_cost(run):
     _, _, stdout, _ = run
     lines = [line for line in stdout.splitlines() if "zero-shot (ema weights)" in line]
