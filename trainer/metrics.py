@@ -215,8 +215,8 @@ def summary_lines(run: RunFolder, progress, launch: Window, last: dict,
 class TrainingLog:
     """What a training launch tells: the step records in metrics.jsonl (and wandb), the step bar
     and the log lines on rank 0, and the throughput of the log interval (`window`: its steps'
-    own time) and of the launch (all of it). A step is logged every train.log_every steps, at the first and the last, and
-    whenever the loop asks (a step that skipped data)."""
+    own time) and of the launch (all of it). A step is logged every train.log_every steps, at
+    the first and the last, and whenever the loop asks (a step that skipped data)."""
 
     def __init__(self, cfg, rank: int, step: int, run_config: dict | None = None):
         """cfg: the run's RunConfig; step: where the launch starts."""

@@ -146,7 +146,7 @@ class PlannerSampling:
         slot = fed_from + row
         scored = (row >= 0) & (slot >= self.given[:, None])
         row_logits = logits.gather(1, row.clamp(min=0)[..., None].expand(-1, -1, logits.size(-1)))
-        tokens = sampler.ordered.gather(1, slot.clamp(min=0, max=self.sampler.seq_len - 1))
+        tokens = sampler.ordered.gather(1, slot.clamp(min=0, max=sampler.seq_len - 1))
         logp = row_logits.double().log_softmax(dim=-1).gather(2, tokens[..., None])[..., 0]
         self.log_likelihood += torch.where(scored, logp, 0.0).sum(dim=1)
 
