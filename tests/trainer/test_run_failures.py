@@ -317,7 +317,21 @@ def test_a_ctrl_c_names_the_stop_even_after_the_launchers_sigterm_reached_the_ra
             signal.signal(sig, handler)
 
 
-def test_ctrl_c_while_the_trainer_starts_up_is_one_line_and_status_130(synthetic_data, tmp_path):
+@pytest.fixture
+def terminal_ctrl_c():
+    """The commands started in the test get Ctrl-C as a terminal's foreground gives it: a suite
+    run in the background (`make test-all &` in a script) ignores SIGINT, its commands inherit
+    that, and a command leaves an ignored SIGINT ignored (both tests below then failed: the run
+    trained to its end). A handler is not inherited: the commands start with the default."""
+    inherited = signal.getsignal(signal.SIGINT)
+    if inherited is signal.SIG_IGN:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+    yield
+    signal.signal(signal.SIGINT, inherited)
+
+
+def test_ctrl_c_while_the_trainer_starts_up_is_one_line_and_status_130(synthetic_data, tmp_path,
+                                                                       terminal_ctrl_c):
     """Ctrl-C while the imports load (torch has just been mapped, deepspeed and streaming are
     still to come): before the command's main runs, where cli_entry cannot answer it (aogpt's
     handler until then: a KeyboardInterrupt raised inside an import can be lost)."""
@@ -337,7 +351,7 @@ def test_ctrl_c_while_the_trainer_starts_up_is_one_line_and_status_130(synthetic
     assert not (tmp_path / "run").exists()
 
 
-def test_ctrl_c_ends_a_start_up_that_loses_the_keyboard_interrupt():
+def test_ctrl_c_ends_a_start_up_that_loses_the_keyboard_interrupt(terminal_ctrl_c):
     """The race behind a rare hang of the test above: Ctrl-C is answered before main by aogpt's
     handler itself, not by a KeyboardInterrupt that the code running at that moment may lose."""
     proc = subprocess.Popen([sys.executable,
