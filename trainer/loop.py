@@ -34,9 +34,11 @@ from pathlib import Path
 
 import deepspeed
 import torch
+from deepspeed.utils import set_z3_leaf_modules
 
 from aogpt.files import git_sha
 from aogpt.model import AOGPT, OrderSampler
+from aogpt.model.gpt import Block
 from aogpt.model.orders import ANY_ORDER, LEFT_TO_RIGHT
 from aogpt.model.warm_start import warm_start
 from aogpt.trainer.checkpoint import Checkpointer, Progress
@@ -101,6 +103,11 @@ class Trainer:
             betas=(cfg.optim.beta1, cfg.optim.beta2), eps=cfg.optim.eps,
             fused=True,  # one kernel per step, and its step count stays on the device (no .item())
         )
+        if zero_stage(self.ds_config) == 3:
+            # each block's weights gathered once, around the whole block, not around each of its
+            # layers: with a hook on every layer, a compiled block broke its graph at each one and
+            # dynamo compiled DeepSpeed's hook code too (28 graphs for a 2-layer model, not 6)
+            set_z3_leaf_modules(model, [Block])
         self.engine, _, _, _ = deepspeed.initialize(model=model, optimizer=optimizer,
                                                     config=self.ds_config)
         self.ema = ShardedEMA(self.engine, cfg.ema.decay) if cfg.ema.enabled else None
