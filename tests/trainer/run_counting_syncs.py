@@ -1,6 +1,6 @@
 """trainer/main.py with every wait for the device recorded (tests/trainer/device_syncs.py).
 
-    deepspeed --num_gpus 2 tests/trainer/run_counting_syncs.py --sync-log OUT
+    torchrun --nproc_per_node 2 tests/trainer/run_counting_syncs.py --sync-log OUT
         [--bad-gradient-step K] <trainer/main.py's arguments>
 
 Each rank writes OUT.rank<r>.json: the events, each with the optimizer step it happened in (the
