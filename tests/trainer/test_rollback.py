@@ -1,5 +1,5 @@
 """Through bad steps with train.on_nonfinite=rollback: real runs of trainer/main.py (2 processes
-under the deepspeed launcher, or one), bad data made by the test-only hook AOGPT_TEST_POISON (the
+under torchrun, or one), bad data made by the test-only hook AOGPT_TEST_POISON (the
 loss of chosen dataset samples multiplied by NaN or a factor wherever the stream hands them out), on
 the synthetic language (conftest.synthetic_data: GPT-2's 50,257-row head would be most of the work).
 The rules themselves (spike window, learning-rate windows, skips) are checked without a run."""
@@ -68,7 +68,7 @@ def bad_samples(synthetic_data):
 def recovered(launcher, synthetic_data, bad_samples, tmp_path_factory):
     """2 processes, ZeRO-1 fp32, never interrupted: the loss of step 6 is NaN."""
     out = tmp_path_factory.mktemp("runs") / "recovered"
-    result = subprocess.run(launcher.command("deepspeed", run_args(synthetic_data, out)), cwd=REPO,
+    result = subprocess.run(launcher.command("torchrun", run_args(synthetic_data, out)), cwd=REPO,
                             env=poisoned(str(bad_samples[0])), capture_output=True, text=True,
                             timeout=600)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
@@ -120,7 +120,7 @@ def test_a_kill_9_during_the_recovery_resumes_into_the_same_run(recovered, launc
     args, env = run_args(synthetic_data, out), poisoned(str(bad_samples[0]))
     mark = out / ("rollbacks.json" if moment == "rolled back" else "skipped_samples.json")
     with (tmp_path / "killed.log").open("w") as log:
-        proc = subprocess.Popen(launcher.command("deepspeed", args), cwd=REPO, env=env, stdout=log,
+        proc = subprocess.Popen(launcher.command("torchrun", args), cwd=REPO, env=env, stdout=log,
                                 stderr=subprocess.STDOUT, start_new_session=True)
         deadline = time.monotonic() + 300
         while not mark.is_file():
@@ -130,7 +130,7 @@ def test_a_kill_9_during_the_recovery_resumes_into_the_same_run(recovered, launc
         os.killpg(proc.pid, signal.SIGKILL)
         proc.wait(timeout=60)
     assert max(r["step"] for r in read_metrics(out / "metrics.jsonl")) < STEPS  # killed mid-way
-    rerun = subprocess.run(launcher.command("deepspeed", args), cwd=REPO, env=env,
+    rerun = subprocess.run(launcher.command("torchrun", args), cwd=REPO, env=env,
                            capture_output=True, text=True, timeout=600)
     assert rerun.returncode == 0, rerun.stdout[-3000:] + rerun.stderr[-3000:]
     assert record_of(out) == record_of(out_ref)
