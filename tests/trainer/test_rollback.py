@@ -1,8 +1,9 @@
 """Through bad steps with train.on_nonfinite=rollback: real runs of trainer/main.py (2 processes
-under torchrun, or one), bad data made by the test-only hook AOGPT_TEST_POISON (the
-loss of chosen dataset samples multiplied by NaN or a factor wherever the stream hands them out), on
-the synthetic language (conftest.synthetic_data: GPT-2's 50,257-row head would be most of the work).
-The rules themselves (spike window, learning-rate windows, skips) are checked without a run."""
+under torchrun, or under the deepspeed launcher where they are killed; or one), bad data made by
+the test-only hook AOGPT_TEST_POISON (the loss of chosen dataset samples multiplied by NaN or a
+factor wherever the stream hands them out), on the synthetic language (conftest.synthetic_data:
+GPT-2's 50,257-row head would be most of the work). The rules themselves (spike window,
+learning-rate windows, skips) are checked without a run."""
 
 import json
 import math
@@ -120,7 +121,9 @@ def test_a_kill_9_during_the_recovery_resumes_into_the_same_run(recovered, launc
     args, env = run_args(synthetic_data, out), poisoned(str(bad_samples[0]))
     mark = out / ("rollbacks.json" if moment == "rolled back" else "skipped_samples.json")
     with (tmp_path / "killed.log").open("w") as log:
-        proc = subprocess.Popen(launcher.command("torchrun", args), cwd=REPO, env=env, stdout=log,
+        # the deepspeed launcher keeps its ranks in its process group, which the kill ends
+        # (torchrun starts each rank in a session of its own)
+        proc = subprocess.Popen(launcher.command("deepspeed", args), cwd=REPO, env=env, stdout=log,
                                 stderr=subprocess.STDOUT, start_new_session=True)
         deadline = time.monotonic() + 300
         while not mark.is_file():

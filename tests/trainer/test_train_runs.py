@@ -199,7 +199,10 @@ def test_signals_and_kill_9_at_any_moment_cost_no_step_and_the_run_stays_the_sam
     mid-save (kill -9 of every process at random moments, with a save every step so most kills
     land in one) never costs more than the steps after the last complete tag. The finished run is
     the uninterrupted reference, loss for loss and weight for weight. (One run serves the three
-    ways of stopping: each launch of 2 processes costs ~20 s of start-up.)"""
+    ways of stopping: each launch of 2 processes costs ~20 s of start-up. The launches that are
+    signalled or killed go through the deepspeed launcher, which forwards the signals and keeps
+    its ranks in its process group; the last one runs under torchrun, whose one process costs
+    less than the launcher's two.)"""
     out_ref, _ = reference
     out = tmp_path / "interrupted"
     args = reference_args(synthetic_data, out)
@@ -237,7 +240,7 @@ def test_signals_and_kill_9_at_any_moment_cost_no_step_and_the_run_stays_the_sam
         assert int(tag[5:]) > resumed_at  # never behind what was complete before
         resumed_at = int(tag[5:])
 
-    rerun = launcher.run("deepspeed", args)
+    rerun = launcher.run("torchrun", args)
     assert_ok(rerun)
     assert f"resumed from {out / 'checkpoints' / f'step_{resumed_at:08d}'}" in rerun.stdout
     for key in ("loss", "loss_l2r", "loss_ao", "grad_norm", "val_loss_l2r", "val_loss_ao"):
@@ -259,7 +262,7 @@ def test_a_relaunch_of_a_finished_run_leaves_no_rank_while_another_loads_its_dat
     out = shutil.copytree(out_ref, tmp_path / "finished")
     moments = tmp_path / "moments"
     command = launcher.command(
-        "deepspeed", ["--moments", str(moments), *reference_args(synthetic_data, out)],
+        "torchrun", ["--moments", str(moments), *reference_args(synthetic_data, out)],
         script=REPO / "tests" / "trainer" / "run_with_a_slow_rank_1_load.py")
     result = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=600,
                             env=launcher.environment())
