@@ -106,7 +106,7 @@ class Trainer:
         if zero_stage(self.ds_config) == 3:
             # each block's weights gathered once, around the whole block, not around each of its
             # layers: with a hook on every layer, a compiled block broke its graph at each one and
-            # dynamo compiled DeepSpeed's hook code too (28 graphs for a 2-layer model, not 6)
+            # dynamo compiled DeepSpeed's hook code too (28 graphs for a 2-layer model, not 5)
             set_z3_leaf_modules(model, [Block])
         self.engine, _, _, _ = deepspeed.initialize(model=model, optimizer=optimizer,
                                                     config=self.ds_config)

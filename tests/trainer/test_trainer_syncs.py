@@ -45,7 +45,7 @@ ZERO3_MACHINERY = re.compile(r"^(partition_parameters|partitioned_param_coordina
 def waits_between_boundaries(ds_config: str, precision: str, data, tmp_path) -> list[dict]:
     """Runs 2 ranks under torchrun; the waits outside boundaries, over both ranks (after checking
     that the recording saw the boundaries' own reads). The ranks are what is recorded: the
-    deepspeed launcher's two processes of its own would add ~3 s of CPU to each of the six runs,
+    deepspeed launcher's two processes of its own would add ~4 s of CPU to each of the six runs,
     and nothing to what the ranks wait for."""
     log = tmp_path / "syncs"
     command = Launcher().command(
