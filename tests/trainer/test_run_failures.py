@@ -3,6 +3,9 @@ answer ends it with one line naming the cause, a non-zero status, within a bound
 process of it left behind. Real runs of trainer/main.py on the synthetic language's shards (built
 by synthetic_to_mds.py: the failures do not depend on what the data says)."""
 
+from __future__ import annotations
+
+import contextlib
 import gc
 import os
 import re
@@ -35,6 +38,15 @@ ONE_PROCESS = [*SYNTHETIC_RUN, "train.tokens_per_step=512", "eval.every=0", "che
                "train.max_steps=1000"]
 
 
+@pytest.fixture(autouse=True)
+def no_run_left_behind():
+    """A test that fails part-way leaves no run of it behind: the 1,000-step run of a test that
+    failed before it could signal it trained on beside the rest of the suite, a core's worth."""
+    yield
+    while Run.started:
+        Run.started.pop().kill()
+
+
 @pytest.fixture
 def data(synthetic_data, tmp_path):
     """A copy of the data to damage."""
@@ -57,8 +69,19 @@ def truncate(path: Path, size: int) -> None:
         file.truncate(size)
 
 
+def command_line(process: psutil.Process) -> list[str] | None:
+    """A process's command line; None once it has ended: a short-lived child of the trainer (a
+    compiler, a probe of the system) may be a zombie by the time it is looked at, with none."""
+    try:
+        return process.cmdline()
+    except psutil.NoSuchProcess:  # ZombieProcess is one
+        return None
+
+
 class Run:
     """trainer/main.py in the background, its output in a file, its process tree remembered."""
+
+    started: list[Run] = []  # what no_run_left_behind ends after each test
 
     def __init__(self, command: list[str], log: Path, env: dict | None = None):
         self.log = log
@@ -67,6 +90,17 @@ class Run:
                                          env=env)
         self.process = psutil.Process(self.proc.pid)
         self.tree: list[psutil.Process] = [self.process]
+        Run.started.append(self)
+
+    def kill(self) -> None:
+        """Ends whatever of the run still runs: the processes remembered and those there now."""
+        with contextlib.suppress(psutil.NoSuchProcess):
+            self.tree += self.process.children(recursive=True)
+        for process in self.tree:
+            with contextlib.suppress(psutil.NoSuchProcess):
+                process.kill()
+        self.proc.wait()
+        psutil.wait_procs(self.tree, timeout=10)
 
     def wait_for(self, ready, what: str, timeout: float = 240) -> None:
         deadline = time.monotonic() + timeout
@@ -88,7 +122,7 @@ class Run:
 
         def forked() -> bool:
             found[:] = [child for child in self.process.children()
-                        if child.cmdline() == self.process.cmdline()]
+                        if command_line(child) == self.process.cmdline()]
             return bool(found)
 
         self.wait_for(forked, "started a loader worker")
@@ -97,13 +131,7 @@ class Run:
     def finish(self, timeout: float) -> tuple[int, float]:
         """(exit status, seconds it took); every process of the run must be gone by then."""
         start = time.monotonic()
-        try:
-            returncode = self.proc.wait(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            for process in self.tree:  # a failed test leaves nothing running
-                if process.is_running():
-                    process.kill()
-            raise
+        returncode = self.proc.wait(timeout=timeout)
         _, alive = psutil.wait_procs(self.tree, timeout=10)
         assert not alive, f"left behind: {alive}"
         return returncode, time.monotonic() - start
@@ -405,16 +433,11 @@ def test_a_hung_rank_fails_the_others_collectives_within_the_timeout(synthetic_d
         env = {**os.environ, "RANK": str(rank), "LOCAL_RANK": str(rank), "WORLD_SIZE": "2",
                "LOCAL_WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)}
         ranks.append(Run(command, tmp_path / f"rank{rank}.log", env))
-    try:
-        ranks[0].wait_for_step(out, 2)
-        ranks[1].tree = [ranks[1].process, *ranks[1].process.children(recursive=True)]
-        for process in ranks[1].tree:
-            process.suspend()
-        returncode, seconds = ranks[0].finish(timeout=120)
-    finally:
-        for process in ranks[1].tree:
-            if process.is_running():
-                process.kill()
+    ranks[0].wait_for_step(out, 2)
+    ranks[1].tree = [ranks[1].process, *ranks[1].process.children(recursive=True)]
+    for process in ranks[1].tree:
+        process.suspend()  # ended by no_run_left_behind
+    returncode, seconds = ranks[0].finish(timeout=120)
     output = ranks[0].output()
     assert returncode == EXIT_FAILED, output
     assert "Traceback" not in output

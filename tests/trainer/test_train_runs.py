@@ -280,6 +280,21 @@ def streaming_blocks_held(proc: subprocess.Popen) -> set[str]:
             if STREAMING_BLOCK.fullmatch(Path(file.path).name) and Path(file.path).parent == SHM}
 
 
+def shared_memory_report(proc: subprocess.Popen, log: Path) -> str:
+    """What a launch's processes hold in /dev/shm (unlinked blocks too), what /dev/shm has, and
+    the end of its log: why no block was found held."""
+    lines = [f"/dev/shm: {sorted(path.name for path in SHM.iterdir())}"]
+    for process in [psutil.Process(proc.pid), *psutil.Process(proc.pid).children(recursive=True)]:
+        held = []
+        with contextlib.suppress(OSError):
+            for descriptor in Path(f"/proc/{process.pid}/fd").iterdir():
+                with contextlib.suppress(OSError):
+                    held.append(os.readlink(descriptor))
+        lines.append(f"{process.pid} {process.status()} {' '.join(process.cmdline())[-80:]}: "
+                     f"{sorted(path for path in held if path.startswith(str(SHM)))}")
+    return "\n".join([*lines, log.read_text()[-3000:]])
+
+
 def wait_for(condition, proc: subprocess.Popen, log: Path, timeout: float = 300) -> None:
     deadline = time.monotonic() + timeout
     while not condition():
@@ -292,10 +307,11 @@ def test_two_runs_on_one_host_started_at_once_and_one_killed_and_relaunched_both
         reference, launcher, synthetic_data, tmp_path):
     """Two trainings of the reference's settings, other out_dirs, launched at the same moment on
     this host. Once `a` has a checkpoint it is killed with kill -9 and relaunched while `b` holds
-    its streaming shared memory (stopped with SIGSTOP meanwhile, so the relaunch surely starts
-    beside it): the relaunch removes none of b's blocks (streaming's global cleanup did, and
-    broke the runs beside it), and both end with the reference's metrics of their 12 steps (the
-    schedule does not depend on max_steps; validations at 6 and 12, as the reference's)."""
+    its streaming shared memory (stopped with SIGSTOP from its first step on, so the relaunch
+    surely starts beside it): the relaunch removes none of b's blocks (streaming's global cleanup
+    did, and broke the runs beside it), and both end with the reference's metrics of their 12
+    steps (the schedule does not depend on max_steps; validations at 6 and 12, as the
+    reference's)."""
     out_ref, _ = reference
     steps = 12
     outs = {name: tmp_path / name for name in ("a", "b")}
@@ -319,13 +335,16 @@ def test_two_runs_on_one_host_started_at_once_and_one_killed_and_relaunched_both
     procs = {name: launch(name) for name in outs}
     try:
         latest, b_metrics = outs["a"] / "checkpoints" / "latest", outs["b"] / "metrics.jsonl"
+        # b is stopped once its datasets are all open (it starts its first step), before a is
+        # waited for: it is then surely mid-run when a is killed and relaunched (on a loaded host
+        # the two runs' pace differs, and b could otherwise end before a's first checkpoint)
+        wait_for(b_metrics.is_file, procs["b"], logs["b"])
+        os.killpg(procs["b"].pid, signal.SIGSTOP)
+        b_blocks = streaming_blocks_held(procs["b"])
+        assert b_blocks, shared_memory_report(procs["b"], logs["b"])
         wait_for(latest.is_file, procs["a"], logs["a"])
         os.killpg(procs["a"].pid, signal.SIGKILL)
         procs["a"].wait()
-        wait_for(b_metrics.is_file, procs["b"], logs["b"])  # its datasets are all open
-        os.killpg(procs["b"].pid, signal.SIGSTOP)
-        b_blocks = streaming_blocks_held(procs["b"])
-        assert b_blocks
         procs["a"] = launch("a")
         wait_for(lambda: "resumed from" in logs["a"].read_text(), procs["a"], logs["a"])
         assert {path for path in b_blocks if not Path(path).exists()} == set()
