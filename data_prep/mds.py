@@ -10,7 +10,8 @@ numpy buffer instead of a Python call per sample. The format (streaming's format
     index.json {"version": 2, "shards": [shard config + samples, raw_data, zip_data, ...]}
                raw_data/zip_data = {"basename", "bytes", "hashes": {algorithm: hex digest}}
 tests/data_prep/test_mds_shards.py checks shards and index against MDSWriter's. Compression (off by
-default) goes through streaming's own codecs, and only then is streaming imported.
+default) goes through streaming's own codecs, and only then is streaming imported. read_rows maps a
+shard's samples back as one such buffer (what reads a whole split: the evaluator's unigram counts).
 
 shard_problem() checks a shard file against its index entry (present, its size, its header, its
 hashes): data_prep/verify.py checks whole datasets with it, the trainer checks sizes before a run.
@@ -129,6 +130,25 @@ def new_hash(name: str, data: bytes = b""):
     if name in xxhash.algorithms_available:
         return getattr(xxhash, name)(data)
     return hashlib.new(name, data)
+
+
+def read_rows(folder: Path, entry: dict) -> np.ndarray:
+    """A shard's samples as one numpy record array (row_dtype of its columns), mapped from the
+    file rather than read sample by sample: streaming's reader costs a Python call chain per
+    sample (~0.15 ms: 14 s for a 90,000-sample split). The raw file, or where only the
+    compressed one is present, its bytes decompressed by streaming's codecs."""
+    columns = dict(zip(entry["column_names"], entry["column_encodings"], strict=True))
+    raw = Path(folder) / entry["raw_data"]["basename"]
+    if raw.is_file():
+        data = np.memmap(raw, dtype=np.uint8, mode="r")
+    else:
+        from aogpt.data_prep.streaming_compat import streaming
+
+        packed = (Path(folder) / entry["zip_data"]["basename"]).read_bytes()
+        data = np.frombuffer(streaming.base.compression.decompress(entry["compression"], packed),
+                             dtype=np.uint8)
+    count, first = (int(value) for value in data[:8].view(np.uint32))
+    return np.frombuffer(data, dtype=row_dtype(columns), count=count, offset=first)
 
 
 # ---- checking shards against their index ---------------------------------------------------------

@@ -47,8 +47,8 @@ import torch
 import torch.distributed as dist
 
 from aogpt import UsageError, check_counts
-from aogpt.data_prep import remote
-from aogpt.data_prep.manifest import check_compatible, read_manifest, split_path
+from aogpt.data_prep import mds, remote
+from aogpt.data_prep.manifest import COLUMN, check_compatible, read_manifest, split_path
 from aogpt.data_prep.streaming_compat import streaming
 from aogpt.model import AOGPT, OrderConfig, OrderSampler
 from aogpt.model.orders import (
@@ -215,13 +215,15 @@ def unigram_reference(counts_from: str | Path, data: EvalData,
         raise UsageError(f"--unigram-from {counts_from}: needs a pretraining folder (with a train "
                          f"split), not an eval set")
     check_compatible(manifest, manifest["seq_len"])
-    train = streaming.LocalDataset(str(split_path(counts_from, "train")))
+    train = split_path(counts_from, "train")
     vocab = manifest["tokenizer"]["n_vocab"]
-    counts = np.full(vocab, 0.5)
-    for i in range(min(len(train), max_count_samples)):
-        sample = train[i]
-        counts += np.bincount(sample["tokens"][:int(sample.get("length", len(sample["tokens"])))],
-                              minlength=vocab)
+    counts, left = np.full(vocab, 0.5), max_count_samples
+    for entry in mds.read_index(train):  # the samples in the dataset's order, a shard at a time
+        rows = mds.read_rows(train, entry)[:left]  # packed text: every token is real
+        counts += np.bincount(rows[COLUMN].ravel(), minlength=vocab)
+        left -= len(rows)
+        if left == 0:
+            break
     log_p = np.log(counts) - np.log(counts.sum())
     nll, tokens = 0.0, 0
     for _, idx, lengths in data.batches(rank=0, world_size=1, batch_size=256):

@@ -66,3 +66,20 @@ def test_streaming_reads_every_column_back(tmp_path):
     np.testing.assert_array_equal(read_samples(tmp_path), rows["tokens"])
     assert read_column(tmp_path, "length") == rows["length"].tolist()
     assert read_column(tmp_path, "last_word_start") == rows["last_word_start"].tolist()
+
+
+@pytest.mark.parametrize("compression", [None, "zstd"])
+def test_read_rows_gives_each_shard_mdswriter_wrote_as_one_array(tmp_path, compression):
+    """Shards of streaming's own writer (several, cut by its size limit), read a shard at a time;
+    a compressed one is decompressed in memory, nothing written beside it."""
+    rows = _rows(300)
+    with streaming.MDSWriter(out=str(tmp_path), columns=COLUMNS, compression=compression,
+                             hashes=mds.HASHES, size_limit=4096) as writer:
+        for row in rows:
+            writer.write({name: row[name] for name in COLUMNS})
+    files = sorted(path.name for path in tmp_path.iterdir())
+    entries = mds.read_index(tmp_path)
+    assert len(entries) > 1
+    read = np.concatenate([mds.read_rows(tmp_path, entry) for entry in entries])
+    assert read.dtype == rows.dtype and read.tobytes() == rows.tobytes()
+    assert sorted(path.name for path in tmp_path.iterdir()) == files

@@ -275,9 +275,13 @@ def test_a_relaunch_of_a_finished_run_leaves_no_rank_while_another_loads_its_dat
 def streaming_blocks_held(proc: subprocess.Popen) -> set[str]:
     """The streaming shared-memory blocks (/dev/shm/<prefix>_<name>) that a launch's processes
     hold open."""
-    tree = [psutil.Process(proc.pid), *psutil.Process(proc.pid).children(recursive=True)]
-    return {file.path for process in tree for file in process.open_files()
-            if STREAMING_BLOCK.fullmatch(Path(file.path).name) and Path(file.path).parent == SHM}
+    held = set()
+    for process in [psutil.Process(proc.pid), *psutil.Process(proc.pid).children(recursive=True)]:
+        with contextlib.suppress(psutil.NoSuchProcess):  # a child that just ended (a zombie)
+            held |= {file.path for file in process.open_files()
+                     if STREAMING_BLOCK.fullmatch(Path(file.path).name)
+                     and Path(file.path).parent == SHM}
+    return held
 
 
 def shared_memory_report(proc: subprocess.Popen, log: Path) -> str:
@@ -290,8 +294,9 @@ def shared_memory_report(proc: subprocess.Popen, log: Path) -> str:
             for descriptor in Path(f"/proc/{process.pid}/fd").iterdir():
                 with contextlib.suppress(OSError):
                     held.append(os.readlink(descriptor))
-        lines.append(f"{process.pid} {process.status()} {' '.join(process.cmdline())[-80:]}: "
-                     f"{sorted(path for path in held if path.startswith(str(SHM)))}")
+        with contextlib.suppress(psutil.NoSuchProcess):  # a zombie has no command line
+            lines.append(f"{process.pid} {process.status()} {' '.join(process.cmdline())[-80:]}"
+                         f": {sorted(path for path in held if path.startswith(str(SHM)))}")
     return "\n".join([*lines, log.read_text()[-3000:]])
 
 
