@@ -32,3 +32,15 @@ def test_a_size_or_count_that_means_nothing_is_one_line(flag, value, message):
     result = run_cli(BENCHMARK, flag, value)
     assert result.returncode == 2
     assert result.stderr.splitlines() == [f"error: {message}"] and result.stdout == ""
+
+
+def test_the_split_read_benchmark_counts_both_ways_and_prints_the_ratio():
+    """Several shards (64 MiB each: 1,500 samples of 32,768 tokens make 2), the counts compared."""
+    result = run_cli("benchmarks/split_read.py", "--samples", "1500", "--seq-len", "32768",
+                     "--repeats", "1")
+    assert result.returncode == 0, result.stderr
+    assert "MDS shards: 2;" in result.stdout
+    assert re.search(r"baseline streaming LocalDataset, a sample at a time +[\d,]+ samples/s",
+                     result.stdout)
+    assert re.search(r"ours mds.read_rows, a shard at a time +[\d,]+ samples/s", result.stdout)
+    assert re.search(r"ratio ours / baseline: [\d,]+x", result.stdout)
