@@ -70,8 +70,8 @@ def truncate(path: Path, size: int) -> None:
 
 
 def command_line(process: psutil.Process) -> list[str] | None:
-    """A process's command line; None once it has ended: a short-lived child of the trainer (a
-    compiler, a probe of the system) may be a zombie by the time it is looked at, with none."""
+    """A process's command line; None once it has ended: a short-lived child of the trainer may
+    be a zombie, which has none, by the time it is looked at."""
     try:
         return process.cmdline()
     except psutil.NoSuchProcess:  # ZombieProcess is one
