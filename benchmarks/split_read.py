@@ -7,7 +7,7 @@ byte streaming's), then counts its token frequencies two ways, in this process a
 files:
   baseline  streaming's LocalDataset, a sample at a time (what the evaluator did before; streaming
             has no call that reads more than one sample), the samples then counted in one call
-  ours      data_prep/mds.py's read_rows, each shard mapped as one numpy record array
+  ours      data_prep/mds.py's value_counts: read_rows maps each shard as one numpy record array
 The counts must be equal (the command fails otherwise). It prints samples/s of each, best of
 --repeats (other work on the machine only adds time), and the ratio ours / baseline.
 """
@@ -50,11 +50,8 @@ def counts_sample_by_sample(folder: Path) -> np.ndarray:
 
 
 def counts_shard_by_shard(folder: Path) -> np.ndarray:
-    """What trainer/evaluation.py's unigram_reference does."""
-    counts = np.zeros(VOCAB, dtype=np.int64)
-    for entry in mds.read_index(folder):
-        counts += np.bincount(mds.read_rows(folder, entry)[COLUMN].ravel(), minlength=VOCAB)
-    return counts
+    """What trainer/evaluation.py's unigram_reference calls."""
+    return mds.value_counts(folder, COLUMN, VOCAB)
 
 
 def best_seconds(count, folder: Path, repeats: int) -> tuple[float, np.ndarray]:

@@ -11,7 +11,8 @@ numpy buffer instead of a Python call per sample. The format (streaming's format
                raw_data/zip_data = {"basename", "bytes", "hashes": {algorithm: hex digest}}
 tests/data_prep/test_mds_shards.py checks shards and index against MDSWriter's. Compression (off by
 default) goes through streaming's own codecs, and only then is streaming imported. read_rows maps a
-shard's samples back as one such buffer (what reads a whole split: the evaluator's unigram counts).
+shard's samples back as one such buffer, value_counts counts a column over a split with it (the
+evaluator's unigram reference).
 
 shard_problem() checks a shard file against its index entry (present, its size, its header, its
 hashes): data_prep/verify.py checks whole datasets with it, the trainer checks sizes before a run.
@@ -149,6 +150,21 @@ def read_rows(folder: Path, entry: dict) -> np.ndarray:
                              dtype=np.uint8)
     count, first = (int(value) for value in data[:8].view(np.uint32))
     return np.frombuffer(data, dtype=row_dtype(columns), count=count, offset=first)
+
+
+def value_counts(folder: Path, column: str, size: int, max_samples: int | None = None
+                 ) -> np.ndarray:
+    """How often each value 0..size-1 occurs in `column` over the folder's first `max_samples`
+    samples (all by default), in the dataset's order, a shard at a time (read_rows): int64."""
+    counts, left = np.zeros(size, dtype=np.int64), max_samples
+    for entry in read_index(folder):
+        rows = read_rows(folder, entry)[:left]
+        counts += np.bincount(rows[column].ravel(), minlength=size)
+        if left is not None:
+            left -= len(rows)
+            if left == 0:
+                break
+    return counts
 
 
 # ---- checking shards against their index ---------------------------------------------------------

@@ -215,15 +215,10 @@ def unigram_reference(counts_from: str | Path, data: EvalData,
         raise UsageError(f"--unigram-from {counts_from}: needs a pretraining folder (with a train "
                          f"split), not an eval set")
     check_compatible(manifest, manifest["seq_len"])
-    train = split_path(counts_from, "train")
     vocab = manifest["tokenizer"]["n_vocab"]
-    counts, left = np.full(vocab, 0.5), max_count_samples
-    for entry in mds.read_index(train):  # the samples in the dataset's order, a shard at a time
-        rows = mds.read_rows(train, entry)[:left]  # packed text: every token is real
-        counts += np.bincount(rows[COLUMN].ravel(), minlength=vocab)
-        left -= len(rows)
-        if left == 0:
-            break
+    # packed text: every token of a sample is real
+    counts = 0.5 + mds.value_counts(split_path(counts_from, "train"), COLUMN, vocab,
+                                    max_count_samples)
     log_p = np.log(counts) - np.log(counts.sum())
     nll, tokens = 0.0, 0
     for _, idx, lengths in data.batches(rank=0, world_size=1, batch_size=256):

@@ -272,11 +272,16 @@ def test_a_relaunch_of_a_finished_run_leaves_no_rank_while_another_loads_its_dat
     assert max(r["loaded"] for r in ranks) <= min(r["fit"] for r in ranks), ranks
 
 
+def launch_tree(proc: subprocess.Popen) -> list[psutil.Process]:
+    launcher = psutil.Process(proc.pid)
+    return [launcher, *launcher.children(recursive=True)]
+
+
 def streaming_blocks_held(proc: subprocess.Popen) -> set[str]:
     """The streaming shared-memory blocks (/dev/shm/<prefix>_<name>) that a launch's processes
     hold open."""
     held = set()
-    for process in [psutil.Process(proc.pid), *psutil.Process(proc.pid).children(recursive=True)]:
+    for process in launch_tree(proc):
         with contextlib.suppress(psutil.NoSuchProcess):  # a child that just ended (a zombie)
             held |= {file.path for file in process.open_files()
                      if STREAMING_BLOCK.fullmatch(Path(file.path).name)
@@ -288,7 +293,7 @@ def shared_memory_report(proc: subprocess.Popen, log: Path) -> str:
     """What a launch's processes hold in /dev/shm (unlinked blocks too), what /dev/shm has, and
     the end of its log: why no block was found held."""
     lines = [f"/dev/shm: {sorted(path.name for path in SHM.iterdir())}"]
-    for process in [psutil.Process(proc.pid), *psutil.Process(proc.pid).children(recursive=True)]:
+    for process in launch_tree(proc):
         held = []
         with contextlib.suppress(OSError):
             for descriptor in Path(f"/proc/{process.pid}/fd").iterdir():
