@@ -144,13 +144,13 @@ class OrderConfig:
     # planner: the planner whose order is trained (confidence, margin or entropy: how the sampler's
     # planner of that name picks the next position), the share of sequences read in its order,
     # the positions it reveals between two scorings of the rest (1: the order of one call per
-    # position; R: R positions per call, about R times cheaper), and at most how many positions
-    # are given first (a uniform number from 0 to planner_givens, read in position order, as the
-    # sampler reads a prompt or a puzzle's clues; the planner orders the others).
+    # position; R: R positions per call, about R times cheaper), and how many positions are given
+    # first, [min, max] (a uniform number in that range, read in position order, as the sampler
+    # reads a prompt or a puzzle's clues; the planner orders the others).
     planner: Literal[TRAINING_PLANNERS] = "margin"
     p_planner: float = 0.5
     refresh: int = 1
-    planner_givens: int = 0
+    planner_givens: list[int] = field(default_factory=lambda: [0, 0])
     # how the k-th prediction of an order counts in the loss: uniform (all alike: the any-order
     # loss, the paper's) or bell (a Gaussian in the share of the sequence it sees, (k + 1/2) / n,
     # centred on 1/2 with standard deviation bell_width, scaled to mean 1: docs/orders.md).
@@ -179,9 +179,11 @@ class OrderConfig:
         if not 1 <= self.refresh <= seq_len:
             raise UsageError(f"order.refresh must be in 1..{seq_len} (positions the planner "
                              f"reveals per call), got {self.refresh}")
-        if not 0 <= self.planner_givens < seq_len:
-            raise UsageError(f"order.planner_givens must be in 0..{seq_len - 1} (at least one "
-                             f"position is left to the planner), got {self.planner_givens}")
+        givens = self.planner_givens
+        if len(givens) != 2 or not 0 <= givens[0] <= givens[1] < seq_len:
+            raise UsageError(f"order.planner_givens must be [min, max] with 0 <= min <= max < "
+                             f"{seq_len} (at least one position is left to the planner), got "
+                             f"{givens}")
         if self.bell_width <= 0:
             raise UsageError(f"order.bell_width must be positive, got {self.bell_width}")
 
@@ -464,8 +466,8 @@ ORDER_KINDS = {
     "fixed": OrderKind(_permutations, fixed=_always),  # or order.fixed_file's
     "blockwise": OrderKind(_blocks, fixed=lambda config: config.blockwise_fixed),
     "planner": OrderKind(_permutations, planned=True, describe=lambda c: (
-        f"planner {c.planner} (p_planner {c.p_planner}, refresh {c.refresh}, up to "
-        f"{c.planner_givens} given first)")),
+        f"planner {c.planner} (p_planner {c.p_planner}, refresh {c.refresh}, "
+        f"{'-'.join(map(str, sorted(set(c.planner_givens))))} given first)")),
 }
 KINDS = tuple(ORDER_KINDS)  # order.kind's words
 

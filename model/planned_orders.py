@@ -18,8 +18,10 @@ Its cost is measured and logged: `planner_s` (seconds per optimizer step), `plan
 
 With probability order.p_planner a sequence takes the planner's order, else a uniformly random one
 (OrderSampler's draw for order.kind=planner). A planned sequence has a uniform number of
-positions, 0..order.planner_givens, given first: the first ones of its random order, read in
-position order, as the sampler reads a prompt or a puzzle's clues; the planner orders the rest.
+positions in order.planner_givens = [min, max] given first: the first ones of its random order,
+read in position order, as the sampler reads a prompt or a puzzle's clues; the planner orders
+the rest (a batch's calls follow its sample with the fewest given, so a narrow range wastes
+fewer rows).
 
 Deterministic and resumable: the coin, the number given and the planner's tie breaks come from
 counter_hash(seed, step, sample index, stream) (model/orders.py), and the planner reads the
@@ -124,8 +126,9 @@ class TrainingOrders:
         sequence's own tokens in."""
         c, n, model = self.config, self.seq_len, self.model
         ids = sample_indices.to(torch.int64)
-        given = (counter_uniform(self.seed, step, ids, Stream.GIVEN)
-                 * (c.planner_givens + 1)).long()  # (p,) uniform in 0..planner_givens
+        low, high = c.planner_givens
+        given = low + (counter_uniform(self.seed, step, ids, Stream.GIVEN)
+                       * (high - low + 1)).long()  # (p,) uniform in low..high
         k = torch.arange(n, device=tokens.device)
         given_mask = unshuffle(k < given[:, None], random_orders)  # (p, n) at positions
         config = SamplingConfig(planner=c.planner, reveal=c.refresh, seed=self.seed)

@@ -80,7 +80,7 @@ def test_given_positions_come_first_in_position_order_then_the_planner_orders_th
     order the unplanned share would read), in position order; then the planner's choices."""
     model = network()
     ids = torch.arange(8)
-    (orders, _), _ = planner_orders(model, ids=ids, planner_givens=4)
+    (orders, _), _ = planner_orders(model, ids=ids, planner_givens=[0, 4])
     random_orders = OrderSampler(OrderConfig(kind="planner"), N, 3)(0, ids)[0]
     model.eval()
     counts = set()
@@ -105,12 +105,12 @@ def test_refresh_reveals_that_many_positions_per_scoring_at_a_fraction_of_the_ro
 def test_a_sample_gets_the_same_planned_order_in_any_batch_or_rank():
     model = network()
     ids = torch.tensor([7, 2, 11, 5])
-    (batch, _), _ = planner_orders(model, step=4, ids=ids, p_planner=0.5, planner_givens=3)
+    (batch, _), _ = planner_orders(model, step=4, ids=ids, p_planner=0.5, planner_givens=[1, 3])
     for i, sample in enumerate(ids.tolist()):
         (alone, _), _ = planner_orders(model, step=4, ids=torch.tensor([sample]), p_planner=0.5,
-                                       planner_givens=3)
+                                       planner_givens=[1, 3])
         assert torch.equal(alone[0], batch[i])
-    (again, _), _ = planner_orders(model, step=4, ids=ids, p_planner=0.5, planner_givens=3)
+    (again, _), _ = planner_orders(model, step=4, ids=ids, p_planner=0.5, planner_givens=[1, 3])
     assert torch.equal(again, batch)
 
 
