@@ -1,5 +1,6 @@
-"""benchmarks/sudoku_planners.py end to end on an untrained tiny model: every method at every
-budget, its JSON written row by row and its table; a model of other grids refused in one line."""
+"""benchmarks/sudoku_planners.py end to end on untrained tiny models: every method at every
+budget, its JSON written row by row and its table; two arms compared on the same puzzles; a model
+of other grids refused in one line."""
 
 import json
 import sys
@@ -26,10 +27,10 @@ def puzzles(tmp_path_factory):
     return out
 
 
-def checkpoint(folder, vocab: int, block: int):
+def checkpoint(folder, vocab: int, block: int, seed: int = 0):
     config = ModelConfig(n_layer=1, n_head=2, n_embd=16, block_size=block, cond_dim=8,
                          vocab_size=vocab)
-    torch.manual_seed(0)
+    torch.manual_seed(seed)
     model = AOGPT(config)
     save_consolidated(folder, config, model.state_dict(), model.state_dict(), step=0)
     return folder
@@ -53,8 +54,31 @@ def test_the_smoke_run_writes_every_method_at_every_budget(puzzles, tmp_path):
     one_per_blank = [row for row in rows if row["budget"] == "1 call per blank"]
     assert all(row["calls_per_blank"] == 1 for row in one_per_blank)  # equal calls
     assert all(row["calls_per_blank"] <= 0.75 for row in rows if "2 blanks" in row["budget"])
-    lines = table.read_text().splitlines()
-    assert len(lines) == 2 + len(rows) and "| 0 | 1 call per blank | margin |" in table.read_text()
+    text = table.read_text()
+    assert "| model | 0 | 0 | 1 call per blank | margin |" in text
+    assert len([line for line in text.splitlines() if line.startswith("| model |")]) == len(rows)
+    assert "Puzzles that need search" in text or "No puzzle needs search." in text
+
+
+def test_arms_are_measured_on_the_same_puzzles_and_compared_with_the_first(puzzles, tmp_path):
+    arms = [f"uniform={checkpoint(tmp_path / 'a', vocab=4, block=16)}",
+            f"planner={checkpoint(tmp_path / 'b', vocab=4, block=16, seed=1)}"]
+    out = tmp_path / "rows.json"
+    assert sudoku_planners(["--ckpt", arms[0], "--ckpt", arms[1], "--data", str(puzzles),
+                            "--smoke", "--device", "cpu", "--methods", "random order,margin",
+                            "--json", str(out)]) == 0
+    data = json.loads(out.read_text())
+    assert list(data["arms"]) == ["uniform", "planner"]
+    rows = data["results"]
+    assert [(row["arm"], row["budget"], row["method"]) for row in rows] == [
+        (arm, budget, method) for arm in ("uniform", "planner")
+        for budget in ("1 call per blank", "1 call per 2 blanks")
+        for method in ("random order", "margin")]
+    for row in rows:
+        first = next(r for r in rows if r["arm"] == "uniform" and r["method"] == row["method"]
+                     and r["budget"] == row["budget"])
+        expected = row["solved"] / first["solved"] if first["solved"] else None
+        assert row["x_first_arm"] == expected
 
 
 def test_a_run_cut_after_its_first_row_keeps_it(puzzles, tmp_path, monkeypatch):
