@@ -3,10 +3,11 @@ from a benchmark are in the JSON they name (the rules: docs/README.md; the check
 tests/docs_testing.py). The last tests give the checker a doc of their own, to show that each rule
 fails on what it is for and passes the same text made right."""
 
+import re
 import subprocess
 
 import pytest
-from docs_testing import REPO, check, check_links, page, pages
+from docs_testing import REPO, THESE_TESTS, check, check_links, page, pages, slug
 
 FAKE = REPO / "docs" / "a-page-of-this-test.md"  # never written: its links resolve from docs/
 
@@ -21,6 +22,25 @@ def test_every_link_of_every_markdown_file_resolves():
     markdown = subprocess.run(["git", "ls-files", "*.md"], cwd=REPO, capture_output=True,
                               text=True, check=True).stdout.split()
     problems = [p for name in markdown for p in check_links(page(REPO / name))]
+    assert not problems, "\n".join(problems)
+
+
+def test_every_page_the_code_points_to_exists_with_the_section_it_names():
+    """Comments and docstrings send readers to docs/*.md (`docs/export.md, "Hugging Face
+    export"`): the page, and the heading where one is named."""
+    code = subprocess.run(["git", "ls-files", "*.py", "*.sh", "*.yaml", "Makefile"], cwd=REPO,
+                          capture_output=True, text=True, check=True).stdout.split()
+    problems = []
+    for name in (n for n in code if n != THESE_TESTS):
+        text = (REPO / name).read_text()
+        for target, heading in re.findall(r"\b((?:docs/[\w/-]+|README)\.(?:md|png|json))"
+                                          r'(?:,? "([^"]+)")?', text):
+            path = REPO / target
+            if not path.is_file():
+                problems.append(f"{name}: {target}: no such file")
+            elif heading and slug(heading) not in {slug(line) for line in path.read_text()
+                                                   .splitlines() if line.startswith("#")}:
+                problems.append(f'{name}: {target}, "{heading}": no such heading')
     assert not problems, "\n".join(problems)
 
 
