@@ -141,21 +141,21 @@ class OrderConfig:
     # blockwise: True draws one block-structured order from fixed_seed for every sample (the
     # paper's "fixed block-wise random" of Fig. 2a); False draws a fresh one per sample and step.
     blockwise_fixed: bool = True
-    # planner: the planner whose order is trained (confidence, margin or entropy: how the sampler's
-    # planner of that name picks the next position), the share of sequences read in its order,
-    # the positions it reveals between two scorings of the rest (1: the order of one call per
-    # position; R: R positions per call, about R times cheaper), and how many positions are given
-    # first, [min, max] (a uniform number in that range, read in position order, as the sampler
-    # reads a prompt or a puzzle's clues; the planner orders the others).
+    # planner: whose order is trained, as the sampler's planner of that name picks the next
+    # position (docs/orders.md)
     planner: Literal[TRAINING_PLANNERS] = "margin"
-    p_planner: float = 0.5
+    p_planner: float = 0.5  # planner: the share of sequences read in the planner's order
+    # planner: positions revealed between two scorings of the remaining ones (1: the order of one
+    # call per position, as a planner decodes; R: about R times cheaper)
     refresh: int = 1
+    # planner: how many positions are given first, [min, max]: a uniform number in that range,
+    # read in position order, as the sampler reads a prompt or a puzzle's clues
     planner_givens: list[int] = field(default_factory=lambda: [0, 0])
     # how the k-th prediction of an order counts in the loss: uniform (all alike: the any-order
     # loss, the paper's) or bell (a Gaussian in the share of the sequence it sees, (k + 1/2) / n,
     # centred on 1/2 with standard deviation bell_width, scaled to mean 1: docs/orders.md).
     weighting: Literal[WEIGHTING_NAMES] = "uniform"
-    bell_width: float = 0.25
+    bell_width: float = 0.25  # bell: the Gaussian's standard deviation, in shares of the sequence
 
     def __post_init__(self):
         self.kind = ALIASES.get(self.kind, self.kind)  # an alias is kept as its reading's word
