@@ -12,7 +12,6 @@ from aogpt.model.config import ModelConfig
 from aogpt.model.orders import TRAINING_PLANNERS, OrderConfig, OrderSampler
 from aogpt.model.planned_orders import TrainingOrders
 from aogpt.model.sampler import PLANNERS
-from aogpt.model.sampler.planners import scores
 
 N, VOCAB = 10, 16
 
@@ -27,6 +26,13 @@ def network():
 
 
 TEXTS = torch.randint(0, VOCAB, (64, N), generator=torch.Generator().manual_seed(0))  # by id
+
+
+def scores(probs: torch.Tensor, planner: str) -> torch.Tensor:
+    """What each planner ranks highest first, (..., vocab) probabilities -> (...)."""
+    top = probs.topk(2, dim=-1).values
+    return {"confidence": top[..., 0], "margin": top[..., 0] - top[..., 1],
+            "entropy": (probs * probs.log()).sum(dim=-1)}[planner]  # minus the entropy
 
 
 @torch.no_grad()
