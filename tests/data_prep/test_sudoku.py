@@ -190,9 +190,12 @@ def test_an_out_path_that_is_a_file_is_refused(tmp_path):
     assert (tmp_path / "taken").read_text() == "a user's file"
 
 
-def test_the_preset_is_a_model_of_the_default_folders_grids(repo):
+@pytest.mark.parametrize("preset, box, folder", [("sudoku.yaml", (2, 3), "data/sudoku"),
+                                                   ("sudoku9.yaml", (3, 3), "data/sudoku9")])
+def test_each_preset_is_a_model_of_its_folders_grids(repo, preset, box, folder):
     from aogpt.trainer.config import load_config
 
-    config, sudoku = load_config(repo / "configs" / "sudoku.yaml"), Sudoku(2, 3)  # --box 2x3
+    config, sudoku = load_config(repo / "configs" / preset), Sudoku(*box)  # --box 2x3, 3x3
     assert (config.model.vocab_size, config.model.block_size) == (sudoku.size, sudoku.cells)
-    assert config.data.path == "data/sudoku"
+    assert config.data.path == folder
+    config.validate(world_size=1)
