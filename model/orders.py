@@ -440,6 +440,17 @@ def _kind_word(config: OrderConfig) -> str:
     return config.kind
 
 
+def _mixture_words(c: OrderConfig) -> str:
+    moves = f" -> {c.p_left_to_right_end}, {c.schedule}" if c.schedule != "constant" else ""
+    return f"mixture (p_left_to_right {c.p_left_to_right}{moves})"
+
+
+def _planner_words(c: OrderConfig) -> str:
+    given = "-".join(map(str, sorted(set(c.planner_givens))))
+    return (f"planner {c.planner} (p_planner {c.p_planner}, refresh {c.refresh}, {given} given "
+            "first)")
+
+
 @dataclass(frozen=True)
 class OrderKind:
     """What order.kind=<word> draws: the one definition of a kind, which OrderConfig accepts and
@@ -457,17 +468,12 @@ class OrderKind:
 
 
 ORDER_KINDS = {
-    "mixture": OrderKind(_permutations, mixture=True, describe=lambda c: (
-        f"mixture (p_left_to_right {c.p_left_to_right}"
-        + (f" -> {c.p_left_to_right_end}, {c.schedule}" if c.schedule != "constant" else "")
-        + ")")),
+    "mixture": OrderKind(_permutations, mixture=True, describe=_mixture_words),
     ANY_ORDER.word: OrderKind(_permutations),
     LEFT_TO_RIGHT.word: OrderKind(_identity, fixed=_always),
     "fixed": OrderKind(_permutations, fixed=_always),  # or order.fixed_file's
     "blockwise": OrderKind(_blocks, fixed=lambda config: config.blockwise_fixed),
-    "planner": OrderKind(_permutations, planned=True, describe=lambda c: (
-        f"planner {c.planner} (p_planner {c.p_planner}, refresh {c.refresh}, "
-        f"{'-'.join(map(str, sorted(set(c.planner_givens))))} given first)")),
+    "planner": OrderKind(_permutations, planned=True, describe=_planner_words),
 }
 KINDS = tuple(ORDER_KINDS)  # order.kind's words
 
