@@ -24,6 +24,7 @@ import matplotlib
 
 matplotlib.use("Agg")  # files only: runs on a node without a display
 import matplotlib.pyplot as plt  # noqa: E402
+from plan import RECIPE_BASELINE, RECIPES  # noqa: E402
 
 from aogpt import UsageError  # noqa: E402
 from aogpt.files import write_atomic, write_text_atomic
@@ -33,7 +34,6 @@ from aogpt.trainer.metrics import curve, loss_key, run_records  # noqa: E402
 
 TAIL = 0.1  # "final" loss: the mean over the last 10% of the steps
 FLOOR_MARGIN = 0.05  # finding F: "within 5% of the entropy"
-RECIPES = ("mixture10", "curriculum", "planner", "bell")  # raced against uniform in finding F
 SMOOTH = 0.8  # exponential smoothing of plotted training curves
 TIMING_MARGIN = 0.1  # timings within 10% of each other are treated as equal
 
@@ -405,7 +405,7 @@ def finding_floor(r: SuiteResults) -> Finding:
             "`--corpus synthetic`)."])
     have = {run["arm"] for run in r.runs.values()}
     recipes = tuple(arm for arm in RECIPES if arm in have) or RECIPES
-    arms = ("uniform", *recipes)
+    arms = (RECIPE_BASELINE, *recipes)
     if skipped := not_run("F", title, r, arms):
         return skipped
     threshold = (1 + FLOOR_MARGIN) * entropy
@@ -416,9 +416,10 @@ def finding_floor(r: SuiteResults) -> Finding:
     best = min((arm for arm in recipes if values.get(arm)),
                key=lambda arm: statistics.fmean(values[arm]))
     comparisons = compare_chain(f"million tokens to {threshold:.4f} nats in any order", values,
-                                [(best, "uniform")])
+                                [(best, RECIPE_BASELINE)])
     censored = [name for name, run in r.runs.items()
-                if run["arm"] in (best, "uniform") and reached.get(name) and not reached[name][1]]
+                if run["arm"] in (best, RECIPE_BASELINE) and reached.get(name)
+                and not reached[name][1]]
     note = ([f"Not reached by {', '.join(censored)}: their value is the tokens of their last "
              "validation, a lower bound: such a run needs more (where it is uniform's, the "
              "gap is larger than shown; where it is the recipe's, smaller).", ""]
