@@ -29,7 +29,7 @@ from aogpt import UsageError, check_counts, cli_entry
 from aogpt.data_prep.corpora import shakespeare_plays
 from aogpt.data_prep.tokenizer import load_gpt2
 from aogpt.model.orders import ANY_ORDER, LEFT_TO_RIGHT, READING_WORDS
-from aogpt.model.run_folder import RunFolder
+from aogpt.run_folder import RunFolder
 from aogpt.trainer.config import load_config
 from aogpt.trainer.dist_env import free_port
 

@@ -25,49 +25,32 @@ more (tests/trainer/test_trainer_syncs.py counts).
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import time
 import warnings
-from dataclasses import dataclass
 from pathlib import Path
 
 import deepspeed
 import torch
 from deepspeed.utils import set_z3_leaf_modules
 
-from aogpt.files import git_sha
 from aogpt.model import AOGPT, OrderSampler
 from aogpt.model.gpt import Block
 from aogpt.model.orders import ANY_ORDER, LEFT_TO_RIGHT
 from aogpt.model.warm_start import warm_start
 from aogpt.trainer.checkpoint import Checkpointer, Progress
-from aogpt.trainer.config import RunConfig, config_to_dict
+from aogpt.trainer.config import config_to_dict
 from aogpt.trainer.data import TrainBatches, training_locations
 from aogpt.trainer.dist_env import DistEnv, all_reduce_sum, any_rank, host_group, init_process_group
 from aogpt.trainer.ds_config import zero_stage
 from aogpt.trainer.ema import ShardedEMA
-from aogpt.trainer.evaluation import EvalData
 from aogpt.trainer.failsafe import EXIT_PREEMPTED, PreemptionFlag, SignalWatchdog
 from aogpt.trainer.lr_schedule import learning_rate
 from aogpt.trainer.metrics import TrainingLog, Window, loss_key, peak_flops
+from aogpt.trainer.preflight import Plan
 from aogpt.trainer.recovery import Recovery
 from aogpt.trainer.sync_free import install as make_deepspeed_steps_sync_free
 from aogpt.trainer.validator import Validator, token_weighted
-
-
-@dataclass
-class Plan:
-    """Everything checked before the heavy work starts (trainer/main.py's pre-flight)."""
-
-    cfg: RunConfig
-    ds_config: dict
-    manifests: dict[str, dict]
-    resume_tag: str | None
-    elastic: bool = False  # the tag was written by another number of processes or ZeRO stage
-    zero_shot_sets: dict[str, EvalData] = dataclasses.field(default_factory=dict)  # by name
-    git_sha: str | None = dataclasses.field(default_factory=git_sha)  # the code that runs
-    start_over: bool = False  # from step 0, an earlier run in out_dir set aside (--start-over)
 
 
 class Trainer:

@@ -44,7 +44,7 @@ import torch.distributed as dist
 
 from aogpt import UsageError
 from aogpt.files import write_json_atomic
-from aogpt.model.run_folder import RunFolder, step_of
+from aogpt.run_folder import RunFolder, step_of
 from aogpt.trainer.checkpoint import Checkpointer, Progress
 from aogpt.trainer.config import RecoveryConfig, RunConfig
 from aogpt.trainer.data import TrainBatches

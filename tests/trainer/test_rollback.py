@@ -27,7 +27,7 @@ from trainer_testing import (
 
 from aogpt import UsageError
 from aogpt.model.checkpoint import read_consolidated
-from aogpt.model.run_folder import RunFolder
+from aogpt.run_folder import RunFolder
 from aogpt.trainer.config import RecoveryConfig, load_config
 from aogpt.trainer.failsafe import EXIT_FAILED
 from aogpt.trainer.lr_schedule import learning_rate
