@@ -13,6 +13,7 @@ import signal
 import subprocess
 import sys
 import time
+from dataclasses import replace
 
 import pytest
 import torch
@@ -303,9 +304,9 @@ def test_the_poison_hook_wraps_the_steps_forward_only_when_asked(monkeypatch):
     """AOGPT_TEST_POISON wraps the step's forward (the step holds no branch for it): the loss of
     the samples it names is multiplied by their factor (NaN by default), the others' untouched;
     without it the forward is the step's own."""
-    model = AOGPT(model_presets.tiny()).eval()
-    idx = torch.randint(0, 100, (3, model.config.block_size))  # (micro, t)
-    orders = torch.stack([torch.randperm(model.config.block_size) for _ in range(3)])
+    model = AOGPT(replace(model_presets.tiny(), vocab_size=64, block_size=16)).eval()
+    idx = torch.randint(0, 64, (3, 16))  # (micro, t)
+    orders = torch.stack([torch.randperm(16) for _ in range(3)])
 
     def forward(idx, orders, sample_ids):
         return model(idx, orders, return_mean=True)
