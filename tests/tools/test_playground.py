@@ -18,6 +18,8 @@ from aogpt.model import AOGPT, save_consolidated
 from aogpt.model.config import ModelConfig
 from aogpt.trainer.sample import main as sample_main
 
+pytestmark = pytest.mark.slow  # a server process (imports: seconds) and sampling through it
+
 BLOCK = 128
 GENERATION_TIMEOUT_MS = 180_000  # a loaded 2-core machine is many times slower than an idle one
 
@@ -109,7 +111,6 @@ def post(server: str, fields: dict) -> dict:
         return json.loads(response.read())
 
 
-@pytest.mark.slow
 def test_a_request_made_while_others_run_waits_and_says_so(page, server):
     open_playground(page, server)
     # prompts continued to the whole block, one call per token: a few tenths of a second each

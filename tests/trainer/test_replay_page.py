@@ -8,7 +8,7 @@ import time
 
 import pytest
 import torch
-from conftest import run_cli, tool
+from conftest import tool
 
 from aogpt.data_prep.tokenizer import load_gpt2
 from aogpt.model import AOGPT, save_consolidated
@@ -17,13 +17,14 @@ from aogpt.model.sampler import Generation, SamplingConfig, sample_records
 from aogpt.trainer.sample import main as sample_main
 
 N = 48
+BLOCK = 64
 replay = tool("replay")
 
 
 @pytest.fixture(scope="module")
 def checkpoint(tmp_path_factory):
     torch.manual_seed(0)
-    config = ModelConfig(n_layer=1, n_head=2, n_embd=16, block_size=1024, cond_dim=8)
+    config = ModelConfig(n_layer=1, n_head=2, n_embd=16, block_size=BLOCK, cond_dim=8)
     folder = tmp_path_factory.mktemp("ckpt")
     save_consolidated(folder, config, AOGPT(config).state_dict(), None, step=1)
     return folder
@@ -108,12 +109,27 @@ def test_stepping_back_undoes_a_call(page, page_file, samples):
     assert page.text_content(".position") == f"call 1 of {N - len(record['given_positions'])}"
 
 
-def test_a_bad_samples_file_is_refused_in_one_line(tmp_path):
+def test_a_text_past_the_block_shows_its_window_seams_and_ends_as_its_text(page, checkpoint,
+                                                                            tmp_path):
+    samples_file = tmp_path / "long.jsonl"
+    [record] = draw(checkpoint, samples_file, "--length", "100", "--window", "32",
+                    "--steps", "8", "--num-samples", "1")
+    assert record["seams"] == [64, 96]  # chunks 0..64, 32..96, 64..100
+    page_file = tmp_path / "long.html"
+    write_page(samples_file, page_file)
+    open_page(page, page_file)
+    seams = page.eval_on_selector_all(".cells [data-seam]", "cells => cells.map(c => c.dataset.p)")
+    assert seams == ["64", "96"]
+    play_to_the_end(page)
+    assert page.text_content(".text") == record["text"]
+
+
+def test_a_bad_samples_file_is_refused_in_one_line(run_main, tmp_path):
     bad = tmp_path / "notes.jsonl"
     bad.write_text('{"step": 3, "loss": 2.5}\n')
-    result = run_cli("tools/replay.py", str(bad), "--out", str(tmp_path / "page.html"))
-    assert result.returncode == 2 and result.stderr.count("\n") == 1
-    assert f"error: SAMPLES {bad} line 1 is not a sample record" in result.stderr
+    code, _, err = run_main(replay.main, bad, "--out", tmp_path / "page.html")
+    assert code == 2 and err.count("\n") == 1
+    assert f"error: SAMPLES {bad} line 1 is not a sample record" in err
     assert not (tmp_path / "page.html").exists()
 
 

@@ -129,8 +129,7 @@ class Player {
     this.cells.addEventListener("mouseleave", () => { this.tip.hidden = true; });
     this.root.append(controls, this.legend(), this.cells,
                      el("h2", {text: "text so far"}), this.text, this.facts, this.tip);
-    this.root.tabIndex = 0;
-    this.root.addEventListener("keydown", e => this.key(e));
+    document.addEventListener("keydown", e => this.key(e));
   }
 
   legend() {
@@ -272,7 +271,8 @@ class Player {
     const actions = {" ": () => this.toggle(), ArrowRight: () => this.step(1),
                      ArrowLeft: () => this.step(-1), Home: () => { this.pause(); this.show(0); },
                      End: () => { this.pause(); this.show(this.total); }};
-    if (actions[e.key] && e.target.tagName !== "SELECT" && e.target.tagName !== "INPUT") {
+    const typing = ["INPUT", "SELECT", "TEXTAREA", "BUTTON"].includes(e.target.tagName);
+    if (actions[e.key] && !typing && this.root.isConnected) {
       e.preventDefault();
       actions[e.key]();
     }
