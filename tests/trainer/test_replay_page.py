@@ -133,6 +133,20 @@ def test_a_bad_samples_file_is_refused_in_one_line(run_main, tmp_path):
     assert not (tmp_path / "page.html").exists()
 
 
+def test_a_page_is_replaced_only_with_force_and_only_when_this_tool_wrote_it(run_main, samples,
+                                                                             tmp_path):
+    out = tmp_path / "replay.html"
+    out.write_text("<html>my own page</html>")
+    code, _, err = run_main(replay.main, samples[0], "--out", out, "--force")
+    assert code == 2 and "is a file that tools/replay.py did not write" in err
+    assert out.read_text() == "<html>my own page</html>"
+    out.unlink()
+    assert run_main(replay.main, samples[0], "--out", out)[0] == 0
+    code, _, err = run_main(replay.main, samples[0], "--out", out)
+    assert code == 2 and "pass --force to replace it" in err
+    assert run_main(replay.main, samples[0], "--out", out, "--force")[0] == 0
+
+
 def test_a_page_of_32_samples_of_1024_tokens_is_under_1_mb_and_opens_in_2_s(page, tmp_path):
     """At its largest: tokens drawn uniformly from GPT-2's vocabulary, as a random model draws
     them (every sample's vocabulary its own, most pieces bytes of a character), in random
