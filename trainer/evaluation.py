@@ -58,7 +58,8 @@ from aogpt.model.orders import (
     per_reading,
     reading_named,
 )
-from aogpt.model.sampler import PLANNERS, KVCacheSampler, SamplingConfig
+from aogpt.model.sampler import KVCacheSampler, SamplingConfig
+from aogpt.model.sampler.ways import named
 from aogpt.progress import progress as progress_bar
 from aogpt.trainer.ensemble import choose_targets, ensemble_member_nll, ensemble_sums
 
@@ -122,10 +123,10 @@ class EvalSettings:
             raise UsageError(f"--ensemble sizes must be positive, got {list(self.ensemble)}")
         if self.precision not in PRECISIONS:
             raise UsageError(f"--precision must be one of {', '.join(PRECISIONS)}")
-        unknown = [p for p in self.planners if p not in PLANNERS or p == "order"]
+        unknown = [p for p in self.planners if p not in named("planner")]
         if unknown:
             raise UsageError(f"--planners {','.join(unknown)}: each must be one of "
-                             f"{', '.join(PLANNERS[1:])}")
+                             f"{', '.join(named('planner'))}")
         if set(self.orders) - {LEFT_TO_RIGHT.word} or self.ensemble or self.planners:
             model.config.require_any_order("it cannot score other orders; use --orders "
                                            f"{LEFT_TO_RIGHT.word} and no --ensemble")
