@@ -39,15 +39,10 @@ from aogpt.data_prep.synthetic import TokenIds
 from aogpt.data_prep.tokenizer import load_gpt2
 from aogpt.model import load_checkpoint
 from aogpt.model.checkpoint import describe_provenance, locate_checkpoint, provenance
+from aogpt.model.orders import ANY_ORDER, READING_WORDS
 from aogpt.model.precision import reproducible_dtype, resolve_device
-from aogpt.model.sampler import (
-    PLANNERS,
-    SAMPLERS,
-    KVCacheSampler,
-    SamplingConfig,
-    given_tokens,
-    sample_records,
-)
+from aogpt.model.sampler import KVCacheSampler, SamplingConfig, given_tokens, sample_records
+from aogpt.model.sampler.ways import DEFAULT_SAMPLER, SAMPLERS, WAYS, Room, named
 from aogpt.trainer.replay import Pieces, fill, page_data
 
 PAGE = Path(__file__).with_name("playground.html")
@@ -116,30 +111,34 @@ def text_with_gaps(text: str, length: int | None, block: int, encoding) -> tuple
 
 
 def settings_of(fields: dict, to_generate: int) -> SamplingConfig:
-    """The sampler's settings the page sent, checked as trainer/sample.py checks its flags."""
-    sampler, planner = fields.get("sampler", "parallel"), fields.get("planner", "order")
+    """The sampler's settings the page sent, checked and fitted to the gaps by the ways' table
+    (model/sampler/ways.py) as trainer/sample.py checks its flags: each way reads its own
+    fields (steps, draft, reveal, threshold), the others are ignored."""
+    sampler, order = fields.get("sampler") or DEFAULT_SAMPLER, fields.get("planner") or "random"
     if sampler not in SAMPLERS:
         raise UsageError(f"unknown sampler {sampler!r}: choose {' or '.join(SAMPLERS)}")
-    if planner not in PLANNERS and planner not in ("random", "l2r"):
-        raise UsageError(f"unknown planner {planner!r}: choose random, l2r or "
-                         f"{', '.join(PLANNERS[1:])}")
-    order = planner if planner in ("random", "l2r") else "random"
-    planner = "order" if planner in ("random", "l2r") else planner
-    steps = number(fields, "steps", int, to_generate)
-    if not 1 <= steps <= to_generate:
-        raise UsageError(f"steps must be in 1..{to_generate} (the positions to fill), got {steps}")
-    draft = min(number(fields, "draft", int, SamplingConfig.draft), max(to_generate - 1, 1))
-    config = SamplingConfig(
-        sampler=sampler, planner=planner, order=order, steps=steps, draft=draft,
-        reveal=number(fields, "reveal", int, 1),
-        threshold=number(fields, "threshold", float, SamplingConfig.threshold),
-        temperature=number(fields, "temperature", float, 1.0),
-        top_p=number(fields, "top_p", float, 1.0), seed=number(fields, "seed", int, 0))
+    fixed = order in READING_WORDS
+    if not fixed and order not in WAYS:
+        raise UsageError(f"unknown order {order!r}: choose {', '.join(READING_WORDS)} or a "
+                         f"planner: {', '.join(named('planner'))}")
+    if not fixed and sampler != DEFAULT_SAMPLER:
+        raise UsageError(f"the {order} planner chooses positions call by call; the {sampler} "
+                         "sampler works along an order fixed up front: choose one")
+    way = WAYS[sampler if fixed else order]
+    given = {option.field: number(fields, option.field, option.type) for option in way.options
+             if option.type in (int, float) and fields.get(option.field) not in (None, "")}
+    for name, value in given.items():
+        next(option for option in way.options if option.field == name).check(value, name)
+    config = SamplingConfig(**{way.picked_by: way.name}, **given,
+                            order=order if fixed else ANY_ORDER.word,
+                            temperature=number(fields, "temperature", float, 1.0),
+                            top_p=number(fields, "top_p", float, 1.0),
+                            seed=number(fields, "seed", int, 0))
     config.validate()
-    return config
+    return way.fit(config, set(given), Room(to_generate, to_generate))[0]
 
 
-def number(fields: dict, name: str, kind: type, default):
+def number(fields: dict, name: str, kind: type, default=None):
     value = fields.get(name)
     if value in (None, ""):
         return default
@@ -229,7 +228,8 @@ class Playground:
         b, n = request.samples, len(request.tokens)
         sampler = KVCacheSampler(self.model, b, n, request.config)
         ids = torch.arange(b)
-        out = sampler.generate(ids, request.tokens.expand(b, -1), request.mask.expand(b, -1))
+        out = sampler.generate(ids, request.tokens.expand(b, -1), request.mask.expand(b, -1),
+                               record_calls=True)
         given = request.mask.nonzero().flatten().tolist()
         records = sample_records(ids.tolist(), out, self.encoding, request.config,
                                  given_positions=given, provenance=self.origin)
