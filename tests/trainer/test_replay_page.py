@@ -4,6 +4,7 @@ back a call exactly; samples made by trainer/sample.py from a tiny checkpoint of
 (whose tokens are spread over GPT-2's whole vocabulary: many are parts of a character)."""
 
 import json
+import re
 import time
 
 import pytest
@@ -25,8 +26,11 @@ replay = tool("replay")
 def checkpoint(tmp_path_factory):
     torch.manual_seed(0)
     config = ModelConfig(n_layer=1, n_head=2, n_embd=16, block_size=BLOCK, cond_dim=8)
+    model = AOGPT(config)
+    with torch.no_grad():  # distributions that depend on the context: drafts are rejected too
+        model.lm_head.weight.mul_(300.0)
     folder = tmp_path_factory.mktemp("ckpt")
-    save_consolidated(folder, config, AOGPT(config).state_dict(), None, step=1)
+    save_consolidated(folder, config, model.state_dict(), None, step=1)
     return folder
 
 
@@ -122,6 +126,43 @@ def test_a_text_past_the_block_shows_its_window_seams_and_ends_as_its_text(page,
     assert seams == ["64", "96"]
     play_to_the_end(page)
     assert page.text_content(".text") == record["text"]
+
+
+def html_page(checkpoint, tmp_path, *flags) -> tuple[dict, object]:
+    """trainer/sample.py --html's page of one sample (its calls recorded) and its record."""
+    out, page_file = tmp_path / "samples.jsonl", tmp_path / "samples.html"
+    [record] = draw(checkpoint, out, "--seq-len", "24", "--num-samples", "1", "--html",
+                    str(page_file), *flags)
+    return record, page_file
+
+
+def test_sample_py_html_replays_the_speculative_samplers_drafts_and_their_fate(
+        page, checkpoint, tmp_path):
+    record, page_file = html_page(checkpoint, tmp_path, "--sampler", "speculative", "--draft",
+                                  "4")
+    open_page(page, page_file)
+    call = next(k for k, c in enumerate(record["calls"]) if "rejected" in c)
+    [[position, draft]] = record["calls"][call]["rejected"]
+    page.fill(".slider", str(call))  # drafted and pending before the call that rejects it
+    cell = f".cells [data-p='{position}']"
+    assert "draft" in page.get_attribute(cell, "class")
+    page.click(".forward")
+    assert page.get_attribute(cell, "class").split() == ["cell", "final", "new", "redrawn"]
+    page.hover(cell)
+    assert f"(id {draft})" in page.text_content(".tip").split("rejected draft")[1]
+    play_to_the_end(page)
+    assert page.text_content(".text") == record["text"]
+
+
+def test_a_planners_candidates_show_their_scores_on_hover(page, checkpoint, tmp_path):
+    record, page_file = html_page(checkpoint, tmp_path, "--planner", "margin")
+    open_page(page, page_file)
+    page.click(".forward")
+    [chosen, runner_up] = record["calls"][0]["candidates"][:2]
+    assert page.get_attribute(f".cells [data-p='{chosen[0]}']", "class") == "cell final new"
+    page.hover(f".cells [data-p='{runner_up[0]}']")
+    shown = re.search(r"candidate of call 1: score (\S+), rank 2 of 16", page.text_content(".tip"))
+    assert float(shown[1]) == pytest.approx(runner_up[1], rel=1e-3)  # 4 digits on the page
 
 
 def test_a_bad_samples_file_is_refused_in_one_line(run_main, tmp_path):
