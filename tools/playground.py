@@ -58,11 +58,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         prog="python tools/playground.py", description=__doc__.split("\n\n")[0],
         epilog=__doc__.split("\n\n", 1)[1], formatter_class=argparse.RawDescriptionHelpFormatter)
     add = parser.add_argument
-    add("--ckpt", required=True, help="out_dir, checkpoint folder or model.safetensors")
-    add("--weights", choices=("ema", "raw"), default="ema", help="default ema")
     add("--port", type=int, default=8000, help="default 8000 (0: any free port)")
     add("--host", default="127.0.0.1",
         help="address to listen on (default 127.0.0.1: this machine only)")
+    add("--ckpt", required=True, help="out_dir, checkpoint folder or model.safetensors")
+    add("--weights", choices=("ema", "raw"), default="ema", help="default ema")
     add("--device", default="auto", help="auto (cuda if available), cpu, cuda, cuda:N")
     add("--dtype", choices=("auto", *DTYPES), default="auto", help="auto: bf16 on a GPU, else fp32")
     add("--tokenizer-file", default=None, help="GPT-2 ranks file (offline tokenizer)")

@@ -165,6 +165,13 @@ def test_a_planners_candidates_show_their_scores_on_hover(page, checkpoint, tmp_
     assert float(shown[1]) == pytest.approx(runner_up[1], rel=1e-3)  # 4 digits on the page
 
 
+def test_sample_py_refuses_a_page_name_it_would_not_write_before_any_work(run_main, tmp_path):
+    code, out, err = run_main(sample_main, "--ckpt", tmp_path / "no_run", "--html",
+                              tmp_path / "page.txt")
+    assert code == 2 and err == (f"error: --html {tmp_path / 'page.txt'}: trainer/sample.py writes "
+                                 "its replay page as .html: name the file page.html\n")
+
+
 def test_a_bad_samples_file_is_refused_in_one_line(run_main, tmp_path):
     bad = tmp_path / "notes.jsonl"
     bad.write_text('{"step": 3, "loss": 2.5}\n')
