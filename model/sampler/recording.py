@@ -17,7 +17,8 @@ the calls that changed it, one dict each, with the keys that apply:
 The speculative sampler accepts the first drafts pending and rejects at most one (the next): a
 call's accepted and decided counts say which, and the recorder remembers each draft's token until
 it is decided. A planner's last call, which only scores the last reveals, changes nothing and is
-not listed. Without record_calls there is no recorder: nothing is read back and nothing costs.
+not listed. Each call's state is copied on the device and read back once, after the last call.
+Without record_calls there is no recorder: nothing is copied, nothing read back.
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from aogpt.model.sampler.strategy import Decided, StepOutput
+from aogpt.model.sampler.strategy import StepOutput
 
 if TYPE_CHECKING:
     from aogpt.model.sampler.engine import KVCacheSampler
@@ -35,58 +36,86 @@ SCORE_DIGITS = 6  # significant digits of a candidate's score in a record
 
 
 class CallRecorder:
-    """on_step for one generate call of `sampler` whose first b samples are kept; given (b,) the
-    given positions of each (the order's entries that are final before the first call)."""
+    """on_step for one generate call of `sampler` whose first b samples are kept (given (b,): the
+    given positions of each, the order's entries final before the first call). Each call it
+    copies, on the device, where the strategy has brought each sample and the tokens of the
+    drafts pending; nothing is read back until `calls`, after the last call, so that recording
+    adds no wait for the device to a sampler that makes none (the parallel sampler, CUDA graphs
+    replayed back to back)."""
 
     def __init__(self, sampler: KVCacheSampler, given: torch.Tensor):
-        self.sampler = sampler
-        b = len(given)
-        self.final = given.tolist()
-        self.pending, self.accepted, self.decided = [0] * b, [0] * b, [0] * b
-        self.drafts: list[dict[int, int]] = [{} for _ in range(b)]  # pending: position -> token
-        self.calls: list[list[dict]] = [[] for _ in range(b)]
+        self.sampler, self.given = sampler, given.tolist()
+        self.snapshots: list[dict[str, torch.Tensor]] = []
 
     def __call__(self, step: StepOutput) -> None:
-        now = step.decided
-        b = len(self.calls)
-        orders = self.sampler.orders[:b].cpu()  # (b, n)
-        ordered = self.sampler.ordered[:b].cpu()  # (b, n + 1)
-        final = now.final[:b].tolist()
-        for i in range(b):
-            call = {}
-            if final[i] > self.final[i]:
-                call["final"] = orders[i, self.final[i]:final[i]].tolist()
-            if now.pending is not None:
-                call.update(self.drafts_decided(i, now, orders[i], ordered[i], final[i]))
-            if now.candidates is not None:
-                call.update(candidates(now.candidates[i], now.scores[i]))
-            self.final[i] = final[i]
-            if call:
-                self.calls[i].append(call)
+        now, b = step.decided, len(self.given)
+        counts = [now.final] if now.pending is None else [now.final, now.pending, now.accepted,
+                                                          now.decided]
+        snapshot = {"counts": torch.stack([count[:b] for count in counts])}  # (1 or 4, b)
+        if now.pending is not None:  # the slots after the final ones: the drafts pending
+            slots = now.final[:b, None] + torch.arange(self.sampler.config.draft,
+                                                       device=now.final.device)
+            snapshot["pending"] = self.sampler.ordered[:b].gather(
+                1, slots.clamp(max=self.sampler.seq_len))
+        if now.candidates is not None:
+            snapshot["candidates"] = now.candidates[:b].clone()
+            snapshot["scores"] = now.scores[:b].clone()
+        self.snapshots.append(snapshot)
 
-    def drafts_decided(self, i: int, now: Decided, orders: torch.Tensor, ordered: torch.Tensor,
-                       final: int) -> dict:
-        """Sample i's drafts this call accepted, rejected and made (speculative): the first
-        `accepted` pending ones were accepted, the next rejected when more were decided, and the
-        entries after the ones pending before, up to the new pending ones, are new drafts."""
-        done = {}
-        start, pending = self.final[i], self.pending[i]
-        accepted = int(now.accepted[i]) - self.accepted[i]
-        decided = int(now.decided[i]) - self.decided[i]
-        if accepted:
-            done["accepted"] = orders[start:start + accepted].tolist()
+    @property
+    def calls(self) -> list[list[dict]]:
+        """Each sample's calls (the module's docstring), read back from the copies: the order's
+        entries made final by a call are fixed from then on, so the final order says which."""
+        orders = self.sampler.orders[:len(self.given)].cpu()
+        history = {key: torch.stack([snapshot[key] for snapshot in self.snapshots]).cpu()
+                   for key in self.snapshots[0]} if self.snapshots else {}
+        return [self.sample_calls(i, orders[i].tolist(), history) for i in range(len(self.given))]
+
+    def sample_calls(self, i: int, order: list[int], history: dict) -> list[dict]:
+        calls, final, drafts = [], self.given[i], Drafts()
+        for c, counts in enumerate(history.get("counts", [])):
+            now = int(counts[0, i])
+            call = {"final": order[final:now]} if now > final else {}
+            if "pending" in history:
+                call |= drafts.changes(order, final, now, counts[1:, i].tolist(),
+                                       history["pending"][c, i].tolist())
+            if "candidates" in history:
+                call |= candidates(history["candidates"][c, i], history["scores"][c, i])
+            final = now
+            if call:
+                calls.append(call)
+        return calls
+
+
+class Drafts:
+    """One sample's speculative drafts, call after call: which are pending (their tokens), and
+    how many were pending, accepted and decided before this call."""
+
+    def __init__(self):
+        self.tokens: dict[int, int] = {}  # position -> token of each draft pending
+        self.pending = self.accepted = self.decided = 0
+
+    def changes(self, order: list[int], final: int, now: int, counts: list[int],
+                pending_tokens: list[int]) -> dict:
+        """What a call that took the sample from `final` to `now` entries final did to its
+        drafts: the first ones pending were accepted, the next rejected when more were decided
+        than accepted, and the entries after those pending before, up to the ones pending now,
+        are new drafts (their tokens: pending_tokens, from entry `now` on)."""
+        pending, accepted, decided = counts
+        done, newly_accepted = {}, accepted - self.accepted
+        if newly_accepted:
+            done["accepted"] = order[final:final + newly_accepted]
             for position in done["accepted"]:
-                del self.drafts[i][position]
-        if decided > accepted:
-            position = int(orders[start + accepted])
-            done["rejected"] = [[position, self.drafts[i].pop(position)]]
-        self.accepted[i], self.decided[i] = accepted + self.accepted[i], decided + self.decided[i]
-        self.pending[i] = int(now.pending[i])
-        new = slice(max(start + pending, final), final + self.pending[i])
-        drafted = list(zip(orders[new].tolist(), ordered[new].tolist(), strict=True))
+                del self.tokens[position]
+        if decided - self.decided > newly_accepted:
+            position = order[final + newly_accepted]
+            done["rejected"] = [[position, self.tokens.pop(position)]]
+        start = max(final + self.pending, now)
+        drafted = [[order[k], pending_tokens[k - now]] for k in range(start, now + pending)]
         if drafted:
-            done["drafts"] = [list(draft) for draft in drafted]
-            self.drafts[i].update(drafted)
+            done["drafts"] = drafted
+            self.tokens.update(drafted)
+        self.pending, self.accepted, self.decided = pending, accepted, decided
         return done
 
 
