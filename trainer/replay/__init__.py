@@ -38,6 +38,7 @@ from pathlib import Path
 
 from aogpt import UsageError, check_input_file
 from aogpt.files import html_provenance, write_text_atomic
+from aogpt.model.sampler import SamplingConfig, way_of
 
 SCORE_DIGITS = 4  # significant digits of a planner's candidate scores on the page
 PAGE_FILES = Path(__file__).resolve().parent  # page.html, player.css, player.js
@@ -164,26 +165,22 @@ def facts(record: dict, given: int, generated: int, recorded: bool) -> list[list
 
 
 def describe_settings(settings: dict) -> str:
-    """'speculative, draft 4 · any order · temperature 1.0 ...' from a record's settings."""
-    planner, sampler = settings.get("planner", "order"), settings.get("sampler")
-    if planner != "order":
-        how = (f"{planner} planner, "
-               + (f"threshold {settings.get('threshold')}" if planner == "threshold"
-                  else f"reveal {settings.get('reveal')}")
-               + "".join(f", {name} {settings[name]}" for name in ("candidates", "block")
-                         if settings.get(name)))
-    elif sampler == "speculative":
-        how = f"speculative, draft {settings.get('draft')}"
-    else:
-        how = (f"{sampler} (the paper's), {settings.get('steps')} steps, "
-               f"{settings.get('schedule')} schedule, {settings.get('counts')} counts")
-    draw = [f"order {settings.get('order')}", f"temperature {settings.get('temperature')}"]
-    if settings.get("top_p", 1.0) < 1.0:
-        draw.append(f"top-p {settings['top_p']} ({settings.get('top_p_rule')} rule)")
-    if settings.get("top_k"):
-        draw.append(f"top-k {settings['top_k']}")
-    draw.append(f"seed {settings.get('seed')}")
-    return " · ".join([how, *draw])
+    """'speculative: draft 4 · order random · temperature 1.0 · seed 0' from a record's settings
+    (the way they pick, model/sampler/ways.py, and the options it reads)."""
+    try:
+        config = SamplingConfig(**settings)
+        way = way_of(config)
+    except (TypeError, UsageError):  # a record of another version: its settings as they are
+        return ", ".join(f"{name} {value}" for name, value in settings.items())
+    read = [f"{option.field} {getattr(config, option.field)}" for option in way.options
+            if getattr(config, option.field) is not None]
+    draw = [f"order {config.order}", f"temperature {config.temperature}"]
+    if config.top_p < 1.0:
+        draw.append(f"top-p {config.top_p} ({config.top_p_rule} rule)")
+    if config.top_k:
+        draw.append(f"top-k {config.top_k}")
+    return " · ".join([f"{way.name}: {', '.join(read)}" if read else way.name, *draw,
+                       f"seed {config.seed}"])
 
 
 def page_html(data: dict, title: str, about: str, origin: dict) -> str:
