@@ -113,6 +113,7 @@ def test_stepping_back_undoes_a_call(page, page_file, samples):
     assert page.text_content(".position") == f"call 1 of {N - len(record['given_positions'])}"
 
 
+@pytest.mark.slow  # samples drawn for it, then a browser
 def test_a_text_past_the_block_shows_its_window_seams_and_ends_as_its_text(page, checkpoint,
                                                                             tmp_path):
     samples_file = tmp_path / "long.jsonl"
@@ -136,6 +137,7 @@ def html_page(checkpoint, tmp_path, *flags) -> tuple[dict, object]:
     return record, page_file
 
 
+@pytest.mark.slow  # samples drawn for it, then a browser
 def test_sample_py_html_replays_the_speculative_samplers_drafts_and_their_fate(
         page, checkpoint, tmp_path):
     record, page_file = html_page(checkpoint, tmp_path, "--sampler", "speculative", "--draft",
@@ -154,6 +156,7 @@ def test_sample_py_html_replays_the_speculative_samplers_drafts_and_their_fate(
     assert page.text_content(".text") == record["text"]
 
 
+@pytest.mark.slow  # samples drawn for it, then a browser
 def test_a_planners_candidates_show_their_scores_on_hover(page, checkpoint, tmp_path):
     record, page_file = html_page(checkpoint, tmp_path, "--planner", "margin")
     open_page(page, page_file)
