@@ -14,6 +14,7 @@ tool made it.
 from __future__ import annotations
 
 import argparse
+import io
 import re
 import signal
 import subprocess
@@ -22,9 +23,11 @@ import tempfile
 from pathlib import Path
 
 from browser import launch, missing
+from PIL import Image  # matplotlib's own dependency
+from PIL.PngImagePlugin import PngInfo
 
 from aogpt import RunFailure, UsageError, cli_entry
-from aogpt.files import OutputFile, check_output_file, png_provenance
+from aogpt.files import OutputFile, check_output_file, png_provenance, write_atomic
 from aogpt.model.checkpoint import provenance
 
 REPO = Path(__file__).resolve().parent.parent
@@ -101,16 +104,12 @@ def playground_picture(playwright, ckpt: str, out: Path, origin: dict) -> None:
 
 
 def save(page, out: Path, origin: dict) -> None:
-    from PIL import Image  # matplotlib's own dependency
-
-    page.screenshot(path=str(out))
-    with Image.open(out) as image:  # the provenance, as plot_metrics.py's pictures carry it
-        from PIL.PngImagePlugin import PngInfo
-
-        info = PngInfo()
-        for key, value in png_provenance(origin).items():
-            info.add_text(key, value)
-        image.save(out, pnginfo=info)
+    """The page as a PNG at `out`, its provenance in the PNG's text, as plot_metrics.py's."""
+    info = PngInfo()
+    for key, value in png_provenance(origin).items():
+        info.add_text(key, value)
+    with Image.open(io.BytesIO(page.screenshot())) as image:
+        write_atomic(out, lambda path: image.save(path, format="PNG", pnginfo=info))
     print(f"wrote {out}")
 
 
