@@ -10,8 +10,10 @@ each sample's record of the call (model/sampler/recording.py). Its cost is per c
 sample, so it weighs most where calls are cheapest: a small model, one token per call. Each way
 below generates the same batch (the same sample ids, so the same tokens) on the same sampler,
 alternately without and with recording, --repeats times after one warm-up of each; a row reports
-the best wall time and the best CPU time of this process of each, and their ratios (with /
-without: 1.05 would be 5% more; on a machine shared with other jobs, trust the CPU times):
+the best wall time and the best CPU time of this process of each, their ratios (with / without:
+1.05 would be 5% more), and the share of the recording generations' time spent inside the
+recorder (its own cost, timed around its methods: on a machine shared with other jobs, whose
+load makes the ratios vary by several percent from one run to the next, trust this one):
 
     parallel S = n       the paper's sampler, one position per call (the most calls)
     parallel S = n / 8   eight positions per call
@@ -37,6 +39,7 @@ from aogpt.model import AOGPT
 from aogpt.model.config import small, tiny
 from aogpt.model.precision import device_name, reproducible_dtype, resolve_device
 from aogpt.model.sampler import KVCacheSampler, SamplingConfig
+from aogpt.model.sampler.recording import CallRecorder
 
 PRESETS = {"tiny": tiny, "small": small}
 
@@ -69,6 +72,27 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     return args
 
 
+class RecorderClock:
+    """The wall time spent inside CallRecorder (its per-call copies and its read-back after the
+    last call), summed: the recording's own cost, which other jobs on the machine inflate no
+    more than they inflate the generation around it."""
+
+    def __init__(self):
+        self.seconds = 0.0
+        self.call, self.calls = CallRecorder.__call__, CallRecorder.calls.fget
+        CallRecorder.__call__ = self.timed(self.call)
+        CallRecorder.calls = property(self.timed(self.calls))
+
+    def timed(self, method):
+        def run(*args, **kwargs):
+            start = time.perf_counter()
+            try:
+                return method(*args, **kwargs)
+            finally:
+                self.seconds += time.perf_counter() - start
+        return run
+
+
 def timed(sampler: KVCacheSampler, ids: torch.Tensor, record: bool) -> tuple[float, float, object]:
     """A generation's wall time and the CPU time this process spent on it (on a CPU shared with
     other jobs the second varies far less: time waiting for a core is not counted)."""
@@ -82,22 +106,26 @@ def timed(sampler: KVCacheSampler, ids: torch.Tensor, record: bool) -> tuple[flo
     return time.perf_counter() - start, time.process_time() - cpu_start, out
 
 
-def measure(model: AOGPT, settings: dict, args) -> dict:
+def measure(model: AOGPT, settings: dict, args, clock: RecorderClock) -> dict:
     """One way: the best of --repeats generations without and with recording, alternated."""
     sampler = KVCacheSampler(model, args.batch_size, args.seq_len, SamplingConfig(**settings))
     ids = torch.arange(args.batch_size)
-    wall, cpu = {False: [], True: []}, {False: [], True: []}
+    wall, cpu, inside = {False: [], True: []}, {False: [], True: []}, []
     for repeat in range(args.repeats + 1):  # the first of each warms up
         for record in (False, True):
+            before = clock.seconds
             seconds, cpu_seconds, out = timed(sampler, ids, record)
             if repeat:
                 wall[record].append(seconds)
                 cpu[record].append(cpu_seconds)
+                if record:
+                    inside.append((clock.seconds - before) / seconds)
     calls = sum(len(calls) for calls in out.calls) / args.batch_size
     return {"network_calls": out.network_calls, "recorded_calls_per_sample": calls,
             "seconds": min(wall[False]), "seconds_recording": min(wall[True]),
             "ratio": min(wall[True]) / min(wall[False]), "cpu_seconds": min(cpu[False]),
             "cpu_seconds_recording": min(cpu[True]), "cpu_ratio": min(cpu[True]) / min(cpu[False]),
+            "recorder_share": min(inside), "recorder_shares": inside,
             "times": {"plain": wall[False], "recording": wall[True]},
             "cpu_times": {"plain": cpu[False], "recording": cpu[True]}}
 
@@ -107,6 +135,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     device = resolve_device(args.device)
     torch.manual_seed(0)
+    clock = RecorderClock()
     model = AOGPT(PRESETS[args.preset]()).to(device, reproducible_dtype(device)).eval()
     results = ResultsFile(args.json, {"device": device_name(device), "preset": args.preset,
                                       "batch_size": args.batch_size, "seq_len": args.seq_len,
@@ -114,13 +143,14 @@ def main(argv: list[str] | None = None) -> int:
     print(f"{args.preset} model, batch {args.batch_size} x {args.seq_len} tokens, "
           f"{device_name(device)}, best of {args.repeats}", flush=True)
     for name, settings in ways(args.seq_len).items():
-        row = {"way": name, **measure(model, settings, args)}
+        row = {"way": name, **measure(model, settings, args, clock)}
         results.data["results"].append(row)
         results.row_done()
         print(f"{name:20s} {row['network_calls']:5d} calls: wall {row['seconds']:7.3f} s, "
               f"recording {row['seconds_recording']:7.3f} s, ratio {row['ratio']:.3f}; CPU "
               f"{row['cpu_seconds']:7.3f} s, recording {row['cpu_seconds_recording']:7.3f} s, "
-              f"ratio {row['cpu_ratio']:.3f}", flush=True)
+              f"ratio {row['cpu_ratio']:.3f}; inside the recorder "
+              f"{row['recorder_share']:.2%} of the time", flush=True)
     results.finish()
     return 0
 
