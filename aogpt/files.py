@@ -23,6 +23,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import shutil
 import subprocess
 import tempfile
@@ -185,6 +186,7 @@ def file_record(path: str | os.PathLike) -> dict | None:
         JSON object         the object (evaluate.py's and genppl.py's reports)
         JSON Lines          its first line's object (sample.py's samples)
         PNG                 {"provenance": its "provenance" text chunk, JSON} (plot_metrics.py)
+        HTML                {"provenance": its "provenance" JSON script element} (a replay page)
         safetensors         the JSON header stored in its metadata (a consolidated checkpoint)
     """
     path = Path(path)
@@ -195,6 +197,8 @@ def file_record(path: str | os.PathLike) -> dict | None:
                 return _png_record(path)
             if path.suffix == ".safetensors":
                 return _safetensors_record(file, int.from_bytes(start, "little"))
+            if path.suffix == ".html":
+                return _html_record(path)
             if not start.lstrip().startswith(b"{") or path.stat().st_size > READ_AT_MOST:
                 return None
             file.seek(0)
@@ -230,6 +234,26 @@ def _png_record(path: Path) -> dict | None:
             text = image.text.get(PROVENANCE)
         return {PROVENANCE: json.loads(text)} if text else None
     except (OSError, SyntaxError, ValueError):  # PIL's errors for a damaged PNG, or not JSON
+        return None
+
+
+HTML_PROVENANCE = re.compile(r'<script type="application/json" id="provenance">(.*?)</script>',
+                             re.DOTALL)
+
+
+def html_provenance(record: dict) -> str:
+    """The element that makes `record` an HTML page's provenance (JSON that cannot close it)."""
+    text = json.dumps(record, default=str).replace("<", "\\u003c")
+    return f'<script type="application/json" id="provenance">{text}</script>'
+
+
+def _html_record(path: Path) -> dict | None:
+    if path.stat().st_size > READ_AT_MOST:
+        return None
+    found = HTML_PROVENANCE.search(path.read_text(encoding="utf-8", errors="replace"))
+    try:
+        return {PROVENANCE: json.loads(found[1])} if found else None
+    except json.JSONDecodeError:
         return None
 
 

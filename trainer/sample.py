@@ -7,7 +7,8 @@
         [--planner random|l2r|confidence|margin|entropy|threshold [--reveal R] [--threshold P]
          [--candidates C] [--block B]]
         [--temperature T] [--top-p P] [--top-k K] [--prompt TEXT] [--infill JSON-or-file]
-        [--seed X] [--out FILE.jsonl [--force]] [--order random|l2r] [--weights ema|raw]
+        [--seed X] [--out FILE.jsonl] [--record-calls] [--html FILE.html] [--force]
+        [--order random|l2r] [--weights ema|raw]
         [--batch-size B] [--judge PATH]
 
 Every sample fixes its generation order up front (the prompt and infill positions first, then
@@ -46,9 +47,13 @@ tokens, text, order, given_positions, network_calls (the sample's own), batch_ne
 drafts_decided and drafts_accepted (speculative), log_likelihood (planners), time_s (seconds of
 its batch), the sampler's settings, and provenance: the checkpoint file read (a run that has not
 finished is read through its latest checkpoint, which a line on stderr says), its tag and step,
-the weights, every flag and the code's version and commit. --judge PATH also reports the
-generative perplexity (a local Hugging Face GPT-2 folder or a checkpoint of this project; see
-trainer/genppl.py).
+the weights, every flag and the code's version and commit. --record-calls adds each sample's
+network calls: per call, the positions it made final, the speculative sampler's drafts and which
+it accepted or rejected, a planner's best candidates and their scores (model/sampler/recording.py;
+it costs < 5% of sampling, benchmarks/record_calls.py). --html writes a page that replays the
+samples call by call in a browser, with no server and no network (docs/replay.md); it records the
+calls too. --judge PATH also reports the generative perplexity (a local Hugging Face GPT-2 folder
+or a checkpoint of this project; see trainer/genppl.py).
 """
 
 from __future__ import annotations
@@ -97,6 +102,7 @@ from aogpt.trainer.judge import (
     format_report,
     generative_perplexity,
 )
+from aogpt.trainer.replay import Pieces, write_page
 
 DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32}
 # --compile auto's threshold: compiling costs seconds per call shape (a run has 10 to 20 of them)
@@ -106,6 +112,7 @@ COMPILE_PAYS_CALLS = 50_000
 # --out; earlier samples without made_by are known by their records' keys
 SAMPLES = OutputFile("trainer/sample.py", "sample file", (".jsonl",),
                      signature=("sample", "tokens", "network_calls", "settings"))
+PAGE = OutputFile("trainer/sample.py", "replay page", (".html",))  # --html
 # --planner: the fixed orders by their reading's word, then the model's planners
 PLANNER_CHOICES = (ANY_ORDER.word, *(word for word in READING_WORDS if word != ANY_ORDER.word),
                    *named("planner"))
@@ -142,7 +149,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     add("--infill", default=None, metavar="JSON-or-file", help="text at given positions (above)")
     add("--seed", type=int, default=0)
     add("--out", type=Path, default=None, metavar="FILE.jsonl", help="write the samples here")
-    add("--force", action="store_true", help="replace the --out file if it exists")
+    add("--record-calls", action="store_true",
+        help="record each sample's network calls in its record (what each made final, drafted, "
+             "accepted, rejected; a planner's best candidates)")
+    add("--html", type=Path, default=None, metavar="FILE.html",
+        help="write a page that replays the samples call by call (records the calls)")
+    add("--force", action="store_true", help="replace the --out and --html files if they exist")
     add("--show", type=int, default=4, help="samples printed to the terminal (default 4)")
     add("--judge", default=None, help="also score the samples: local HF GPT-2 folder or checkpoint")
     add("--judge-weights", choices=("ema", "raw"), default="ema",
@@ -249,6 +261,9 @@ def check_args(args: argparse.Namespace) -> Way:
         raise UsageError(f"--show must be >= 0 (0 prints none), got {args.show}")
     if args.out is not None:
         check_output_file(args.out, "--out", args.force, SAMPLES)
+    if args.html is not None:
+        check_output_file(args.html, "--html", args.force, PAGE)
+        args.record_calls = True
     if args.judge is not None:
         check_judge(args.judge)
     return way
@@ -390,9 +405,11 @@ def run(plan: Plan, samplers: Samplers, args: argparse.Namespace, device: torch.
             given = plan.tokens.expand(len(ids), -1), plan.mask.expand(len(ids), -1)
             if plan.long:
                 out = generate_long(samplers, plan.block, ids, plan.length,
-                                    plan.window or plan.block, *given, plan.stop)
+                                    plan.window or plan.block, *given, plan.stop,
+                                    record_calls=args.record_calls)
             else:
-                out = samplers(min(plan.length, plan.block)).generate(ids, *given)
+                out = samplers(min(plan.length, plan.block)).generate(
+                    ids, *given, record_calls=args.record_calls)
             if device.type == "cuda":
                 torch.cuda.synchronize(device)
             seconds = time.perf_counter() - batch_start
@@ -453,6 +470,11 @@ def main(argv: list[str] | None = None) -> int:
     records = run(plan, samplers, args, device, encoding, origin)
     elapsed = time.perf_counter() - started - samplers.setup_seconds
     report(records, plan, way, samplers, elapsed, args, model.config.reads_gpt2)
+    if args.html:
+        write_page(args.html, records, Pieces(encoding), title=f"Samples of {source.file}",
+                   about=f"{len(records)} samples of {plan.length} tokens: "
+                         f"{way.summary(plan.config, records, plan.to_generate)}", origin=origin)
+        print(f"wrote {args.html}: open it in a browser")
     if args.judge:
         del model, samplers  # make room for the judge
         judge = Judge(args.judge, device, args.judge_weights)

@@ -45,7 +45,7 @@ import torch
 
 from aogpt.model.orders import Stream
 from aogpt.model.sampler.draw import inverse_cdf, position_uniforms, token_probs
-from aogpt.model.sampler.strategy import Finished, StepOutput, Strategy, bucket
+from aogpt.model.sampler.strategy import Decided, Finished, StepOutput, Strategy, bucket
 
 if TYPE_CHECKING:
     from aogpt.model.sampler.engine import KVCacheSampler
@@ -80,6 +80,10 @@ class SpeculativeSampling(Strategy):
         """What a call changes besides the engine's `ordered` and the cache."""
         return [self.final, self.pending, self.fed_from, self.draft_probs, self.counters]
 
+    def decided(self) -> Decided:
+        return Decided(final=self.final, pending=self.pending, accepted=self.counters[2],
+                       decided=self.counters[1])
+
     def generate(self, sample_ids: torch.Tensor, given_mask: torch.Tensor,
                  on_step: Callable[[StepOutput], None] | None,
                  forced_tokens: torch.Tensor | None = None) -> Finished:
@@ -102,7 +106,7 @@ class SpeculativeSampling(Strategy):
                                       (self.final + self.pending + 1 + self.window).clamp(max=n)])
             logits, target_slots, valid = sampler.call(*shape)
             if on_step is not None:
-                on_step(StepOutput(calls, logits, target_slots, valid, bounds))
+                on_step(StepOutput(calls, logits, target_slots, valid, bounds, self.decided()))
             calls, rows = calls + 1, rows + shape[0]
         sample_calls, decided, accepted = self.counters.cpu()
         return Finished(calls, rows, sample_calls,
