@@ -35,8 +35,14 @@ from pathlib import Path
 
 from aogpt import UsageError
 from aogpt.data_prep import mds
-from aogpt.data_prep.build_dir import INDEX, OutputDir
-from aogpt.data_prep.manifest import FILENAME, FORMAT, read_manifest
+from aogpt.data_prep.build_dir import INDEX, OutputDir, StagingDir
+from aogpt.data_prep.manifest import (
+    FILENAME,
+    FORMAT,
+    builder_of,
+    describe_builder,
+    read_manifest,
+)
 from aogpt.progress import progress
 
 # Streaming's download schemes (streaming.base.storage.download): the trainer reads these.
@@ -264,20 +270,24 @@ class RemoteOutput:
     publish; `built` says whether staging holds the finished dataset already (an upload was
     interrupted), so the build is skipped."""
 
-    def __init__(self, url: str, staging: Path, splits: tuple[str, ...]):
+    def __init__(self, url: str, staging: Path | None, splits: tuple[str, ...]):
         self.url = url.rstrip("/")
-        self.local = OutputDir(staging, splits)
-        self.store = S3Prefix(self.url, "--out", staging)
+        self.local = StagingDir(staging or default_staging(self.url), splits, self.url,
+                                default=staging is None)
+        self.local.check()  # a --staging that is not the tool's own: refused before the bucket
+        self.store = S3Prefix(self.url, "--out", self.local.root)
         self.work, self.out = self.local.work, self.local.out
         self.built = False
         self._claimed: set[str] = set()  # objects of an earlier build that this run replaces
         self._settings: dict | None = None
+        self._builder: str | None = None
 
     def start(self, settings: dict, overwrite: bool) -> bool:
         """False when the bucket holds this build already; True when there is work (and staging
         is ready for it). Refuses, before anything is written, a prefix that holds objects this
         tool did not write, or a finished dataset of other settings without --overwrite."""
         settings = json.loads(json.dumps(settings))
+        self._builder = settings["tool"]
         present = self.store.files()
         record = self.store.read_json(UPLOAD_RECORD) if UPLOAD_RECORD in present else None
         manifest = self.store.read_json(FILENAME) if FILENAME in present else None
@@ -285,6 +295,7 @@ class RemoteOutput:
                                      or manifest.get("format") != FORMAT):
             raise UsageError(f"--out {self.url} holds a {FILENAME} that is not an aogpt data "
                              f"manifest: choose an empty prefix (nothing was deleted)")
+        self._check_builder(manifest, record)
         ours = {UPLOAD_RECORD, *(record or {}).get("files", [])}
         if manifest is not None:
             ours |= dataset_objects(self.store, manifest)
@@ -307,11 +318,31 @@ class RemoteOutput:
             print(f"resuming the interrupted upload to {self.url}", flush=True)
         return True
 
+    def _check_builder(self, manifest: dict | None, record: dict | None) -> None:
+        """Refuses a dataset or an unfinished upload that another builder made: never this
+        builder's to replace, --overwrite or not."""
+        this = describe_builder(self._builder)
+        if manifest is not None and builder_of(manifest) != self._builder:
+            raise UsageError(f"--out {self.url} holds a dataset that "
+                             f"{describe_builder(builder_of(manifest))} built "
+                             f"({manifest.get('dataset')}), and {this} replaces only its own, "
+                             f"even with --overwrite: choose another prefix (nothing was deleted)")
+        if record is not None and builder_of(record) != self._builder:
+            raise UsageError(f"--out {self.url} holds an unfinished upload of "
+                             f"{describe_builder(builder_of(record))} ({UPLOAD_RECORD}), "
+                             f"which {this} does not replace: finish it with that command, or "
+                             f"choose another prefix (nothing was deleted)")
+
     def finished_manifest(self) -> dict:
         return self.store.read_json(FILENAME)
 
     @property
     def staging_root(self) -> Path:
+        return self.local.root
+
+    def slices_root(self) -> Path:
+        """Where --slice writes its slice: the staging folder, made this tool's first."""
+        self.local.claim()
         return self.local.root
 
     def holds(self, settings: dict) -> bool:
@@ -330,11 +361,12 @@ class RemoteOutput:
         manifest = read_manifest(self.local.root)
         files = self._staged_files(manifest)
         if self._claimed:  # an earlier build's objects: gone before any new one arrives
-            self.store.write_json(UPLOAD_RECORD, {"settings": None,
+            self.store.write_json(UPLOAD_RECORD, {"builder": self._builder, "settings": None,
                                                   "files": sorted(self._claimed | set(files))})
             self.store.delete([FILENAME] if FILENAME in self._claimed else [])
             self.store.delete(sorted(self._claimed - {FILENAME, UPLOAD_RECORD}))
-        self.store.write_json(UPLOAD_RECORD, {"settings": self._settings, "files": files})
+        self.store.write_json(UPLOAD_RECORD, {"builder": self._builder,
+                                              "settings": self._settings, "files": files})
         self._upload(files)
         self.store.delete([UPLOAD_RECORD])
         self.local.remove()
@@ -376,7 +408,8 @@ class RemoteOutput:
 
 def open_output(out: str | Path, staging: Path | None, splits: tuple[str, ...]
                 ) -> OutputDir | RemoteOutput:
-    """The builders' --out: a local folder, or a remote URL built in `staging`."""
+    """The builders' --out: a local folder, or a remote URL built in `staging` (default: one
+    per URL under $TMPDIR)."""
     if is_remote(out):
-        return RemoteOutput(str(out), staging or default_staging(str(out)), splits)
+        return RemoteOutput(str(out), staging, splits)
     return OutputDir(out, splits)
