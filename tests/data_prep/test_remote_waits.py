@@ -1,0 +1,80 @@
+"""A store that accepts connections and never answers (tests/s3_testing.py's SilentServer): every
+command that talks to object storage gives up within its budget (AOGPT_S3_TIMEOUT_S, the
+documented setting; small here) plus 10 s, with one line naming the endpoint and the setting,
+and says so every 30 s while it waits; nothing is written around it."""
+
+import hashlib
+import os
+import subprocess
+import sys
+import time
+
+import pytest
+from conftest import REPO
+from s3_testing import CREDENTIALS, SilentServer
+
+from aogpt.data_prep import remote
+
+BUDGET_S = 3
+
+
+def silent_env(server: SilentServer, budget: float = BUDGET_S) -> dict[str, str]:
+    return {**os.environ, **server.env, remote.TIMEOUT_SETTING: str(budget)}
+
+
+def hashes(folder) -> dict[str, str]:
+    return {str(path.relative_to(folder)): hashlib.sha256(path.read_bytes()).hexdigest()
+            if path.is_file() else "folder" for path in sorted(folder.rglob("*"))}
+
+
+def timed(args: list[str], env: dict, cwd) -> tuple[subprocess.CompletedProcess, float]:
+    started = time.monotonic()
+    result = subprocess.run([sys.executable, *args], capture_output=True, text=True, cwd=cwd,
+                            env=env, timeout=300)
+    return result, time.monotonic() - started
+
+
+@pytest.mark.parametrize("command", [
+    ["data_prep/sudoku_to_mds.py", "--out", "s3://bucket/grids", "--box", "2x2"],
+    ["data_prep/verify.py", "s3://bucket/grids"],
+], ids=["a builder", "verify"])
+def test_a_silent_endpoint_is_one_line_within_the_budget(tmp_path, command):
+    (tmp_path / "notes.txt").write_text("mine")
+    around = hashes(tmp_path)
+    with SilentServer() as server:
+        result, seconds = timed([str(REPO / command[0]), *command[1:]], silent_env(server),
+                                tmp_path)
+    assert result.returncode == 2, result.stderr
+    (line,) = result.stderr.strip().splitlines()
+    assert line.startswith("error: ") and (
+        f"the S3 endpoint {server.url} did not answer in " in line
+        and f"{remote.TIMEOUT_SETTING}={BUDGET_S}): check S3_ENDPOINT_URL and the network, or "
+            f"raise {remote.TIMEOUT_SETTING} for a slow store" in line), line
+    assert seconds < BUDGET_S + 10
+    assert hashes(tmp_path) == around  # no staging folder, no s3: folder, nothing
+
+
+@pytest.mark.parametrize("value", ["0", "-5", "soon", "nan"])
+def test_a_bad_timeout_setting_is_one_line(tmp_path, value):
+    result = subprocess.run([sys.executable, "data_prep/verify.py", "s3://bucket/grids"],
+                            capture_output=True, text=True, cwd=REPO, timeout=120,
+                            env={**os.environ, **CREDENTIALS, remote.TIMEOUT_SETTING: value})
+    assert result.returncode == 2
+    (line,) = result.stderr.strip().splitlines()
+    assert line == (f"error: {remote.TIMEOUT_SETTING}={value!r}: give the seconds (> 0) a "
+                    f"request to object storage may wait in all, e.g. "
+                    f"{remote.TIMEOUT_SETTING}=60")
+
+
+@pytest.mark.slow  # waits 40 s by design
+def test_a_long_wait_says_so_every_30_s_then_gives_up(tmp_path):
+    with SilentServer() as server:
+        result, seconds = timed(["data_prep/verify.py", "s3://bucket/grids"],
+                                silent_env(server, 40), REPO)
+    lines = result.stderr.strip().splitlines()
+    assert result.returncode == 2 and len(lines) == 2, result.stderr
+    assert lines[0] == (f"waiting for the S3 endpoint {server.url}: no answer for 30 s "
+                        f"(ReadTimeoutError), trying again until 40 s "
+                        f"({remote.TIMEOUT_SETTING})")
+    assert "did not answer in 40 s (4 tries, the last: ReadTimeoutError; " in lines[1]
+    assert seconds < 40 + 10
