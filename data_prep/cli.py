@@ -5,19 +5,13 @@ as well in a log file as on a terminal."""
 from __future__ import annotations
 
 import argparse
-import re
 from collections.abc import Callable
 from pathlib import Path
 
 from aogpt import UsageError
 from aogpt.data_prep.build_dir import OutputDir
-from aogpt.data_prep.remote import READ_SCHEMES, RemoteOutput, check_url, is_remote, join
-from aogpt.files import check_writable_folder
-
-# A local path that begins like a URL ("s3:/bucket/x", one slash short) would become a folder
-# named "s3:" with the dataset in it: refused instead
-URL_LIKE = re.compile(rf"^(?:{'|'.join(map(re.escape, READ_SCHEMES))}|https?|ftp|file):",
-                      re.IGNORECASE)
+from aogpt.data_prep.remote import RemoteOutput, check_url, is_remote, join
+from aogpt.files import URL_LIKE, check_writable_folder
 
 
 def add_output_flags(parser: argparse.ArgumentParser, noun: str = "dataset") -> None:

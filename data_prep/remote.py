@@ -22,10 +22,11 @@ How a remote build stays complete or absent, with no rename in object storage:
   deleted: anything else under PREFIX is refused before any work, and nothing is deleted.
 
 A store that does not answer is waited for within a budget (Patience): AOGPT_S3_TIMEOUT_S seconds
-per request, retries included (default 60), in tries of at most 10 s each, with a line every 30 s
-and then one line naming the endpoint and the setting; a store that refuses connections is said
-at once. The trainer's and evaluate.py's copies of shards come through the same client and waits
-(download_url, which trainer/data.py's CopiedStream calls for s3://).
+per request, retries included (default 60), in tries of at most 10 s each (the last may end up to
+10 s after the budget), with a line every 30 s and then one line naming the endpoint and the
+setting; a store that refuses connections is said at once. The trainer's and evaluate.py's
+copies of shards come through the same client and waits (download_url, which trainer/data.py's
+CopiedStream calls for s3://).
 """
 
 from __future__ import annotations
@@ -174,9 +175,9 @@ class Patience:
                     raise
                 attempts += 1
                 if time.monotonic() - started < 1:  # failed at once: a pause, not a spin
-                    time.sleep(max(0.0, min(1.0, self.budget - waited - 1)))
+                    time.sleep(1.0)
                 waited += time.monotonic() - started
-                if waited + self.attempt_s > self.budget + 1:  # the next try would overrun
+                if waited >= self.budget:  # spent (the last try may end up to 10 s after it)
                     raise UsageError(
                         f"{self.what}: the S3 endpoint {self.endpoint} did not answer in "
                         f"{waited:.0f} s ({attempts} tries, the last: {type(err).__name__}; "

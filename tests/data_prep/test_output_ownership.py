@@ -144,7 +144,7 @@ def test_mds_folders_without_a_manifest_are_refused_even_with_overwrite(datasets
 # ---- URLs: every builder writes a bucket, and never a folder named like one ------------------
 
 
-@pytest.mark.parametrize("out", ["s3:/bucket/data", "s3:bucket/data", "gs:/bucket/data"])
+@pytest.mark.parametrize("out", ["s3:/bucket/data", "gs:/bucket/data"])
 @pytest.mark.parametrize("builder", BUILDERS)
 def test_an_out_that_begins_like_a_url_is_refused_and_nothing_is_made(sources, tmp_path,
                                                                       monkeypatch, capsys,
