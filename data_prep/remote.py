@@ -178,9 +178,10 @@ class Patience:
                     time.sleep(1.0)
                 waited += time.monotonic() - started
                 if waited >= self.budget:  # spent (the last try may end up to 10 s after it)
+                    tries = f"{attempts} {'try' if attempts == 1 else 'tries'}"
                     raise UsageError(
                         f"{self.what}: the S3 endpoint {self.endpoint} did not answer in "
-                        f"{waited:.0f} s ({attempts} tries, the last: {type(err).__name__}; "
+                        f"{waited:.0f} s ({tries}, the last: {type(err).__name__}; "
                         f"{TIMEOUT_SETTING}={self.budget:g}): check S3_ENDPOINT_URL and the "
                         f"network, or raise {TIMEOUT_SETTING} for a slow store") from None
                 if waited - self._said_at >= SAY_EVERY_S:
