@@ -32,11 +32,18 @@ INTERRUPTED = 130
 FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 
 
+def parse_args(argv: list[str]):
+    """DeepSpeed's launcher's own command line (its parser, its checks, its --help)."""
+    from deepspeed.launcher import runner
+
+    return runner.parse_args(argv)
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if not argv or argv[0] in ("-h", "--help"):
         print(__doc__.strip() + "\n\nDeepSpeed's launcher flags:\n", flush=True)
-        return subprocess.call([sys.executable, "-m", RUNNER, "--help"])
+        parse_args(["--help"])  # prints them and exits
     launcher = subprocess.Popen([sys.executable, "-m", RUNNER, *argv], start_new_session=True)
     received: list[int] = []
     reached: list[bool] = []  # per signal: whether there were ranks to pass it to
