@@ -83,10 +83,11 @@ def chunks(length: int, block: int, window: int) -> list[tuple[int, int]]:
 
 def generate_long(sampler_for: Callable[[int], KVCacheSampler], block: int,
                   sample_ids: torch.Tensor, length: int, window: int, given_tokens: torch.Tensor,
-                  given_mask: torch.Tensor, stop: StopRules | None = None) -> LongGeneration:
+                  given_mask: torch.Tensor, stop: StopRules | None = None,
+                  chunk_done: Callable[[], None] | None = None) -> LongGeneration:
     """Samples (b,) ids of `length` tokens; given_tokens and given_mask are (b, length).
     sampler_for(seq_len) returns a KVCacheSampler of that many positions (every chunk but
-    perhaps the last has `block`)."""
+    perhaps the last has `block`). chunk_done() is called after each chunk (progress)."""
     b = len(sample_ids)
     spans = chunks(length, block, window)
     text = torch.zeros(b, length, dtype=torch.long)
@@ -107,6 +108,8 @@ def generate_long(sampler_for: Callable[[int], KVCacheSampler], block: int,
         mask = written[keep, span] | given_mask[keep, span]
         if mask.all():  # a prompt longer than the block: its chunks only slide over it
             text[keep, span], written[keep, span] = tokens, True
+            if chunk_done:
+                chunk_done()
             continue
         out = sampler_for(end - start).generate(sample_ids[keep] + k * CHUNK_STRIDE, tokens, mask)
         calls += out.network_calls
@@ -122,6 +125,8 @@ def generate_long(sampler_for: Callable[[int], KVCacheSampler], block: int,
             verdict = stop.where(text[i, :end].tolist())
             if verdict is not None and (verdict[0] < length or end < length):
                 cut[i], stopped[i] = verdict
+        if chunk_done:
+            chunk_done()
     return LongGeneration(
         texts=[text[i, :cut[i]].tolist() for i in range(b)],
         orders=[[p for p in orders[i] if p < cut[i]] for i in range(b)], network_calls=calls,

@@ -77,11 +77,16 @@ def test_every_manifest_records_its_builder(datasets):
         assert json.loads((folder / "manifest.json").read_text())["builder"] == builder
 
 
-PAIRS = [(theirs, ours) for theirs in BUILDERS for ours in BUILDERS if ours != theirs]
+# every builder once as each side in the fast set (a cycle), every other pair with the slow ones
+NEXT = [*list(BUILDERS)[1:], "owt_to_mds"]
+CYCLE = set(zip(BUILDERS, NEXT, strict=True))
+PAIRS = [pytest.param(theirs, ours, id=f"{theirs}-by-{ours}",
+                      marks=() if (theirs, ours) in CYCLE else pytest.mark.slow)
+         for theirs in BUILDERS for ours in BUILDERS if ours != theirs]
 
 
 @pytest.mark.parametrize("overwrite", [False, True], ids=["plain", "--overwrite"])
-@pytest.mark.parametrize("theirs, ours", PAIRS, ids=[f"{a}-by-{b}" for a, b in PAIRS])
+@pytest.mark.parametrize("theirs, ours", PAIRS)
 def test_another_builders_dataset_is_refused_naming_it_and_kept(datasets, sources, capsys,
                                                                 theirs, ours, overwrite):
     around = hashes(datasets[theirs].parent)
@@ -160,7 +165,8 @@ def bucket(s3_server) -> str:
     return s3_server.bucket("aogpt-owners")
 
 
-@pytest.mark.parametrize("builder", ["synthetic_to_mds", "sudoku_to_mds"])
+@pytest.mark.parametrize("builder", [pytest.param("synthetic_to_mds", marks=pytest.mark.slow),
+                                     "sudoku_to_mds"])
 def test_a_builder_writes_the_bucket_what_it_writes_a_folder(s3_server, bucket, datasets,
                                                              sources, tmp_path, monkeypatch,
                                                              builder):
@@ -180,6 +186,7 @@ def test_a_builder_writes_the_bucket_what_it_writes_a_folder(s3_server, bucket, 
         (datasets[builder] / "manifest.json").read_text())["splits"]
 
 
+@pytest.mark.slow  # an upload, then the refusal (the local folder's is a fast test above)
 def test_another_builders_dataset_in_a_bucket_is_refused_and_kept(s3_server, bucket, sources,
                                                                   capsys):
     url = f"{bucket}/theirs"
@@ -229,6 +236,7 @@ def test_a_staging_folder_holding_other_files_is_refused_and_kept(s3_server, buc
     assert s3_server.objects(f"{bucket}/notes") == {}
 
 
+@pytest.mark.slow  # an upload
 def test_an_empty_staging_folder_given_is_used_and_left_empty(s3_server, bucket, sources,
                                                               tmp_path):
     staging = tmp_path / "empty"
@@ -238,6 +246,7 @@ def test_an_empty_staging_folder_given_is_used_and_left_empty(s3_server, bucket,
     assert list(staging.iterdir()) == []  # the tool's files went, the folder it was given stays
 
 
+@pytest.mark.slow  # an upload
 def test_after_an_upload_only_the_staged_files_are_removed(s3_server, bucket, sources, tmp_path,
                                                            monkeypatch):
     """A file put into the staging folder while the upload runs is not the tool's to delete."""
@@ -255,6 +264,7 @@ def test_after_an_upload_only_the_staged_files_are_removed(s3_server, bucket, so
     assert "manifest.json" in s3_server.objects(url)
 
 
+@pytest.mark.slow  # an interrupted upload, the refusal, the upload finished
 def test_the_staging_folder_of_another_urls_upload_is_refused_and_kept(s3_server, bucket,
                                                                        sources, tmp_path,
                                                                        monkeypatch, capsys):

@@ -55,6 +55,7 @@ def test_a_silent_endpoint_ends_a_build_in_one_line_within_the_budget(tmp_path):
     assert hashes(tmp_path) == around
 
 
+@pytest.mark.slow  # waits its budget (the builder's test above is the fast one)
 def test_a_silent_endpoint_ends_verify_in_one_line_within_the_budget(monkeypatch, run_main):
     with SilentServer() as server:
         for name, value in silent_env(server).items():

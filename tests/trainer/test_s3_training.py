@@ -149,6 +149,7 @@ def test_mixing_a_local_and_a_remote_stream_of_other_lengths_names_the_stream(
         check_data(config(s3_text_data, tmp_path, streams), setup_distributed_env())
 
 
+@pytest.mark.slow  # waits its budget (tests/data_prep/test_remote_waits.py has the fast one)
 def test_a_store_that_never_answers_is_one_line_within_its_budget(tmp_path, monkeypatch):
     with SilentServer() as server:
         for name, value in {**server.env, TIMEOUT_SETTING: "3"}.items():
