@@ -37,6 +37,7 @@ from dataclasses import asdict
 from pathlib import Path
 
 import torch
+from sampling_model import sampling_model
 
 from aogpt import UsageError, check_counts, check_unique, cli_entry
 from aogpt.files import (
@@ -46,10 +47,8 @@ from aogpt.files import (
     write_json_atomic,
     write_text_atomic,
 )
-from aogpt.model import load_checkpoint
-from aogpt.model.checkpoint import locate_checkpoint, provenance
 from aogpt.model.orders import LEFT_TO_RIGHT
-from aogpt.model.precision import device_name, reproducible_dtype, resolve_device
+from aogpt.model.precision import device_name
 from aogpt.model.sampler import KVCacheSampler, SamplingConfig
 from aogpt.model.sampler.ways import REVEAL, reading
 from aogpt.trainer.judge import Judge, check_judge_matches, diversity, generative_perplexity
@@ -117,6 +116,16 @@ def numbers(text: str, flag: str) -> list[int]:
         raise UsageError(f"{flag} values must be >= 1, got {text!r}")
     check_unique(values, flag, text)
     return values
+
+
+def sample_length(args: argparse.Namespace, block: int) -> int:
+    """n, the tokens per sample, with the settings that must fit in it checked."""
+    n = args.seq_len or block
+    if not 2 <= n <= block:
+        raise UsageError(f"--seq-len must be in 2..{block}, got {n}")
+    check_within(args.steps, n, "--steps", n)
+    check_within(args.drafts, n - 1, "--drafts", n)
+    return n
 
 
 def check_within(values: list[int] | None, most: int, flag: str, n: int) -> None:
@@ -278,25 +287,11 @@ def plot(rows: list[dict], header: dict, path: Path) -> None:
     figure.savefig(path, dpi=120, metadata=png_provenance(header["provenance"]))
 
 
-def sampling_model(args: argparse.Namespace, made_by: str) -> tuple:
-    """(model, device, provenance) for a sampler benchmark: --ckpt's --weights on --device, in
-    the dtype sample.py samples in, with the provenance its outputs record."""
-    device = resolve_device(args.device)
-    source = locate_checkpoint(args.ckpt)
-    model = load_checkpoint(source.file, weights=args.weights, map_location=device)
-    model = model.to(reproducible_dtype(device)).eval()
-    return model, device, provenance(source, args.weights, vars(args), made_by=made_by)
-
-
 @cli_entry
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     model, device, origin = sampling_model(args, JSON.made_by)
-    n = args.seq_len or model.config.block_size
-    if not 2 <= n <= model.config.block_size:
-        raise UsageError(f"--seq-len must be in 2..{model.config.block_size}, got {n}")
-    check_within(args.steps, n, "--steps", n)
-    check_within(args.drafts, n - 1, "--drafts", n)
+    n = sample_length(args, model.config.block_size)
     judge = None
     if args.judge:
         check_judge_matches(args.judge, origin)

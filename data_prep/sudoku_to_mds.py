@@ -25,6 +25,7 @@ import argparse
 import sys
 import time
 from collections import Counter
+from pathlib import Path
 
 import numpy as np
 
@@ -119,6 +120,29 @@ def draw_grids(sudoku: Sudoku, count: int, seed: int, stream: int, held_out: set
     return rows, skipped
 
 
+def build(args: argparse.Namespace, counts: dict[str, int], folder: Path) -> dict:
+    """The held-out puzzles, then each split's grids (none of them a puzzle's solution) as MDS in
+    folder/<split>; the manifest."""
+    sudoku = args.sudoku
+    print(f"drawing {args.puzzles} held-out {sudoku.size} x {sudoku.size} puzzles for each of "
+          f"{', '.join(map(str, args.givens))} givens", flush=True)
+    puzzles = draw_puzzles(sudoku, args.givens, args.puzzles, args.seed)
+    held_out = {sudoku.from_text(record["solution"], "a solution").tobytes()
+                for record in puzzles}
+    splits, skipped = {}, {}
+    with progress(total=sum(counts.values()), desc="grids", unit="grid") as bar:
+        for name, stream in SPLITS.items():
+            rows, skipped[name] = draw_grids(sudoku, counts[name], args.seed, stream, held_out,
+                                             bar)
+            splits[name] = {"path": name, **write_rows(folder / name, rows)}
+    return new_manifest(
+        "pretrain", "sudoku", f"solved {sudoku.size} x {sudoku.size} Sudoku grids of "
+        f"{sudoku.name} boxes (seed {args.seed})", sudoku.cells, sudoku.describe(), splits,
+        puzzles={"format": PUZZLES_FORMAT, "box": sudoku.name, "givens": args.givens,
+                 "per_givens": args.puzzles, "seed": args.seed,
+                 "solutions_skipped_in_splits": skipped, "items": puzzles})
+
+
 @cli_entry
 def main(argv: list[str] | None = None) -> int:
     wall_start = time.perf_counter()
@@ -129,27 +153,8 @@ def main(argv: list[str] | None = None) -> int:
                 "grids": counts, "givens": args.givens, "puzzles": args.puzzles,
                 "seed": args.seed}
     out = open_output(args.out, args.staging, tuple(SPLITS))
-
-    def make() -> dict:
-        print(f"drawing {args.puzzles} held-out {sudoku.size} x {sudoku.size} puzzles for each "
-              f"of {', '.join(map(str, args.givens))} givens", flush=True)
-        puzzles = draw_puzzles(sudoku, args.givens, args.puzzles, args.seed)
-        held_out = {sudoku.from_text(record["solution"], "a solution").tobytes()
-                    for record in puzzles}
-        splits, skipped = {}, {}
-        with progress(total=sum(counts.values()), desc="grids", unit="grid") as bar:
-            for name, stream in SPLITS.items():
-                rows, skipped[name] = draw_grids(sudoku, counts[name], args.seed, stream,
-                                                 held_out, bar)
-                splits[name] = {"path": name, **write_rows(out.out / name, rows)}
-        return new_manifest(
-            "pretrain", "sudoku", f"solved {sudoku.size} x {sudoku.size} Sudoku grids of "
-            f"{sudoku.name} boxes (seed {args.seed})", sudoku.cells, sudoku.describe(), splits,
-            puzzles={"format": PUZZLES_FORMAT, "box": sudoku.name, "givens": args.givens,
-                     "per_givens": args.puzzles, "seed": args.seed,
-                     "solutions_skipped_in_splits": skipped, "items": puzzles})
-
-    manifest = build_output(out, args.out, settings, args.overwrite, "grids", make)
+    manifest = build_output(out, args.out, settings, args.overwrite, "grids",
+                            lambda: build(args, counts, out.out))
     if manifest is None:
         return 0
     puzzles = manifest["puzzles"]["items"]
