@@ -272,9 +272,18 @@ def _safetensors_record(file, header_size: int) -> dict | None:
     return None
 
 
+# A URL given where a local path is written ("s3://b/x", which a Path cuts to "s3:/b/x") would
+# become a folder named "s3:": refused instead
+URL_LIKE = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*:/")
+
+
 def check_writable_folder(folder: str | os.PathLike, what: str) -> None:
     """UsageError naming `what` unless `folder` exists or can be made, and a file can be created in
-    it (tried: permission bits say nothing to root, nor about a read-only filesystem)."""
+    it (tried: permission bits say nothing to root, nor about a read-only filesystem); and
+    unless it begins like a URL, which would be made as a local folder named after its scheme."""
+    if URL_LIKE.match(str(folder)):
+        raise UsageError(f"{what}: {folder} begins like a URL ({str(folder).split('/')[0]}), and "
+                         f"this writes local files: give a local path")
     folder = Path(folder)
     existing = folder
     while not existing.exists():  # the nearest folder that exists decides whether it can be made

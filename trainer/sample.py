@@ -9,7 +9,7 @@
         [--temperature T] [--top-p P] [--top-k K] [--prompt TEXT] [--infill JSON-or-file]
         [--seed X] [--out FILE.jsonl] [--record-calls] [--html FILE.html] [--force]
         [--order random|l2r] [--weights ema|raw]
-        [--batch-size B] [--judge PATH]
+        [--batch-size B] [--judge PATH] [--long-run]
 
 Every sample fixes its generation order up front (the prompt and infill positions first, then
 the rest in random or left-to-right order). Two samplers (model/sampler/):
@@ -36,6 +36,8 @@ first keeps the last --window W tokens (default half the block) as given tokens 
 next block - W positions, until L. --stop-at-eos ends a text after its second end-of-text token,
 --stop-entropy H when the unigram entropy of its last 256 tokens falls below H nats (repetition);
 records then carry length, seams (where each chunk began generating) and stopped (why).
+Progress counts chunks (or batches), with the time left; a run of many network calls is timed
+on one chunk first and its estimate said, and one estimated past a day needs --long-run.
 A model of a synthetic language (data_prep/synthetic_to_mds.py) writes and reads its text as
 token ids ("17 3 95"); judge its samples with --judge on its data folder (exact probabilities).
 
@@ -60,6 +62,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
 import time
 from dataclasses import dataclass
@@ -94,7 +97,7 @@ from aogpt.model.sampler.window import (
     chunks,
     generate_long,
 )
-from aogpt.progress import progress
+from aogpt.progress import duration, progress
 from aogpt.trainer.judge import (
     Judge,
     check_judge,
@@ -105,6 +108,10 @@ from aogpt.trainer.judge import (
 from aogpt.trainer.replay import Pieces, write_page
 
 DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32}
+# A run of this many network calls or more is timed on one chunk first and its length estimated:
+# past a day it needs --long-run (a typo's extra zeros would otherwise sample for days, silent)
+TIMED_FROM_CALLS = 2_000
+LONG_RUN_S = 24 * 3600
 # --compile auto's threshold: compiling costs seconds per call shape (a run has 10 to 20 of them)
 # and saves a fraction of a millisecond per call on a GPU, so it pays over tens of thousands of
 # calls; an estimate until benchmarks/gpu_report.py measures both on a GPU
@@ -137,7 +144,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     add("--stop-entropy", type=float, default=None, metavar="H",
         help=f"end a text when the unigram entropy of its last {STOP_ENTROPY_TOKENS} tokens "
              "falls below H nats")
-    add("--order", default=ANY_ORDER.word, help="order of the positions not given: "
+    add("--order", default=None, help="order of the positions not given: "
         f"{' or '.join(reading.spelled() for reading in READINGS)} (default {ANY_ORDER.word})")
     add("--temperature", type=float, default=1.0, help="0 = greedy (default 1)")
     add("--top-p", type=float, default=1.0, help="nucleus sampling mass (default 1 = off)")
@@ -170,6 +177,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
              f"compiling per shape; auto (default) = on a GPU for runs of at least "
              f"{COMPILE_PAYS_CALLS:,} network calls; a failure warns once and runs eagerly")
     add("--tokenizer-file", default=None, help="GPT-2 ranks file (offline tokenizer)")
+    add("--long-run", action="store_true",
+        help="start even when the run's estimate is over a day (else refused, with it)")
     add_way_flags(parser)
     return parser.parse_args(argv)
 
@@ -253,9 +262,9 @@ def check_args(args: argparse.Namespace) -> Way:
                  "window")
     if args.length is not None and args.seq_len is not None:
         raise UsageError("--length and --seq-len both set the text's length: give one")
-    if args.stop_entropy is not None and args.stop_entropy <= 0:
-        raise UsageError(f"--stop-entropy must be above 0 nats, got {args.stop_entropy}")
-    args.order = reading_named(args.order, "--order").word  # records and provenance say the word
+    if args.stop_entropy is not None and not 0 < args.stop_entropy < math.inf:  # nan fails too
+        raise UsageError(f"--stop-entropy must be a finite number of nats above 0, got "
+                         f"{args.stop_entropy}")
     way = check_way(args)
     if args.show < 0:
         raise UsageError(f"--show must be >= 0 (0 prints none), got {args.show}")
@@ -270,17 +279,20 @@ def check_args(args: argparse.Namespace) -> Way:
 
 
 def check_way(args: argparse.Namespace) -> Way:
-    """The way --sampler and --planner pick (--planner random|l2r is --order), and the flags of
-    the ways (model/sampler/ways.py OPTIONS): one the way does not read is refused, the others
-    checked by their entries."""
+    """The way --sampler and --planner pick (--planner random|l2r is --order, which it must not
+    contradict), and the flags of the ways (model/sampler/ways.py OPTIONS): one the way does not
+    read is refused, the others checked by their entries. Sets args.order to its reading's word
+    (records and provenance say the word)."""
     planner = args.planner
     if planner is not None and planner not in PLANNER_CHOICES:
         raise UsageError(f"--planner {planner!r} is none of {', '.join(PLANNER_CHOICES)}")
+    order = None if args.order is None else reading_named(args.order, "--order").word
     if planner in READING_WORDS:
         word = reading_named(planner, "--planner").word
-        if args.order != ANY_ORDER.word and args.order != word:
+        if order not in (None, word):
             raise UsageError(f"--planner {planner} contradicts --order {args.order}: give one")
-        args.order, planner = word, None
+        order, planner = word, None
+    args.order = order or ANY_ORDER.word
     way = WAYS[planner or args.sampler or DEFAULT_SAMPLER]
     if planner is not None and args.sampler not in (None, DEFAULT_SAMPLER):
         raise UsageError(f"{way.spelled} chooses positions call by call; the {args.sampler} "
@@ -392,27 +404,60 @@ class Samplers:
         return sum(s.setup_seconds for s in self.made.values())
 
 
+def check_duration(plan: Plan, samplers: Samplers, args: argparse.Namespace,
+                   device: torch.device) -> None:
+    """A run of many network calls is timed on one chunk (the first block of a batch; its
+    samples are drawn again, the same, by the run) and its length said; one estimated past a
+    day is refused with the estimate unless --long-run."""
+    positions = min(plan.length, plan.block)
+    if plan.calls < TIMED_FROM_CALLS or plan.mask[:positions].all():
+        return
+    ids = torch.arange(min(plan.batch_size, args.num_samples))
+    given = (plan.tokens[:positions].expand(len(ids), -1),
+             plan.mask[:positions].expand(len(ids), -1))
+    setup, started = samplers.setup_seconds, time.perf_counter()
+    out = samplers(positions).generate(ids, *given)
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    per_call = (time.perf_counter() - started - (samplers.setup_seconds - setup)) / max(
+        out.network_calls, 1)
+    seconds = per_call * plan.calls
+    said = (f"{plan.calls:,} network calls at most, {per_call * 1e3:.2f} ms each as timed on one "
+            f"chunk")
+    if seconds > LONG_RUN_S and not args.long_run:
+        raise UsageError(f"the run would take about {duration(seconds)} ({said}): pass "
+                         f"--long-run to start it anyway, or generate less (--length, "
+                         f"--num-samples)")
+    print(f"estimate: about {duration(seconds)} ({said})", flush=True)
+
+
 def run(plan: Plan, samplers: Samplers, args: argparse.Namespace, device: torch.device,
         encoding, origin: dict) -> list[dict]:
-    """Every batch, with a progress bar: one record per sample."""
+    """Every batch, with a progress bar counting chunks (a sliding window's) or batches, with
+    the time left: one record per sample."""
     records = []
     given_positions = plan.mask.nonzero().flatten().tolist()
-    with progress(range(0, args.num_samples, plan.batch_size), desc="sampling",
-                  unit="batch") as bar:
-        for first in bar:
+    batches = range(0, args.num_samples, plan.batch_size)
+    per_batch = len(chunks(plan.length, plan.block, plan.window)) if plan.window else 1
+    with progress(total=len(batches) * per_batch, desc="sampling",
+                  unit="chunk" if plan.window else "batch") as bar:
+        for first in batches:
+            done = bar.n + per_batch  # once the batch is over, texts that stopped early included
             ids = torch.arange(first, min(first + plan.batch_size, args.num_samples))
             batch_start = time.perf_counter()
             given = plan.tokens.expand(len(ids), -1), plan.mask.expand(len(ids), -1)
             if plan.long:
                 out = generate_long(samplers, plan.block, ids, plan.length,
                                     plan.window or plan.block, *given, plan.stop,
-                                    record_calls=args.record_calls)
+                                    record_calls=args.record_calls,
+                                    chunk_done=lambda: bar.update(1) if plan.window else None)
             else:
                 out = samplers(min(plan.length, plan.block)).generate(
                     ids, *given, record_calls=args.record_calls)
             if device.type == "cuda":
                 torch.cuda.synchronize(device)
             seconds = time.perf_counter() - batch_start
+            bar.update(done - bar.n)
             records += sample_records(ids.tolist(), out, encoding, plan.config, time_s=seconds,
                                       given_positions=given_positions, provenance=origin)
     return records
@@ -466,9 +511,10 @@ def main(argv: list[str] | None = None) -> int:
     plan = plan_run(args, way, model, encoding)
     samplers = Samplers(model, plan, args, device)
     print(f"sampling from {source.file} ({describe_provenance(origin)})", flush=True)
-    started = time.perf_counter()
+    check_duration(plan, samplers, args, device)
+    started, setup = time.perf_counter(), samplers.setup_seconds
     records = run(plan, samplers, args, device, encoding, origin)
-    elapsed = time.perf_counter() - started - samplers.setup_seconds
+    elapsed = time.perf_counter() - started - (samplers.setup_seconds - setup)
     report(records, plan, way, samplers, elapsed, args, model.config.reads_gpt2)
     if args.html:
         write_page(args.html, records, Pieces(encoding), title=f"Samples of {source.file}",

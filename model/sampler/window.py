@@ -85,11 +85,12 @@ def chunks(length: int, block: int, window: int) -> list[tuple[int, int]]:
 def generate_long(sampler_for: Callable[[int], KVCacheSampler], block: int,
                   sample_ids: torch.Tensor, length: int, window: int, given_tokens: torch.Tensor,
                   given_mask: torch.Tensor, stop: StopRules | None = None,
-                  record_calls: bool = False) -> LongGeneration:
+                  record_calls: bool = False,
+                  chunk_done: Callable[[], None] | None = None) -> LongGeneration:
     """Samples (b,) ids of `length` tokens; given_tokens and given_mask are (b, length).
     sampler_for(seq_len) returns a KVCacheSampler of that many positions (every chunk but
     perhaps the last has `block`). record_calls: each sample's calls, every chunk's, with
-    positions in the text (recording.py)."""
+    positions in the text (recording.py). chunk_done() is called after each chunk (progress)."""
     b = len(sample_ids)
     spans = chunks(length, block, window)
     text = torch.zeros(b, length, dtype=torch.long)
@@ -111,6 +112,8 @@ def generate_long(sampler_for: Callable[[int], KVCacheSampler], block: int,
         mask = written[keep, span] | given_mask[keep, span]
         if mask.all():  # a prompt longer than the block: its chunks only slide over it
             text[keep, span], written[keep, span] = tokens, True
+            if chunk_done:
+                chunk_done()
             continue
         out = sampler_for(end - start).generate(sample_ids[keep] + k * CHUNK_STRIDE, tokens, mask,
                                                 record_calls=record_calls)
@@ -129,6 +132,8 @@ def generate_long(sampler_for: Callable[[int], KVCacheSampler], block: int,
             verdict = stop.where(text[i, :end].tolist())
             if verdict is not None and (verdict[0] < length or end < length):
                 cut[i], stopped[i] = verdict
+        if chunk_done:
+            chunk_done()
     return LongGeneration(
         texts=[text[i, :cut[i]].tolist() for i in range(b)],
         orders=[[p for p in orders[i] if p < cut[i]] for i in range(b)], network_calls=calls,
