@@ -118,7 +118,6 @@ class Room:
 
 
 _MISSING: Any = object()
-PARTS = ("picked_by", "strategy", "about", "options", "fit", "calls", "summary", "any_order")
 
 
 @dataclass(frozen=True)
@@ -171,6 +170,10 @@ class Way:
         """UsageError for a field it reads that is out of range (named as the field)."""
         for option in self.options:
             option.check(getattr(config, option.field), option.field)
+
+
+# the parts a way owns: every field of Way but its name, each required
+PARTS = tuple(part.name for part in dataclasses.fields(Way) if part.default is _MISSING)
 
 
 # ---- the parts ---------------------------------------------------------------------------------
