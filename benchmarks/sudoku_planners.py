@@ -4,7 +4,7 @@ at equal network calls.
     python benchmarks/sudoku_planners.py --ckpt [NAME=]RUN [--ckpt NAME=RUN ...]
         --data data/sudoku [--puzzles 200] [--temperatures 0,1] [--methods margin,...]
         [--threshold 0.9] [--batch-size 200] [--device auto] [--json OUT] [--table TABLE.md]
-        [--force] [--smoke]
+        [--html PAGE.html [--html-puzzles 8]] [--force] [--smoke]
 
 Each --ckpt is a training arm (a model trained with other orders, or a checkpoint of another
 step: NAME=RUN names it, else the folder's name does), measured on the same puzzles with the
@@ -35,6 +35,14 @@ the first arm's same method. The puzzles that need search are named apart (which
 solved which). Every method sees the same puzzles with the same sample ids (the same random
 order, the same uniforms). The JSON is rewritten after every row; --table writes the markdown
 table.
+
+--html writes the replay page (aogpt.trainer.replay: one file, no network) of --html-puzzles
+puzzles, spread over the givens counts, solved by each arm's methods at one call per blank (the
+threshold planner at its own) and the first temperature: each puzzle on a grid, cell by cell as
+the method filled it, with the planner's candidates and their scores at each call, and the cells
+the verifier faults (a digit its row, column or box repeats) marked at the end. The puzzles are
+solved again for the page, one at a time, their calls recorded (the rows' timings never include
+recording), with the rows' sample ids: the same orders and digits as in the rows.
 """
 
 from __future__ import annotations
@@ -61,16 +69,19 @@ from aogpt.model.precision import device_name, reproducible_dtype, resolve_devic
 from aogpt.model.sampler import KVCacheSampler, SamplingConfig  # noqa: E402
 from aogpt.model.sampler.ways import THRESHOLD, WAYS, named  # noqa: E402
 from aogpt.progress import duration  # noqa: E402
+from aogpt.trainer.replay import write_page  # noqa: E402
 
 RANDOM_ORDER, LEFT_TO_RIGHT_ORDER = "random order", LEFT_TO_RIGHT.label  # orders drawn up front
 FIXED_ORDERS = {RANDOM_ORDER: ANY_ORDER.word, LEFT_TO_RIGHT_ORDER: LEFT_TO_RIGHT.word}
 METHODS = (RANDOM_ORDER, LEFT_TO_RIGHT_ORDER, *named("planner"))
 BUDGETS = ("1 call per blank", "1 call per 2 blanks", "threshold's own")
 SMOKE_PUZZLES = 3  # per givens count
+HTML_PUZZLES = 8  # on the replay page, per arm and method
 # its outputs: --force replaces only what this benchmark wrote (a table carries no record: it is
 # never replaced)
 OUTPUTS = {"json": OutputFile("benchmarks/sudoku_planners.py", "rows", (".json",)),
-           "table": OutputFile("benchmarks/sudoku_planners.py", "table", (".md",))}
+           "table": OutputFile("benchmarks/sudoku_planners.py", "table", (".md",)),
+           "html": OutputFile("benchmarks/sudoku_planners.py", "replay page", (".html",))}
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -92,11 +103,14 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     add("--device", default="auto", help="auto (cuda if available), cpu, cuda")
     add("--json", type=Path, help="write the rows here (rewritten after every row)")
     add("--table", type=Path, help="the markdown table")
+    add("--html", type=Path, help="the replay page: puzzles being solved, call by call")
+    add("--html-puzzles", type=int, default=HTML_PUZZLES,
+        help=f"puzzles on the replay page, per arm and method (default {HTML_PUZZLES})")
     add("--force", action="store_true", help="replace --json and --table if they exist")
     add("--smoke", action="store_true",
         help=f"a quick check: {SMOKE_PUZZLES} puzzles per givens count, greedy only")
     args = parser.parse_args(argv)
-    check_counts(args, "puzzles", "batch_size")
+    check_counts(args, "puzzles", "batch_size", "html_puzzles")
     try:
         args.temperatures = [float(value) for value in args.temperatures.split(",")]
     except ValueError:
@@ -113,7 +127,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         raise UsageError(f"--methods: {', '.join(map(repr, unknown))} unknown: use "
                          f"{', '.join(METHODS)}")
     args.ckpt = arm_names(args.ckpt)
-    for flag in ("json", "table"):
+    for flag in ("json", "table", "html"):
         if getattr(args, flag) is not None:
             check_output_file(getattr(args, flag), f"--{flag}", args.force, OUTPUTS[flag])
     return args
@@ -164,19 +178,23 @@ def check_model_matches(model, sudoku: Sudoku, origin: dict, ckpt: str, args) ->
 
 
 def solve(model, puzzles: list[Puzzle], ids: list[int], fields: dict, temperature: float, args,
-          device: torch.device) -> dict:
-    """Fills every puzzle (all of `blanks` blanks) in batches: per puzzle, whether it is solved,
-    its cells right, its calls and rows."""
+          device: torch.device, record: bool = False) -> dict:
+    """Fills every puzzle (all of `blanks` blanks) in batches: per puzzle, its tokens, calls and
+    rows; with `record`, also the order it was filled in and what each call did (recording.py)."""
     sudoku_cells = len(puzzles[0].grid)
     config = SamplingConfig(seed=args.seed, temperature=temperature, **fields)
     sampler = KVCacheSampler(model, min(args.batch_size, len(puzzles)), sudoku_cells, config)
-    out = {"tokens": [], "calls": [], "rows": []}
+    out = {"tokens": [], "calls": [], "rows": [], "orders": [], "recorded": []}
     for first in range(0, len(puzzles), args.batch_size):
         batch = puzzles[first:first + args.batch_size]
         mask = torch.tensor([p.given_mask.tolist() for p in batch])
         given = torch.tensor([p.grid.clip(min=0).tolist() for p in batch])
-        generation = sampler.generate(torch.tensor(ids[first:first + len(batch)]), given, mask)
+        generation = sampler.generate(torch.tensor(ids[first:first + len(batch)]), given, mask,
+                                      record_calls=record)
         out["tokens"] += generation.tokens.tolist()
+        if record:
+            out["orders"] += generation.orders.tolist()
+            out["recorded"] += generation.calls
         out["calls"] += generation.sample_calls.tolist()
         out["rows"] += [generation.rows] * len(batch)
     return out
@@ -288,6 +306,71 @@ def search_puzzles(rows: list[dict], groups: Groups) -> str:
         + ".\n")
 
 
+# ---- the replay page ---------------------------------------------------------------------------
+
+
+class Digits:
+    """The replay page's pieces of a Sudoku: token d is the digit d + 1 (data_prep/sudoku.py)."""
+
+    join = "words"
+
+    @staticmethod
+    def piece(token: int) -> str:
+        return str(token + 1)
+
+
+def replay_puzzles(groups: Groups, count: int) -> list[tuple[Puzzle, int]]:
+    """`count` puzzles (and their sample ids) spread evenly from the most givens to the fewest."""
+    every = [(puzzle, number) for puzzles, ids in groups.values()
+             for puzzle, number in zip(puzzles, ids, strict=True)]
+    if count >= len(every):
+        return every
+    step = (len(every) - 1) / max(count - 1, 1)
+    return [every[round(k * step)] for k in range(count)]
+
+
+def replay_record(arm: Arm, sudoku: Sudoku, method: str, puzzle: Puzzle, number: int,
+                  fields: dict, temperature: float, args, device: torch.device) -> dict:
+    """One puzzle solved again by an arm's method, its calls recorded: a sample record of the
+    replay page (aogpt.trainer.replay), the cells the verifier faults as `wrong`."""
+    out = solve(arm.model, [puzzle], [number], fields, temperature, args, device, record=True)
+    grid = torch.tensor(out["tokens"][0]).numpy()
+    wrong = sudoku.wrong_cells(grid, puzzle.grid)
+    verdict = "solved" if sudoku.solves(grid, puzzle.grid) else f"{len(wrong)} cells wrong"
+    return {"sample": number, "tokens": out["tokens"][0], "order": out["orders"][0],
+            "given_positions": puzzle.given_mask.nonzero()[0].tolist(),
+            "calls": out["recorded"][0], "network_calls": out["calls"][0],
+            "text": sudoku.to_text(grid), "wrong": wrong,
+            "label": f"{arm.name} · {method} · puzzle #{number} ({puzzle.givens} givens, "
+                     f"{puzzle.technique}): {verdict}",
+            "settings": asdict(SamplingConfig(seed=args.seed, temperature=temperature, **fields)),
+            "step": arm.origin.get("step"), "weights": args.weights, "provenance": arm.origin}
+
+
+def write_replay(arms: list[Arm], sudoku: Sudoku, groups: Groups, args,
+                 device: torch.device) -> None:
+    """--html: the page of --html-puzzles puzzles solved by every arm's methods, at one call per
+    blank (threshold: its own) and the first temperature."""
+    chosen, temperature = replay_puzzles(groups, args.html_puzzles), args.temperatures[0]
+    records = []
+    for arm in arms:
+        for method in args.methods:
+            for puzzle, number in chosen:
+                blanks = sudoku.cells - puzzle.givens
+                fields = next(f for budget in BUDGETS if (
+                    f := method_fields(method, budget, blanks, args.threshold)) is not None)
+                records.append(replay_record(arm, sudoku, method, puzzle, number, fields,
+                                             temperature, args, device))
+    solved = sum(record["wrong"] == [] for record in records)
+    write_page(args.html, records, Digits(), title=f"{sudoku.size} x {sudoku.size} Sudoku solved "
+               "cell by cell", about=f"{len(chosen)} held-out puzzles x {len(args.methods)} "
+               f"methods x {len(arms)} arms ({solved} of {len(records)} solved), one network call "
+               f"per blank, temperature {temperature:g}: each call's cells appear where the "
+               "method put them; red cells are those the verifier faults", origin=arms[0].origin,
+               grid=(sudoku.size, sudoku.size, sudoku.box_rows, sudoku.box_cols))
+    print(f"wrote {args.html}: {len(records)} puzzles solved call by call; open it in a browser")
+
+
 # ---- the command's steps: parse, check, plan, run, report -----------------------------------
 
 
@@ -371,6 +454,8 @@ def main(argv: list[str] | None = None) -> int:
             add_ratios(rows)
             results.row_done()
             print(row_line(rows[-1]), flush=True)
+        if args.html:
+            write_replay(arms, sudoku, groups, args, device)
     results.finish()
     report(rows, groups, args, wall_start)
     return 0

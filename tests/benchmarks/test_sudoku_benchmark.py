@@ -1,15 +1,26 @@
 """benchmarks/sudoku_planners.py end to end on untrained tiny models: every method at every
 budget, its JSON written row by row and its table; two arms compared on the same puzzles; a model
-of other grids refused in one line."""
+of other grids refused in one line; the replay page (--html) of puzzles solved cell by cell, in a
+real browser too."""
 
 import json
+import re
 import sys
 
+import numpy as np
 import pytest
 import torch
 from conftest import REPO, run_cli
 
-from aogpt.model import AOGPT, ModelConfig, save_consolidated
+from aogpt.data_prep.sudoku import load_puzzles
+from aogpt.model import (
+    AOGPT,
+    KVCacheSampler,
+    ModelConfig,
+    SamplingConfig,
+    load_checkpoint,
+    save_consolidated,
+)
 
 sys.path.insert(0, str(REPO / "benchmarks"))
 from results import STOP_VARIABLE, STOPPED  # noqa: E402
@@ -100,3 +111,86 @@ def test_a_model_of_other_grids_is_refused_in_one_line(puzzles, tmp_path, capsys
         f"error: --ckpt {ckpt} is a model of 36 positions and 6 token ids; --data {puzzles} holds "
         "4 x 4 grids (16 cells of 4 digits): benchmark a model trained on them "
         "(configs/sudoku.yaml with model.block_size=16 model.vocab_size=4)"]
+
+
+REPLAYED = {"margin": {"planner": "margin", "reveal": 1},  # their settings at 1 call per blank
+            "random order": {"order": "random"}}
+
+
+@pytest.fixture(scope="module")
+def replay(puzzles, tmp_path_factory):
+    """The replay page of 3 puzzles solved by the margin planner and in random order: its path,
+    its data (the JSON it embeds) and the checkpoint."""
+    folder = tmp_path_factory.mktemp("replay")
+    ckpt, page = checkpoint(folder / "model", vocab=4, block=16), folder / "sudoku.html"
+    assert sudoku_planners(["--ckpt", str(ckpt), "--data", str(puzzles), "--smoke", "--device",
+                            "cpu", "--methods", ",".join(REPLAYED), "--html", str(page),
+                            "--html-puzzles", "3"]) == 0
+    found = re.search(r'<script type="application/json" id="replay-data">(.*?)</script>',
+                      page.read_text(encoding="utf-8"), re.S)
+    return page, json.loads(found[1]), ckpt
+
+
+def rows_grids(ckpt, puzzles, method: str) -> dict[int, list[int]]:
+    """Each held-out puzzle's grid as the benchmark's rows fill it: its givens group in one
+    batch, the puzzle's number in the folder as its sample id."""
+    sudoku, held_out = load_puzzles(puzzles, "--data")
+    model = load_checkpoint(ckpt / "model.safetensors", weights="ema").eval()
+    grids = {}
+    for givens in {p.givens for p in held_out}:
+        numbers = [i for i, p in enumerate(held_out) if p.givens == givens]
+        fields = REPLAYED[method] | ({"steps": 16 - givens} if method == "random order" else {})
+        sampler = KVCacheSampler(model, len(numbers), 16, SamplingConfig(seed=0, temperature=0,
+                                                                         **fields))
+        mask = torch.tensor(np.stack([held_out[i].given_mask for i in numbers]))
+        given = torch.tensor(np.stack([held_out[i].grid.clip(min=0) for i in numbers]))
+        tokens = sampler.generate(torch.tensor(numbers), given, mask).tokens
+        grids |= dict(zip(numbers, tokens.tolist(), strict=True))
+    return grids
+
+
+def shown_grid(data: dict, sample: dict) -> list[int]:
+    """A page sample's final digits as token ids (the page's pieces are the digits 1..N)."""
+    return [int(data["pieces"][t]) - 1 for t in sample["tokens"]]
+
+
+def test_the_replay_page_shows_each_puzzle_as_the_rows_solved_it_and_its_wrong_cells(
+        replay, puzzles):
+    _, data, ckpt = replay
+    sudoku, held_out = load_puzzles(puzzles, "--data")
+    assert data["grid"] == [4, 4, 2, 2]
+    methods = [sample["label"].split(" · ")[1] for sample in data["samples"]]
+    assert methods == ["margin"] * 3 + ["random order"] * 3
+    for method in REPLAYED:
+        grids = rows_grids(ckpt, puzzles, method)
+        for sample in (s for s, m in zip(data["samples"], methods, strict=True) if m == method):
+            number = int(re.search(r"puzzle #(\d+)", sample["label"])[1])
+            puzzle, grid = held_out[number], shown_grid(data, sample)
+            assert grid == grids[number]
+            assert sample["given"] == np.flatnonzero(puzzle.given_mask).tolist()
+            assert sorted(sample["given"] + sample["order"]) == list(range(16))
+            assert sample["reveals"] == [1] * len(sample["order"])  # one call per blank
+            assert sample.get("wrong", []) == sudoku.wrong_cells(np.array(grid), puzzle.grid)
+            assert ("solved" in sample["label"]) == sudoku.solves(np.array(grid), puzzle.grid)
+            if method == "margin":  # the planner's candidates and their scores, at each call
+                assert all("c" in call for call in sample["events"])
+
+
+@pytest.mark.slow
+def test_the_grid_played_to_its_end_in_a_browser_is_the_grid_written(page, replay):
+    path, data, _ = replay
+    page.context.set_offline(True)
+    page.goto(path.as_uri())
+    page.wait_for_selector("#player[data-ready='1']")
+    assert page.requests == [path.as_uri()]
+    for index, sample in enumerate(data["samples"]):
+        page.select_option(".picker", str(index))
+        page.select_option(".speed", "1000")
+        page.click(".play")
+        page.wait_for_selector("#player[data-done='1'][data-playing='0']")
+        shown = page.eval_on_selector_all(
+            ".cells [data-p]", "cells => cells.map(c => [Number(c.dataset.p), c.textContent])")
+        assert [int(text) - 1 for _, text in sorted(shown)] == shown_grid(data, sample)
+        marked = page.eval_on_selector_all(".cells [data-wrong]",
+                                           "cells => cells.map(c => Number(c.dataset.p))")
+        assert sorted(marked) == sample.get("wrong", [])

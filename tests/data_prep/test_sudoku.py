@@ -98,6 +98,27 @@ def test_the_verifier_names_each_kind_of_error():
     assert not sudoku.solves(other, puzzle.grid)
 
 
+def test_wrong_cells_are_the_filled_cells_sharing_a_digit_in_a_unit_never_a_kept_given():
+    sudoku = Sudoku(2, 3)
+    rng = grid_rng(0, 2, 0)
+    solution = sudoku.random_grid(rng)
+    puzzle = sudoku.make_puzzle(solution, 12, rng)
+    assert sudoku.wrong_cells(solution, puzzle.grid) == []
+    cell = int(np.flatnonzero(~puzzle.given_mask)[0])
+    row = cell // 6
+    neighbour = next(c for c in range(row * 6, row * 6 + 6) if c != cell)
+    wrong = solution.copy()
+    wrong[cell] = solution[neighbour]
+    peers = {int(c) for members in sudoku.units if cell in members for c in members
+             if wrong[c] == wrong[cell]}  # every cell of cell's row, column and box with its digit
+    expected = sorted(c for c in peers if not puzzle.given_mask[c])
+    assert cell in expected and sudoku.wrong_cells(wrong, puzzle.grid) == expected
+    changed = wrong.copy()
+    given = int(np.flatnonzero(puzzle.given_mask)[0])
+    changed[given] = BLANK
+    assert given in sudoku.wrong_cells(changed, puzzle.grid)
+
+
 def test_techniques_rank_puzzles_from_easiest():
     sudoku = Sudoku(2, 3)
     solution = sudoku.random_grid(grid_rng(0, 3, 0))
