@@ -40,9 +40,9 @@ table.
 puzzles, spread over the givens counts, solved by each arm's methods at one call per blank (the
 threshold planner at its own) and the first temperature: each puzzle on a grid, cell by cell as
 the method filled it, with the planner's candidates and their scores at each call, and the cells
-the verifier faults (a digit its row, column or box repeats) marked at the end. The puzzles are
-solved again for the page, one at a time, their calls recorded (the rows' timings never include
-recording), with the rows' sample ids: the same orders and digits as in the rows.
+the verifier faults (a digit its row, column or box repeats) marked red as they are filled. The
+puzzles are solved again for the page, one at a time, their calls recorded (the rows' timings
+never include recording), with the rows' sample ids: the same orders and digits as in the rows.
 """
 
 from __future__ import annotations
