@@ -113,25 +113,24 @@ def test_a_model_of_other_grids_is_refused_in_one_line(puzzles, tmp_path, capsys
         "(configs/sudoku.yaml with model.block_size=16 model.vocab_size=4)"]
 
 
-REPLAYED = {"margin": {"planner": "margin", "reveal": 1},  # their settings at 1 call per blank
-            "random order": {"order": "random"}}
+REPLAYED = {"planner": "margin", "reveal": 1}  # the margin planner at one call per blank
 
 
 @pytest.fixture(scope="module")
 def replay(puzzles, tmp_path_factory):
-    """The replay page of 3 puzzles solved by the margin planner and in random order: its path,
-    its data (the JSON it embeds) and the checkpoint."""
+    """The replay page of 3 puzzles solved by the margin planner: its path, its data (the JSON it
+    embeds) and the checkpoint."""
     folder = tmp_path_factory.mktemp("replay")
     ckpt, page = checkpoint(folder / "model", vocab=4, block=16), folder / "sudoku.html"
     assert sudoku_planners(["--ckpt", str(ckpt), "--data", str(puzzles), "--smoke", "--device",
-                            "cpu", "--methods", ",".join(REPLAYED), "--html", str(page),
+                            "cpu", "--methods", "margin", "--html", str(page),
                             "--html-puzzles", "3"]) == 0
     found = re.search(r'<script type="application/json" id="replay-data">(.*?)</script>',
                       page.read_text(encoding="utf-8"), re.S)
     return page, json.loads(found[1]), ckpt
 
 
-def rows_grids(ckpt, puzzles, method: str) -> dict[int, list[int]]:
+def rows_grids(ckpt, puzzles) -> dict[int, list[int]]:
     """Each held-out puzzle's grid as the benchmark's rows fill it: its givens group in one
     batch, the puzzle's number in the folder as its sample id."""
     sudoku, held_out = load_puzzles(puzzles, "--data")
@@ -139,9 +138,8 @@ def rows_grids(ckpt, puzzles, method: str) -> dict[int, list[int]]:
     grids = {}
     for givens in {p.givens for p in held_out}:
         numbers = [i for i, p in enumerate(held_out) if p.givens == givens]
-        fields = REPLAYED[method] | ({"steps": 16 - givens} if method == "random order" else {})
         sampler = KVCacheSampler(model, len(numbers), 16, SamplingConfig(seed=0, temperature=0,
-                                                                         **fields))
+                                                                         **REPLAYED))
         mask = torch.tensor(np.stack([held_out[i].given_mask for i in numbers]))
         given = torch.tensor(np.stack([held_out[i].grid.clip(min=0) for i in numbers]))
         tokens = sampler.generate(torch.tensor(numbers), given, mask).tokens
@@ -159,21 +157,18 @@ def test_the_replay_page_shows_each_puzzle_as_the_rows_solved_it_and_its_wrong_c
     _, data, ckpt = replay
     sudoku, held_out = load_puzzles(puzzles, "--data")
     assert data["grid"] == [4, 4, 2, 2]
-    methods = [sample["label"].split(" · ")[1] for sample in data["samples"]]
-    assert methods == ["margin"] * 3 + ["random order"] * 3
-    for method in REPLAYED:
-        grids = rows_grids(ckpt, puzzles, method)
-        for sample in (s for s, m in zip(data["samples"], methods, strict=True) if m == method):
-            number = int(re.search(r"puzzle #(\d+)", sample["label"])[1])
-            puzzle, grid = held_out[number], shown_grid(data, sample)
-            assert grid == grids[number]
-            assert sample["given"] == np.flatnonzero(puzzle.given_mask).tolist()
-            assert sorted(sample["given"] + sample["order"]) == list(range(16))
-            assert sample["reveals"] == [1] * len(sample["order"])  # one call per blank
-            assert sample.get("wrong", []) == sudoku.wrong_cells(np.array(grid), puzzle.grid)
-            assert ("solved" in sample["label"]) == sudoku.solves(np.array(grid), puzzle.grid)
-            if method == "margin":  # the planner's candidates and their scores, at each call
-                assert all("c" in call for call in sample["events"])
+    assert [sample["label"].split(" · ")[1] for sample in data["samples"]] == ["margin"] * 3
+    grids = rows_grids(ckpt, puzzles)
+    for sample in data["samples"]:
+        number = int(re.search(r"puzzle #(\d+)", sample["label"])[1])
+        puzzle, grid = held_out[number], shown_grid(data, sample)
+        assert grid == grids[number]
+        assert sample["given"] == np.flatnonzero(puzzle.given_mask).tolist()
+        assert sorted(sample["given"] + sample["order"]) == list(range(16))
+        assert sample["reveals"] == [1] * len(sample["order"])  # one call per blank
+        assert all("c" in call for call in sample["events"])  # the candidates, at each call
+        assert sample.get("wrong", []) == sudoku.wrong_cells(np.array(grid), puzzle.grid)
+        assert ("solved" in sample["label"]) == sudoku.solves(np.array(grid), puzzle.grid)
 
 
 @pytest.mark.slow
