@@ -10,7 +10,9 @@ from conftest import REPO, run_cli
 REPORTS = ("findings", "findings-synthetic")
 
 
-@pytest.mark.parametrize("name", REPORTS)
+# the rebuild draws every figure (~10 s on 2 cores): the fast suite rebuilds the Shakespeare one
+@pytest.mark.parametrize("name", ["findings", pytest.param("findings-synthetic",
+                                                           marks=pytest.mark.slow)])
 def test_the_committed_report_is_rebuilt_byte_for_byte_from_the_committed_data(name, tmp_path):
     committed = REPO / "docs" / name
     copy = tmp_path / name
