@@ -116,8 +116,6 @@ def test_a_sample_gets_the_same_planned_order_in_any_batch_or_rank():
         (alone, _), _ = planner_orders(model, step=4, ids=torch.tensor([sample]), p_planner=0.5,
                                        planner_givens=[1, 3])
         assert torch.equal(alone[0], batch[i])
-    (again, _), _ = planner_orders(model, step=4, ids=ids, p_planner=0.5, planner_givens=[1, 3])
-    assert torch.equal(again, batch)
 
 
 def test_p_planner_is_the_share_of_planned_sequences_and_the_rest_are_random_orders():
@@ -131,7 +129,7 @@ def test_p_planner_is_the_share_of_planned_sequences_and_the_rest_are_random_ord
 
 def test_the_model_is_back_in_training_mode_and_no_gradient_was_made():
     model = network()
-    planner_orders(model)
+    planner_orders(model, ids=torch.arange(1))
     assert model.training
     assert all(p.grad is None for p in model.parameters())
 
