@@ -53,7 +53,8 @@ from aogpt.model import AOGPT
 from aogpt.model.config import medium, small, tiny
 from aogpt.model.precision import auto_dtype, resolve_device
 from aogpt.model.sampler import KVCacheSampler, SamplingConfig
-from aogpt.model.sampler.parallel import KEY_BLOCK, WHOLE_CACHE_ROWS
+from aogpt.model.sampler.parallel import WHOLE_CACHE_ROWS
+from aogpt.model.sampler.strategy import bucket, bucket_keys
 
 # Inductor's C++ kernels are then named in the profile (its GPU kernels are, always)
 torch._inductor.config.cpp.enable_kernel_profile = True
@@ -118,11 +119,10 @@ def step_shape(args: argparse.Namespace) -> tuple[int, int, int]:
     """(rows, targets, keys) as the sampler's bucketed plan gives them
     (model/sampler/parallel.py)."""
     rows = max(args.targets, 1)
-    keys = min(-(-(args.known + rows) // KEY_BLOCK) * KEY_BLOCK, args.seq_len)
+    keys = bucket_keys(args.known + rows, args.seq_len)
     if args.device.type == "cpu" and rows <= WHOLE_CACHE_ROWS:
         keys = args.seq_len + 1
-    bucket = lambda size: min(1 << (size - 1).bit_length(), args.seq_len)  # noqa: E731
-    return bucket(rows), bucket(args.targets), keys
+    return bucket(rows, args.seq_len), bucket(args.targets, args.seq_len), keys
 
 
 def synchronize(device: torch.device) -> None:

@@ -47,7 +47,8 @@ from aogpt.model.precision import auto_dtype, resolve_device
 from aogpt.model.sampler import KVCacheSampler, SamplingConfig, sample_from_logits
 from aogpt.model.sampler.draw import position_uniforms
 from aogpt.model.sampler.engine import draw_orders
-from aogpt.model.sampler.parallel import KEY_BLOCK, reveal_counts
+from aogpt.model.sampler.parallel import reveal_counts
+from aogpt.model.sampler.strategy import KEY_BLOCK
 from aogpt.trainer.metrics import peak_memory_bandwidth
 
 PRESETS = {"tiny": tiny, "small": small, "medium": medium}

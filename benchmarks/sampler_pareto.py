@@ -50,7 +50,8 @@ from aogpt.model import load_checkpoint
 from aogpt.model.checkpoint import locate_checkpoint, provenance
 from aogpt.model.orders import LEFT_TO_RIGHT
 from aogpt.model.precision import device_name, reproducible_dtype, resolve_device
-from aogpt.model.sampler import PLANNERS, KVCacheSampler, SamplingConfig
+from aogpt.model.sampler import KVCacheSampler, SamplingConfig
+from aogpt.model.sampler.ways import REVEAL, reading
 from aogpt.trainer.judge import Judge, check_judge_matches, diversity, generative_perplexity
 
 # its outputs: --force replaces only what this benchmark wrote (a table can carry no record:
@@ -59,6 +60,8 @@ JSON = OutputFile("benchmarks/sampler_pareto.py", "rows", (".json",))
 TABLE = OutputFile("benchmarks/sampler_pareto.py", "table", (".md",))
 PLOT = OutputFile("benchmarks/sampler_pareto.py", "plot", (".png",))
 OUTPUTS = {"json": JSON, "table": TABLE, "plot": PLOT}
+# --planners: the planners that reveal one position per call (--reveal)
+ONE_BY_ONE = tuple(way.name for way in reading(REVEAL))
 
 
 
@@ -92,10 +95,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     args.drafts = numbers(args.drafts, "--drafts") if args.drafts else []
     args.steps = numbers(args.steps, "--steps") if args.steps else None
     args.planners = [p for p in args.planners.split(",") if p]
-    unknown = sorted(set(args.planners) - set(PLANNERS) - {"threshold", "order"})
-    if unknown or "order" in args.planners or "threshold" in args.planners:
-        raise UsageError(f"--planners takes {', '.join(p for p in PLANNERS[1:-1])}, got "
-                         f"{args.planners}: the threshold planner's rows come from --thresholds")
+    if set(args.planners) - set(ONE_BY_ONE):
+        raise UsageError(f"--planners takes {', '.join(ONE_BY_ONE)}, got {args.planners}: the "
+                         "threshold planner's rows come from --thresholds")
     args.thresholds = fractions(args.thresholds, "--thresholds")
     for flag in ("json", "plot", "table"):
         if getattr(args, flag) is not None:
@@ -239,9 +241,11 @@ def plot(rows: list[dict], header: dict, path: Path) -> None:
                 "planner threshold": ("threshold planner (not the joint)", "v-"),
                 "planner ": ("confidence, margin, entropy planners (not the joint)", "^"),
                 f"{LEFT_TO_RIGHT.word} S=n": ("left to right, S = n", "x")}
+    def family(row: dict) -> str:  # the first prefix of the label's ("planner threshold" first)
+        return next(prefix for prefix in families if row["label"].startswith(prefix))
+
     for prefix, (name, style) in families.items():
-        members = [row for row in rows if row["label"].startswith(prefix)
-                   and not (prefix == "planner " and "threshold" in row["label"])]
+        members = [row for row in rows if family(row) == prefix]
         if not members:
             continue
         x = [row["calls_per_token"] for row in members]

@@ -29,6 +29,7 @@ from aogpt.files import write_text_atomic
 from aogpt.model.config import ModelConfig
 from aogpt.model.orders import LEFT_TO_RIGHT, OrderConfig
 from aogpt.model.precision import training_precision
+from aogpt.model.sampler.ways import DEFAULT_SAMPLER, SAMPLERS, WAYS
 
 
 @dataclass
@@ -145,7 +146,7 @@ class EvalConfig:
     sample_count: int = 4
     # "parallel" (the paper's, sample_steps calls) or "speculative" (exactly one token per call's
     # distribution, in fewer calls; sample_draft positions drafted ahead per call)
-    sample_sampler: Literal["parallel", "speculative"] = "parallel"
+    sample_sampler: Literal[SAMPLERS] = DEFAULT_SAMPLER
     sample_steps: int = 256  # network calls S (the paper's sample_AOGPT.sh: 256)
     sample_draft: int = 4
     sample_temperature: float = 1.0
@@ -225,9 +226,9 @@ class RunConfig:
             if not self.model.any_order and self.eval.sample_steps != self.model.block_size:
                 raise UsageError("a left-to-right GPT samples one token per step: set "
                                  f"eval.sample_steps={self.model.block_size}")
-            if not self.model.any_order and self.eval.sample_sampler == "speculative":
-                raise UsageError("a left-to-right GPT cannot draft positions ahead of the next "
-                                 "one: set eval.sample_sampler=parallel")
+            if not self.model.any_order and WAYS[self.eval.sample_sampler].any_order:
+                raise UsageError("a left-to-right GPT cannot give positions ahead of the next "
+                                 f"one: set eval.sample_sampler={DEFAULT_SAMPLER}")
         names = [Path(folder).name for folder in self.eval.sets]
         if len(set(names)) < len(names):
             raise UsageError(f"eval.sets: two folders share a name ({', '.join(names)}): their "

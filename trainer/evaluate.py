@@ -47,6 +47,7 @@ from aogpt.model import load_checkpoint
 from aogpt.model.checkpoint import describe_provenance, locate_checkpoint, provenance
 from aogpt.model.orders import ANY_ORDER, LEFT_TO_RIGHT, READING_WORDS, READINGS
 from aogpt.model.precision import resolve_device
+from aogpt.model.sampler.ways import named
 from aogpt.trainer.dist_env import DistEnv, setup_distributed_env
 from aogpt.trainer.evaluation import (
     PRECISIONS,
@@ -83,8 +84,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         f"(default {ANY_ORDER.word}, as the paper; aliases as for --orders)")
     add("--planners", default="", metavar="P[,P2,...]",
         help="also score each text along the order a planner takes revealing its own tokens "
-             "(confidence, margin, entropy, threshold): an exact likelihood, at about n^2/2 rows "
-             "per sequence")
+             f"({', '.join(named('planner'))}): an exact likelihood, at about n^2/2 rows per "
+             "sequence")
     add("--weights", choices=("ema", "raw"), default="ema", help="default ema (as the paper)")
     add("--unigram-from", type=Path, default=None, metavar="DIR",
         help="also score a context-free reference: the token frequencies of this pretraining "

@@ -18,12 +18,14 @@ For each sequence x of n tokens (a data folder's samples in order, split over ra
                asked for, each the average over the first M' members. Its mathematics, and how
                it is computed cheaply: trainer/ensemble.py.
 
-Evaluator.run is the one batch loop of every score: it takes any iterable of batches, a data
-folder's (score_data: evaluate.py, the zero-shot sets while training) or the training data's val
-loader (trainer/validator.py). Everything is token-weighted (sum of NLL over all ranks / sum of
-tokens), no sample is scored twice and the last partial batch counts. Every random choice is a
-counter-based hash of (seed, global sample index, ...), so results depend neither on the batch
-size nor on the number of ranks.
+Evaluator.run is the one batch loop of this module's scores: it takes any iterable of batches,
+a data folder's (score_data: evaluate.py, the zero-shot sets while training) or the training
+data's val loader (trainer/validator.py). lm-eval's requests (trainer/lm_harness.py) and the
+judge's samples (trainer/judge.py) are batched where they are made, by their own loops.
+Everything is token-weighted (sum of NLL over all ranks / sum of tokens), no sample is scored
+twice and the last partial batch counts. Every random choice is a counter-based hash of (seed,
+global sample index, ...), so results depend neither on the batch size nor on the number of
+ranks.
 
 Samples of a per-example data folder (LAMBADA's --packing per_example) carry a `length`: only
 their first `length` tokens are real, and every order reads them first, so that the EOS padding
@@ -58,7 +60,8 @@ from aogpt.model.orders import (
     per_reading,
     reading_named,
 )
-from aogpt.model.sampler import PLANNERS, KVCacheSampler, SamplingConfig
+from aogpt.model.sampler import KVCacheSampler, SamplingConfig
+from aogpt.model.sampler.ways import named
 from aogpt.progress import progress as progress_bar
 from aogpt.trainer.ensemble import choose_targets, ensemble_member_nll, ensemble_sums
 
@@ -122,10 +125,10 @@ class EvalSettings:
             raise UsageError(f"--ensemble sizes must be positive, got {list(self.ensemble)}")
         if self.precision not in PRECISIONS:
             raise UsageError(f"--precision must be one of {', '.join(PRECISIONS)}")
-        unknown = [p for p in self.planners if p not in PLANNERS or p == "order"]
+        unknown = [p for p in self.planners if p not in named("planner")]
         if unknown:
             raise UsageError(f"--planners {','.join(unknown)}: each must be one of "
-                             f"{', '.join(PLANNERS[1:])}")
+                             f"{', '.join(named('planner'))}")
         if set(self.orders) - {LEFT_TO_RIGHT.word} or self.ensemble or self.planners:
             model.config.require_any_order("it cannot score other orders; use --orders "
                                            f"{LEFT_TO_RIGHT.word} and no --ensemble")

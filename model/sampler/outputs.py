@@ -1,6 +1,7 @@
-"""What a generation returns (Generation; LongGeneration past the block, model/sampler/window.py),
-what each of its network calls shows a caller (on_step), and the JSON record of each sample that
-trainer/sample.py --out and the samples drawn while training write (sample_records)."""
+"""What a generation returns (Generation; LongGeneration past the block, model/sampler/window.py)
+and the JSON record of each sample that trainer/sample.py --out and the samples drawn while
+training write (sample_records). What each network call shows a caller (on_step's StepOutput) is
+strategy.py's."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ from dataclasses import dataclass, field
 import torch
 
 from aogpt.model.sampler.config import SamplingConfig
+from aogpt.model.sampler.ways import STEPS, way_of
 
 
 @dataclass
@@ -22,17 +24,6 @@ class Generation:
     sample_calls: torch.Tensor | None = None
     # speculative: (b,) int64 drafts verified and accepted per sample
     stats: dict[str, torch.Tensor] = field(default_factory=dict)
-
-
-@dataclass
-class StepOutput:
-    """Handed to generate's on_step after every call; tensors may be reused by the next call."""
-
-    call: int
-    logits: torch.Tensor  # (b, r, vocab) float, the unfiltered logits of the targets
-    target_slots: torch.Tensor  # (b, r): targets are orders[:, slot]; slot >= hi is padding
-    valid: torch.Tensor  # (b, r) bool
-    bounds: torch.Tensor  # (3, b): lo, c, hi of this call
 
 
 @dataclass
@@ -64,7 +55,7 @@ def sample_records(sample_ids: list[int], out: Generation | LongGeneration, enco
         extra = [{} for _ in texts]
     settings = dataclasses.asdict(config)
     return [{"sample": i, "tokens": tokens, "text": encoding.decode(tokens), "order": order,
-             **extra[k], "steps": config.steps if config.sampler == "parallel" else None,
+             **extra[k], "steps": config.steps if way_of(config).reads(STEPS) else None,
              "network_calls": sample_calls, "batch_network_calls": out.network_calls,
              **{name: values[k] for name, values in stats.items()}, "settings": settings,
              **fields}

@@ -175,17 +175,23 @@ def test_planner_l2r_is_the_left_to_right_order(checkpoint, tmp_path):
 @pytest.mark.parametrize("flags, message", [
     (["--planner", "sideways"], "error: --planner 'sideways' is none of random, l2r, confidence, "
                                 "margin, entropy, threshold"),
-    (["--planner", "margin", "--candidates", "0"], "error: --candidates must be at least 1, got 0"),
-    (["--planner", "margin", "--reveal", "0"], "error: --reveal must be at least 1, got 0"),
+    (["--planner", "margin", "--candidates", "0"], "error: --candidates must be >= 1 (unset: all), "
+                                                   "got 0"),
+    (["--planner", "margin", "--reveal", "0"], "error: --reveal must be >= 1 (positions revealed "
+                                               "per call), got 0"),
     (["--planner", "threshold", "--threshold", "1"], "error: --threshold must be in (0, 1)"),
     (["--planner", "threshold", "--threshold", "0"], "error: --threshold must be in (0, 1)"),
-    (["--threshold", "0.5"], "error: --threshold is read by --planner threshold, not by a fixed"),
+    (["--threshold", "0.5"], "error: --threshold is read by --planner threshold, not by --sampler "
+                             "parallel"),
     (["--planner", "threshold", "--reveal", "2"],
      "error: --reveal is read by --planner confidence or margin or entropy, not by --planner "
      "threshold"),
     (["--planner", "l2r", "--order", "random"], ""),  # random is --order's default: no conflict
-    (["--planner", "confidence", "--steps", "4"], "error: --steps sets the parallel sampler's "
-                                                  "calls; --planner confidence makes one call per"),
+    (["--planner", "confidence", "--steps", "4"], "error: --steps is read by --sampler parallel, "
+                                                  "not by --planner confidence"),
+    (["--planner", "entropy", "--schedule", "cosine"], "error: --schedule is read by --sampler "
+                                                       "parallel, not by --planner entropy"),
+    (["--planner", "margin", "--sampler", "parallel"], ""),  # the default sampler: no conflict
     (["--planner", "margin", "--sampler", "speculative"], "error: --planner margin chooses "
                                                           "positions call by call"),
 ])
@@ -245,7 +251,7 @@ def test_a_long_texts_bad_input_is_one_line(checkpoint, tmp_path, capsys, flags,
     (["--steps", "17"], "--steps must be in 1..16"),
     (["--seq-len", "25"], "block size"),
     (["--top-p", "0"], "top_p"),
-    (["--steps", "0"], "--steps must be at least 1, got 0"),  # 0 never means "the default"
+    (["--steps", "0"], "--steps must be >= 1, got 0"),  # 0 never means "the default"
     (["--seq-len", "0"], "--seq-len must be at least 1, got 0"),
     (["--batch-size", "0"], "--batch-size must be at least 1, got 0"),
     (["--judge-batch-size", "0"], "--judge-batch-size must be at least 1, got 0"),
@@ -253,9 +259,10 @@ def test_a_long_texts_bad_input_is_one_line(checkpoint, tmp_path, capsys, flags,
     (["--infill", "{0: 1}"], "--infill is not valid JSON"),
     (["--order", "reverse"], "error: --order: 'reverse' names no order: use l2r (also ltr, "
                              "left_to_right) or random (also uniform, ao, any, any_order)"),
-    (["--sampler", "speculative"], "error: --steps sets the parallel sampler's network calls; "
-                                   "the speculative sampler decides its own"),
-    (["--draft", "2"], "error: --draft is the speculative sampler's: add --sampler speculative"),
+    (["--sampler", "speculative"], "error: --steps is read by --sampler parallel, not by "
+                                   "--sampler speculative"),
+    (["--draft", "2"], "error: --draft is read by --sampler speculative, not by --sampler "
+                       "parallel"),
 ])
 def test_bad_input_is_one_line_and_exit_status_2(checkpoint, tmp_path, capsys, flags, message):
     assert main(["--ckpt", str(checkpoint), "--seq-len", str(N), "--steps", "4", *flags]) == 2
