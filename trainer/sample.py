@@ -3,12 +3,13 @@
     python trainer/sample.py --ckpt PATH [--num-samples N] [--seq-len L | --length L [--window W]]
         [--stop-at-eos] [--stop-entropy H]
         [--sampler parallel [--steps S] [--schedule linear|cosine]
-         [--counts deterministic|binomial] | --sampler speculative [--draft K]]
+         [--counts deterministic|binomial] | --sampler speculative [--draft K] [--tree C]]
         [--planner random|l2r|confidence|margin|entropy|threshold [--reveal R] [--threshold P]
          [--candidates C] [--block B]]
         [--temperature T] [--top-p P] [--top-k K] [--prompt TEXT] [--infill JSON-or-file]
         [--seed X] [--out FILE.jsonl [--force]] [--order random|l2r] [--weights ema|raw]
         [--batch-size B] [--judge PATH]
+    torchrun --nproc-per-node N trainer/sample.py ...      # the batches spread over N processes
 
 Every sample fixes its generation order up front (the prompt and infill positions first, then
 the rest in random or left-to-right order). Two samplers (model/sampler/):
@@ -18,8 +19,10 @@ the rest in random or left-to-right order). Two samplers (model/sampler/):
                from the model's joint distribution.
   speculative  exactly the joint of S = L (one token per call) in fewer calls: each call drafts K
                positions ahead from the model's own marginals and verifies the earlier drafts
-               along the order (any-subset speculative decoding, arXiv 2504.20456). It decides
-               its own number of calls: at most one per token, fewer as drafts are accepted.
+               along the order (any-subset speculative decoding, arXiv 2504.20456), --tree C
+               candidates for each drafted position. It decides its own number of calls: at most
+               one per token, fewer as drafts are accepted. `--order l2r --sampler speculative`
+               is left-to-right text (a GPT's kind) from an AO-GPT, exactly, in fewer calls.
 Or the model chooses the order as it goes (--planner, model/sampler/planners.py): each call
 scores candidate positions (every remaining one, --candidates C of them, or those of the current
 --block of B positions) against the exact cache and reveals the --reveal R best by confidence (top
@@ -29,7 +32,10 @@ reaches --threshold P (threshold, at least one). --planner random and l2r are th
 (with R = 1 each token comes from its exact conditional, so it is the sample's log-probability
 under the planner's own process). Each way takes its own flags only (model/sampler/ways.py: the
 groups below); a flag of another way is refused.
-Sample i's order and tokens depend only on (--seed, i), not on the batch size.
+Sample i's order and tokens depend only on (--seed, i), not on the batch size. Under a launcher
+(torchrun, deepspeed or srun; trainer/ranks.py) each process draws its share of the batches, on
+its own device, and the first writes --out: the one-process file's records (all but time_s,
+each batch's own seconds), and judges them.
 --length L past the block size slides a window (model/sampler/window.py): each chunk after the
 first keeps the last --window W tokens (default half the block) as given tokens and generates the
 next block - W positions, until L. --stop-at-eos ends a text after its second end-of-text token,
@@ -97,6 +103,7 @@ from aogpt.trainer.judge import (
     format_report,
     generative_perplexity,
 )
+from aogpt.trainer.ranks import RankShare
 
 DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32}
 # --compile auto's threshold: compiling costs seconds per call shape (a run has 10 to 20 of them)
@@ -158,6 +165,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
              f"compiling per shape; auto (default) = on a GPU for runs of at least "
              f"{COMPILE_PAYS_CALLS:,} network calls; a failure warns once and runs eagerly")
     add("--tokenizer-file", default=None, help="GPT-2 ranks file (offline tokenizer)")
+    add("--local_rank", type=int, default=None, help=argparse.SUPPRESS)  # the deepspeed launcher's
     add_way_flags(parser)
     return parser.parse_args(argv)
 
@@ -378,12 +386,14 @@ class Samplers:
 
 
 def run(plan: Plan, samplers: Samplers, args: argparse.Namespace, device: torch.device,
-        encoding, origin: dict) -> list[dict]:
-    """Every batch, with a progress bar: one record per sample."""
-    records = []
+        encoding, share: RankShare) -> list[dict] | None:
+    """This rank's share of the batches, with a progress bar; rank 0 gets every batch's records,
+    one per sample in id order (the other ranks None)."""
     given_positions = plan.mask.nonzero().flatten().tolist()
-    with progress(range(0, args.num_samples, plan.batch_size), desc="sampling",
-                  unit="batch") as bar:
+    batches = list(range(0, args.num_samples, plan.batch_size))
+    done = []  # per batch of this rank's share: its records
+    with progress(share.mine(batches), desc="sampling", unit="batch",
+                  disable=not share.is_main) as bar:
         for first in bar:
             ids = torch.arange(first, min(first + plan.batch_size, args.num_samples))
             batch_start = time.perf_counter()
@@ -396,9 +406,10 @@ def run(plan: Plan, samplers: Samplers, args: argparse.Namespace, device: torch.
             if device.type == "cuda":
                 torch.cuda.synchronize(device)
             seconds = time.perf_counter() - batch_start
-            records += sample_records(ids.tolist(), out, encoding, plan.config, time_s=seconds,
-                                      given_positions=given_positions, provenance=origin)
-    return records
+            done.append(sample_records(ids.tolist(), out, encoding, plan.config, time_s=seconds,
+                                       given_positions=given_positions))
+    gathered = share.gather(done)
+    return None if gathered is None else [record for batch in gathered for record in batch]
 
 
 def report(records: list[dict], plan: Plan, way: Way, samplers: Samplers, elapsed: float,
@@ -430,11 +441,10 @@ def load(args: argparse.Namespace, device: torch.device) -> tuple:
     provenance records carry; the judge checked against it."""
     dtype = DTYPES[args.dtype] if args.dtype != "auto" else reproducible_dtype(device)
     source = locate_checkpoint(args.ckpt)
-    if source.unfinished:
-        print(source.unfinished_note(), file=sys.stderr, flush=True)
     model = load_checkpoint(source.file, weights=args.weights, map_location=device).to(dtype)
     encoding = load_gpt2(args.tokenizer_file) if model.config.reads_gpt2 else TokenIds()
-    origin = provenance(source, args.weights, vars(args), made_by=SAMPLES.made_by)
+    settings = {key: value for key, value in vars(args).items() if key != "local_rank"}
+    origin = provenance(source, args.weights, settings, made_by=SAMPLES.made_by)
     if args.judge is not None:
         check_judge_matches(args.judge, origin)
     return source, model, encoding, origin
@@ -443,14 +453,28 @@ def load(args: argparse.Namespace, device: torch.device) -> tuple:
 @cli_entry
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    way = check_args(args)
-    device = resolve_device(args.device)
-    source, model, encoding, origin = load(args, device)
-    plan = plan_run(args, way, model, encoding)
+    share = RankShare.join()
+    try:
+        way = check_args(args)
+        device = resolve_device(args.device, own=share.env.device)
+        source, model, encoding, origin = load(args, device)
+        plan = plan_run(args, way, model, encoding)
+    except UsageError:
+        if not share.is_main:
+            return 2  # every rank sees the same problem: rank 0 alone says it
+        raise
     samplers = Samplers(model, plan, args, device)
-    print(f"sampling from {source.file} ({describe_provenance(origin)})", flush=True)
+    if share.is_main:
+        if source.unfinished:
+            print(source.unfinished_note(), file=sys.stderr, flush=True)
+        print(f"sampling from {source.file} ({describe_provenance(origin)})"
+              + (f" on {share.world_size} processes" if share.world_size > 1 else ""), flush=True)
     started = time.perf_counter()
-    records = run(plan, samplers, args, device, encoding, origin)
+    records = run(plan, samplers, args, device, encoding, share)
+    if records is None:
+        return 0  # rank 0 writes and judges them
+    for record in records:  # the same provenance on every line, whichever rank drew it
+        record["provenance"] = origin
     elapsed = time.perf_counter() - started - samplers.setup_seconds
     report(records, plan, way, samplers, elapsed, args, model.config.reads_gpt2)
     if args.judge:
