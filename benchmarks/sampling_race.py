@@ -2,7 +2,7 @@
 and steps sampling itself, side by side in one process.
 
     python benchmarks/sampling_race.py --ao RUN --gpt RUN [--judge DATA-or-MODEL]
-        [--num-samples 256] [--batch-sizes 1,8,32] [--drafts 4,8] [--timed-batches 4]
+        [--num-samples 256] [--batch-sizes 1,8,32] [--drafts 2,4] [--trees 1,3] [--timed-batches 4]
         [--repeats 2] [--compile auto|on|off] [--threads T] [--seq-len N] [--seed 0]
         [--device auto] [--json OUT] [--table OUT.md] [--plot OUT.png] [--force]
 
@@ -13,9 +13,10 @@ draws the same sample ids left to right, the order a GPT can read:
 - GPT, one token per call: the baseline every speed-up is quoted against, at its best: its own
   static KV cache, the same batch, dtype and threads, and compiled where that is faster;
 - AO-GPT, one token per call: the same network cost per token, for reference;
-- AO-GPT speculative, K = each of --drafts: `--order l2r --sampler speculative`, drafting the
-  next K positions from the AO-GPT's own marginals and verifying them in the next call. Its
-  samples are exactly its one-token-per-call samples' distribution, in fewer calls.
+- AO-GPT speculative, K = each of --drafts, C = each of --trees: `--order l2r --sampler
+  speculative --draft K --tree C`, drafting the next K positions (C candidates each) from the
+  AO-GPT's own marginals and verifying them in the next call. Its samples are exactly its
+  one-token-per-call samples' distribution, in fewer calls.
 For each it reports network calls per token (each sample's own; a batch runs until its slowest
 sample is done), the drafts accepted, tokens per second at each batch size (each sampler eager
 and compiled, per --compile, the faster kept; --timed-batches batches of other sample ids per
@@ -25,7 +26,10 @@ language's data folder (data_prep/synthetic_to_mds.py) their exact true NLL per 
 standard error and the language's entropy; always their unigram entropy and repetition rate.
 The JSON is rewritten after every row (benchmarks/results.py); --table writes the markdown table
 and --plot tokens per second against the judge's number, a panel per batch size
-(docs/sampling-race.md shows both for the two synthetic languages).
+(docs/sampling-race.md shows both for the two synthetic languages). Under a launcher
+(`torchrun --nproc-per-node N benchmarks/sampling_race.py ...`, trainer/ranks.py) every process
+draws its share of the judged samples, the same samples as one process draws, and the first one
+judges and times them alone.
 """
 
 from __future__ import annotations
@@ -47,6 +51,7 @@ from aogpt.model.orders import LEFT_TO_RIGHT
 from aogpt.model.precision import device_name, reproducible_dtype, resolve_device
 from aogpt.model.sampler import KVCacheSampler, SamplingConfig
 from aogpt.trainer.judge import Judge, check_judge_matches, diversity, generative_perplexity
+from aogpt.trainer.ranks import RankShare
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from results import ResultsFile  # noqa: E402
@@ -67,14 +72,15 @@ class Contestant:
     fields: dict  # its SamplingConfig's settings
 
 
-def contestants(n: int, drafts: list[int]) -> list[Contestant]:
-    """The baseline first, then the AO-GPT one token per call, then speculative at each K."""
+def contestants(n: int, drafts: list[int], trees: list[int]) -> list[Contestant]:
+    """The baseline first, then the AO-GPT one token per call, then speculative at each K and
+    tree C."""
     one_per_call = {"steps": n, "order": LEFT_TO_RIGHT.word}
     return [Contestant(BASELINE, "gpt", one_per_call),
             Contestant("AO-GPT, one token per call", "ao", one_per_call),
-            *(Contestant(f"AO-GPT speculative K={k}", "ao",
-                         {"sampler": "speculative", "draft": min(k, n - 1),
-                          "order": LEFT_TO_RIGHT.word}) for k in drafts)]
+            *(Contestant(f"AO-GPT speculative K={k}" + (f" C={c}" if c > 1 else ""), "ao",
+                         {"sampler": "speculative", "draft": min(k, n - 1), "tree": c,
+                          "order": LEFT_TO_RIGHT.word}) for k in drafts for c in trees)]
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -87,7 +93,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     add("--judge", help="a synthetic language's data folder (exact), or a judge model")
     add("--num-samples", type=int, default=256, help="samples judged per sampler (default 256)")
     add("--batch-sizes", default="1,8,32", help="batch sizes timed (default 1,8,32)")
-    add("--drafts", default="4,8", help="the AO-GPT's speculative K (default 4,8)")
+    add("--drafts", default="2,4", help="the AO-GPT's speculative K (default 2,4)")
+    add("--trees", default="1,3", help="candidates per drafted position, C, at each K (default "
+        "1,3; 1: a chain)")
     add("--timed-batches", type=int, default=4,
         help="batches of other sample ids timed per batch size (default 4)")
     add("--repeats", type=int, default=2, help="runs of each timed batch, the shortest kept "
@@ -104,10 +112,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     add("--plot", type=Path, help="tokens per second against the judge's number (PNG)")
     add("--force", action="store_true", help="replace --json, --table and --plot if this "
         "benchmark wrote them")
+    add("--local_rank", type=int, default=None, help=argparse.SUPPRESS)  # the deepspeed launcher's
     args = parser.parse_args(argv)
     check_counts(args, "num_samples", "timed_batches", "repeats", "threads", "seq_len")
     args.batch_sizes = numbers(args.batch_sizes, "--batch-sizes")
     args.drafts = numbers(args.drafts, "--drafts") if args.drafts else []
+    args.trees = numbers(args.trees, "--trees")
     for flag in OUTPUTS:
         if getattr(args, flag) is not None:
             check_output_file(getattr(args, flag), f"--{flag}", args.force, OUTPUTS[flag])
@@ -176,19 +186,25 @@ def timed(sampler: KVCacheSampler, ids: torch.Tensor, device: torch.device) -> t
 
 
 def judged(model, contestant: Contestant, args, n: int, judge: Judge | None,
-           device: torch.device) -> dict:
+           device: torch.device, share: RankShare) -> dict | None:
     """A contestant's row: its calls and what the judge says of --num-samples samples (drawn
-    eagerly, at the widest batch)."""
+    eagerly, at the widest batch; each rank of a launch draws its share of the batches, and rank
+    0 alone gets the row, the others None)."""
     config = SamplingConfig(seed=args.seed, **contestant.fields)
     widest = max(args.batch_sizes)
     sampler = KVCacheSampler(model, widest, n, config, compile=False)
-    tokens, calls, decided, accepted = [], [], 0, 0
-    for first in range(0, args.num_samples, widest):
+    drawn = []  # per batch of this rank's share: tokens, each sample's calls, drafts
+    for first in share.mine(list(range(0, args.num_samples, widest))):
         _, out = timed(sampler, torch.arange(first, min(first + widest, args.num_samples)), device)
-        tokens += out.tokens.tolist()
-        calls += out.sample_calls.tolist()
-        decided += int(out.stats.get("drafts_decided", torch.zeros(1)).sum())
-        accepted += int(out.stats.get("drafts_accepted", torch.zeros(1)).sum())
+        drawn.append((out.tokens.tolist(), out.sample_calls.tolist(),
+                      int(out.stats.get("drafts_decided", torch.zeros(1)).sum()),
+                      int(out.stats.get("drafts_accepted", torch.zeros(1)).sum())))
+    drawn = share.gather(drawn)
+    if drawn is None:
+        return None
+    tokens = [text for batch in drawn for text in batch[0]]
+    calls = [count for batch in drawn for count in batch[1]]
+    decided, accepted = sum(batch[2] for batch in drawn), sum(batch[3] for batch in drawn)
     return {"label": contestant.label, "network": contestant.network,
             "settings": asdict(config), "samples": len(tokens),
             "calls_per_token": sum(calls) / len(calls) / n,
@@ -309,51 +325,74 @@ def plot(rows: list[dict], header: dict, path: Path) -> None:
     figure.savefig(path, dpi=120, metadata=png_provenance(header["provenance"]))
 
 
+def load_pair(args, device: torch.device) -> tuple:
+    """The two runs, checked against each other, the sequence length and the judge."""
+    ao = load_run(args.ao, "--ao", args.weights, device)
+    gpt = load_run(args.gpt, "--gpt", args.weights, device)
+    check_pair(ao, gpt)
+    n = args.seq_len or ao[0].config.block_size
+    if not 2 <= n <= ao[0].config.block_size:
+        raise UsageError(f"--seq-len must be in 2..{ao[0].config.block_size}, got {n}")
+    if args.judge:
+        for origin in (ao[1], gpt[1]):
+            check_judge_matches(args.judge, origin)
+    return ao, gpt, n
+
+
 @cli_entry
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     if args.threads is not None:
         torch.set_num_threads(args.threads)
-    device = resolve_device(args.device)
-    ao = load_run(args.ao, "--ao", args.weights, device)
-    gpt = load_run(args.gpt, "--gpt", args.weights, device)
-    check_pair(ao, gpt)
+    share = RankShare.join()
+    device = resolve_device(args.device, own=share.env.device)
+    try:
+        ao, gpt, n = load_pair(args, device)
+    except UsageError:
+        if not share.is_main:
+            return 2  # every rank sees the same problem: rank 0 alone says it
+        raise
     models = {"ao": ao[0], "gpt": gpt[0]}
-    n = args.seq_len or ao[0].config.block_size
-    if not 2 <= n <= ao[0].config.block_size:
-        raise UsageError(f"--seq-len must be in 2..{ao[0].config.block_size}, got {n}")
-    judge = None
-    if args.judge:
-        for origin in (ao[1], gpt[1]):
-            check_judge_matches(args.judge, origin)
-        judge = Judge(args.judge, device)
+    judge = Judge(args.judge, device) if args.judge and share.is_main else None
     header = {"device": device_name(device), "threads": torch.get_num_threads(),
               "dtype": str(next(ao[0].parameters()).dtype), "seq_len": n,
               "num_samples": args.num_samples, "batch_sizes": args.batch_sizes,
               "exact_judge": judge is not None and judge.language is not None,
+              "processes": share.world_size,
               "runs": {name: {"parameters": run[0].num_params(), "family": run[0].config.family,
                               "step": run[1].get("step"), "checkpoint": run[1].get("checkpoint"),
                               "order": run[2]} for name, run in (("ao", ao), ("gpt", gpt))},
               "provenance": provenance(None, args.weights, vars(args), made_by=JSON.made_by,
                                        ao=ao[1], gpt=gpt[1])}
-    if header["runs"]["ao"]["step"] != header["runs"]["gpt"]["step"]:
+    if share.is_main and header["runs"]["ao"]["step"] != header["runs"]["gpt"]["step"]:
         print(f"note: the AO-GPT was saved at step {header['runs']['ao']['step']}, the GPT at "
               f"{header['runs']['gpt']['step']}", file=sys.stderr, flush=True)
-    results = ResultsFile(args.json, {**header, "rows": []})
+    results = ResultsFile(args.json if share.is_main else None, {**header, "rows": []})
     rows = results.data["rows"]
-    for contestant in contestants(n, args.drafts):
-        rows.append(judged(models[contestant.network], contestant, args, n, judge, device))
-        value, error = quality(rows[-1])
-        print(f"{contestant.label:32s} {rows[-1]['calls_per_token']:.3f} calls/token, judge "
-              f"{value:.4f} +- {error:.4f}, unigram entropy {rows[-1]['judge']['entropy']:.3f}",
+    for contestant in contestants(n, args.drafts, args.trees):
+        row = judged(models[contestant.network], contestant, args, n, judge, device, share)
+        if row is None:
+            continue  # rank 0 judges and times: the others only draw their share
+        rows.append(row)
+        value, error = quality(row)
+        print(f"{contestant.label:32s} {row['calls_per_token']:.3f} calls/token, judge "
+              f"{value:.4f} +- {error:.4f}, unigram entropy {row['judge']['entropy']:.3f}",
               flush=True)
         results.row_done()
+    if not share.is_main:
+        return 0
     time_rows(rows, models, args, n, device)
+    report(rows, results, header, args, ao[0], gpt[0])
+    return 0
+
+
+def report(rows: list[dict], results: ResultsFile, header: dict, args, ao, gpt) -> None:
+    """The JSON finished, the table printed and written, the picture drawn."""
     if header["exact_judge"]:
         results.data["entropy_rate"] = rows[0]["judge"]["entropy_rate"]
-    results.data["title"] = (f"{ao[0].config.family} {ao[0].num_params() / 1e6:.2f}M against "
-                             f"a {gpt[0].config.family} {gpt[0].num_params() / 1e6:.2f}M, n = {n}"
-                             f", {header['device']}")
+    results.data["title"] = (f"{ao.config.family} {ao.num_params() / 1e6:.2f}M against a "
+                             f"{gpt.config.family} {gpt.num_params() / 1e6:.2f}M, n = "
+                             f"{header['seq_len']}, {header['device']}")
     results.finish()
     text = table(rows, results.data)
     print("\n" + text)
@@ -362,7 +401,6 @@ def main(argv: list[str] | None = None) -> int:
     if args.plot:
         plot(rows, results.data, args.plot)
         print(f"wrote {args.plot}")
-    return 0
 
 
 if __name__ == "__main__":
