@@ -1,7 +1,8 @@
 """Samplers side by side: network calls and seconds per token against the quality of what they draw.
 
     python benchmarks/sampler_pareto.py --ckpt RUN [--judge DATA-or-MODEL] [--num-samples 256]
-        [--batch-sizes 1,32] [--steps 8,16,32,64,N] [--drafts 1,2,4,8,16] [--seq-len N]
+        [--batch-sizes 1,32] [--steps 8,16,32,64,N] [--drafts 1,2,4,8,16] [--trees 1,2,3]
+        [--seq-len N]
         [--planners confidence,margin,entropy] [--thresholds 0.9,0.7,0.5,0.3]
         [--json OUT] [--plot docs/sampler-pareto.png] [--table docs/sampler-pareto.md]
 
@@ -10,6 +11,7 @@ sample ids (so each sample's order is the same for all of them):
 - parallel, the paper's sampler, at S network calls (--steps), with the deterministic counts and
   with the binomial ones; S = n (one token per call) is exact ancestral sampling, the reference;
 - speculative at each draft length K (--drafts): exactly S = n's distribution, in fewer calls;
+  and draft trees at each C > 1 of --trees (C candidates per drafted position);
 - left to right at S = n, and the planners (model/sampler/planners.py), which choose each next
   position by the model's own scores: confidence, margin and entropy at one position per call,
   threshold at each --thresholds (every position whose top probability reaches it per call).
@@ -76,6 +78,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     add("--batch-sizes", default="1,32", help="batch sizes timed (default 1,32)")
     add("--timed-batches", type=int, default=2, help="batches timed per batch size (default 2)")
     add("--steps", help="the parallel sampler's network calls (default n/16, n/8, n/4, n/2, n)")
+    add("--trees", default="1", help="speculative: candidates per drafted position, C, at each "
+        "K (default 1, the chain; 1,2,3: chains and trees)")
     add("--drafts", default="1,2,4,8,16",
         help="the speculative sampler's K (default 1,2,4,8,16; '' none)")
     add("--planners", default="confidence,margin,entropy",
@@ -93,6 +97,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     check_counts(args, "num_samples", "timed_batches", "seq_len")
     args.batch_sizes = numbers(args.batch_sizes, "--batch-sizes")
     args.drafts = numbers(args.drafts, "--drafts") if args.drafts else []
+    args.trees = numbers(args.trees, "--trees")
     args.steps = numbers(args.steps, "--steps") if args.steps else None
     args.planners = [p for p in args.planners.split(",") if p]
     if set(args.planners) - set(ONE_BY_ONE):
@@ -127,7 +132,7 @@ def fractions(text: str, flag: str) -> list[float]:
 
 
 def settings(n: int, steps: list[int] | None, drafts: list[int], planners: list[str] = (),
-             thresholds: list[float] = ()) -> list[tuple[str, dict]]:
+             thresholds: list[float] = (), trees: list[int] = (1,)) -> list[tuple[str, dict]]:
     """(label, SamplingConfig fields) of every sampler measured; S = n first, the reference."""
     steps = sorted({s for s in steps or [n // 16, n // 8, n // 4, n // 2, n] if 1 <= s <= n},
                    reverse=True)
@@ -136,7 +141,10 @@ def settings(n: int, steps: list[int] | None, drafts: list[int], planners: list[
     rows += [(f"parallel binomial S={s}", {"sampler": "parallel", "steps": s, "counts": "binomial"})
              for s in steps if s < n]
     rows += [(f"speculative K={k}", {"sampler": "speculative", "draft": min(k, n - 1)})
-             for k in drafts]
+             for k in drafts if 1 in trees]
+    rows += [(f"speculative tree K={k} C={c}",
+              {"sampler": "speculative", "draft": min(k, n - 1), "tree": c})
+             for k in drafts for c in trees if c > 1]
     if planners or thresholds:
         rows.append((f"{LEFT_TO_RIGHT.word} S=n", {"sampler": "parallel", "steps": n,
                                                      "order": LEFT_TO_RIGHT.word}))
@@ -237,6 +245,7 @@ def plot(rows: list[dict], header: dict, path: Path) -> None:
     figure, axes = plt.subplots(figsize=(7, 4.5))
     families = {"parallel S=": ("the paper's sampler, deterministic counts", "o-"),
                 "parallel binomial": ("the paper's sampler, binomial counts", "s--"),
+                "speculative tree": ("speculative draft trees (exact), K and C", "P-"),
                 "speculative": ("speculative (exact), draft K", "D-"),
                 "planner threshold": ("threshold planner (not the joint)", "v-"),
                 "planner ": ("confidence, margin, entropy planners (not the joint)", "^"),
@@ -292,7 +301,8 @@ def main(argv: list[str] | None = None) -> int:
               "exact_judge": judge is not None and judge.language is not None,
               "provenance": origin}
     rows = []
-    for label, fields in settings(n, args.steps, args.drafts, args.planners, args.thresholds):
+    for label, fields in settings(n, args.steps, args.drafts, args.planners, args.thresholds,
+                                  args.trees):
         row = measure(model, label, fields, args, n, judge, device)
         rows.append(row)
         value, error = quality(row)
