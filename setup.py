@@ -11,9 +11,10 @@ from setuptools import setup
 PACKAGES = {"aogpt": "aogpt", "aogpt.model": "model", "aogpt.model.hf": "model/hf",
             "aogpt.model.sampler": "model/sampler",
             "aogpt.trainer": "trainer", "aogpt.data_prep": "data_prep",
-            # a library whose maintenance command is its __main__.py (python -m aogpt.data_prep.X)
+            # libraries whose command is their __main__.py (python -m aogpt.data_prep.X)
             "aogpt.data_prep.tokenizer": "data_prep/tokenizer",
-            "aogpt.data_prep.shared_memory": "data_prep/shared_memory"}
+            "aogpt.data_prep.shared_memory": "data_prep/shared_memory",
+            "aogpt.data_prep.corpora": "data_prep/corpora"}
 
 setup(
     name="aogpt",

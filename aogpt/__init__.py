@@ -4,8 +4,11 @@ The code lives in the top-level folders model/, data_prep/ and trainer/, install
 `aogpt.model`, `aogpt.data_prep` and `aogpt.trainer` (see setup.py). This root holds only what
 all of them share: the version; the error types that commands print as one line, with cli_entry
 that prints them and the checks of a command's input (check_counts, check_input_file);
-`aogpt.files`, through which every file is written (complete or absent); `aogpt.progress`,
-how long work shows how far it is; and the CPU allocator's setting for large tensors.
+`aogpt.files`, through which every file is written (complete or absent); the layouts every
+floor reads, `aogpt.run_folder` (a training run's out_dir) and `aogpt.data_folder` (how a data
+folder is recognised); `aogpt.progress`, how long work shows how far it is; and the CPU
+allocator's setting for large tensors. Nothing here imports model/, data_prep/ or trainer/
+(tests/test_import_layers.py).
 """
 
 import functools

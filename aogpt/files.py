@@ -31,6 +31,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from aogpt import UsageError, __version__
+from aogpt.data_folder import describe_dataset_file
+from aogpt.run_folder import describe_run_file
 
 
 def write_atomic(path: str | os.PathLike, write: Callable[[Path], object],
@@ -149,7 +151,7 @@ def check_output_file(path: str | os.PathLike, flag: str, force: bool,
         raise UsageError(f"{flag} {path}: {output.made_by} writes its {output.what} as "
                          f"{' or '.join(output.suffixes)}: name the file "
                          f"{path.with_suffix(output.suffixes[0]).name}")
-    trainers = _run_files(path)  # a new file too: the trainer replaces those folders whole
+    trainers = describe_run_file(path)  # a new file too: the trainer replaces those folders whole
     if trainers:
         raise UsageError(f"{flag} {path} would be {trainers}: choose a name outside the "
                          "trainer's files")
@@ -160,7 +162,7 @@ def check_output_file(path: str | os.PathLike, flag: str, force: bool,
 def describe_file(path: Path, output: OutputFile) -> str:
     """What the file at `path` is, for a refusal: a training run's or a dataset's own file, an
     output of another command of this project, or just a file `output`'s command did not write."""
-    found = _run_files(path) or _dataset_files(path)
+    found = describe_run_file(path) or describe_dataset_file(path)
     if found:
         return found
     record = file_record(path)
@@ -168,20 +170,6 @@ def describe_file(path: Path, output: OutputFile) -> str:
     if isinstance(origin, dict) and origin.get("made_by"):
         return f"an output of {origin['made_by']}"
     return f"a file that {output.made_by} did not write"
-
-
-def _run_files(path: Path) -> str | None:
-    # The layouts are their owners': imported here only once a file is found where an output
-    # goes (this module is imported by data_prep, which imports no torch).
-    from aogpt.model.run_folder import describe_run_file
-
-    return describe_run_file(path)
-
-
-def _dataset_files(path: Path) -> str | None:
-    from aogpt.data_prep.manifest import describe_dataset_file
-
-    return describe_dataset_file(path)
 
 
 # ---- provenance recorded in files ----------------------------------------------------------------

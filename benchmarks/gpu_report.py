@@ -80,7 +80,7 @@ from results import EXCEPTION_LINE, why
 from aogpt import UsageError, cli_entry
 from aogpt.data_prep.corpora import python_docs
 from aogpt.files import write_json_atomic, write_text_atomic
-from aogpt.model.run_folder import RunFolder
+from aogpt.run_folder import RunFolder
 from aogpt.trainer.metrics import read_metrics
 
 REPO = Path(__file__).resolve().parent.parent

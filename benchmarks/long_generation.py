@@ -26,7 +26,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from sampler_pareto import sampling_model
+from sampling_model import sampling_model
 
 from aogpt import UsageError, check_counts, cli_entry
 from aogpt.data_prep.synthetic import load_language

@@ -39,6 +39,7 @@ from dataclasses import asdict
 from pathlib import Path
 
 import torch
+from sampling_model import sampling_model
 
 from aogpt import UsageError, check_counts, cli_entry
 from aogpt.files import (
@@ -48,10 +49,8 @@ from aogpt.files import (
     write_json_atomic,
     write_text_atomic,
 )
-from aogpt.model import load_checkpoint
-from aogpt.model.checkpoint import locate_checkpoint, provenance
 from aogpt.model.orders import LEFT_TO_RIGHT
-from aogpt.model.precision import device_name, reproducible_dtype, resolve_device
+from aogpt.model.precision import device_name
 from aogpt.model.sampler import KVCacheSampler, SamplingConfig
 from aogpt.model.sampler.ways import REVEAL, reading
 from aogpt.trainer.judge import Judge, check_judge_matches, diversity, generative_perplexity
@@ -273,16 +272,6 @@ def plot(rows: list[dict], header: dict, path: Path) -> None:
     axes.legend(fontsize=7)
     figure.tight_layout()
     figure.savefig(path, dpi=120, metadata=png_provenance(header["provenance"]))
-
-
-def sampling_model(args: argparse.Namespace, made_by: str) -> tuple:
-    """(model, device, provenance) for a sampler benchmark: --ckpt's --weights on --device, in
-    the dtype sample.py samples in, with the provenance its outputs record."""
-    device = resolve_device(args.device)
-    source = locate_checkpoint(args.ckpt)
-    model = load_checkpoint(source.file, weights=args.weights, map_location=device)
-    model = model.to(reproducible_dtype(device)).eval()
-    return model, device, provenance(source, args.weights, vars(args), made_by=made_by)
 
 
 @cli_entry

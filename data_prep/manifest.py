@@ -20,12 +20,12 @@ from pathlib import Path
 
 import aogpt
 from aogpt import UsageError
+from aogpt.data_folder import MANIFEST_FILE as FILENAME
 from aogpt.data_prep import mds, tokenizer
 from aogpt.files import write_text_atomic
 
 FORMAT = "aogpt-mds"
 VERSION = 1
-FILENAME = "manifest.json"
 COLUMN = "tokens"
 DTYPE = "uint16"
 KINDS = ("pretrain", "eval")
@@ -86,28 +86,6 @@ def read_manifest(data_dir: str | Path) -> dict:
         raise UsageError(f"{path} lacks {', '.join(missing)}: the folder is damaged; "
                          f"{HOW_TO_BUILD}")
     return manifest
-
-
-def dataset_folder(path: str | Path) -> Path | None:
-    """The data folder that `path` is or lies in (two levels at most: DIR/train/shard.00000.mds):
-    one holding manifest.json, or an MDS split (index.json) without one; None outside any."""
-    path = Path(path)
-    candidates = [path, *list(path.parents)[:2]]
-    for marker in (FILENAME, "index.json"):
-        for folder in candidates:
-            if (folder / marker).is_file():
-                return folder
-    return None
-
-
-def describe_dataset_file(path: str | Path) -> str | None:
-    """What `path` is in a data folder ("the manifest of dataset data/owt", "a file of dataset
-    data/owt"); None outside one."""
-    path = Path(path)
-    folder = dataset_folder(path.parent)
-    if folder is None:
-        return None
-    return f"{'the manifest' if path == folder / FILENAME else 'a file'} of dataset {folder}"
 
 
 def rebuild_command(location: str, manifest: dict) -> str:

@@ -192,6 +192,7 @@ def tool(name: str):
     collection, which every pytest-xdist worker pays."""
     spec = importlib.util.spec_from_file_location(name, REPO / "tools" / f"{name}.py")
     module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module  # as an import would: a dataclass's module is looked up there
     spec.loader.exec_module(module)
     return module
 

@@ -46,7 +46,7 @@ from aogpt.data_prep.manifest import (
 )
 from aogpt.data_prep.streaming_compat import release_shared_memory, streaming
 from aogpt.files import write_text_atomic
-from aogpt.model.run_folder import RunFolder
+from aogpt.run_folder import RunFolder
 from aogpt.trainer.config import RunConfig
 from aogpt.trainer.dist_env import DistEnv
 from aogpt.trainer.failsafe import PreemptionFlag, silence_in_child

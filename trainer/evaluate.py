@@ -35,6 +35,7 @@ import argparse
 import dataclasses
 import datetime
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -43,8 +44,13 @@ import torch.distributed as dist
 import aogpt
 from aogpt import UsageError, cli_entry
 from aogpt.files import OutputFile, check_output_file, write_json_atomic
-from aogpt.model import load_checkpoint
-from aogpt.model.checkpoint import describe_provenance, locate_checkpoint, provenance
+from aogpt.model import AOGPT, load_checkpoint
+from aogpt.model.checkpoint import (
+    CheckpointSource,
+    describe_provenance,
+    locate_checkpoint,
+    provenance,
+)
 from aogpt.model.orders import ANY_ORDER, LEFT_TO_RIGHT, READING_WORDS, READINGS
 from aogpt.model.precision import resolve_device
 from aogpt.model.sampler.ways import named
@@ -202,7 +208,19 @@ def open_data(folder: str, block_size: int, max_samples: int | None,
     return data
 
 
-def preflight(args: argparse.Namespace, dist_env: DistEnv):
+@dataclass
+class EvalPlan:
+    """Everything checked before any process group exists, to score with."""
+
+    device: torch.device
+    source: CheckpointSource
+    model: AOGPT  # on the device
+    settings: EvalSettings
+    data: list[EvalData]
+    unigrams: list[dict | None]  # by folder of `data`, with --unigram-from
+
+
+def preflight(args: argparse.Namespace, dist_env: DistEnv) -> EvalPlan:
     """Every check that can fail on user input, before any process group exists."""
     if args.json is not None:
         check_output_file(args.json, "--json", args.force, REPORT)
@@ -222,7 +240,64 @@ def preflight(args: argparse.Namespace, dist_env: DistEnv):
                          "it each text's length, first): score them with --orders")
     unigrams = [None if args.unigram_from is None else unigram_reference(args.unigram_from, folder)
                 for folder in data]
-    return device, source, model.to(device), settings, data, unigrams
+    return EvalPlan(device, source, model.to(device), settings, data, unigrams)
+
+
+def join_processes(device: torch.device, dist_env: DistEnv) -> None:
+    """With several processes, the group whose sums make every score."""
+    if dist_env.world_size > 1:
+        if device.type == "cuda":
+            torch.cuda.set_device(device)
+        dist.init_process_group("nccl" if device.type == "cuda" else "gloo")
+
+
+def announce(plan: EvalPlan, args: argparse.Namespace, world_size: int) -> dict:
+    """Rank 0: says what is scored, how and where; the provenance the report records."""
+    origin = provenance(plan.source, args.weights, vars(args), made_by=REPORT.made_by)
+    if plan.source.unfinished:
+        print(plan.source.unfinished_note(), file=sys.stderr, flush=True)
+    print(f"evaluating {plan.source.file} ({describe_provenance(origin)}): "
+          f"{describe_model(plan.model, args.weights)}\n"
+          f"on {world_size} x {plan.device.type}, precision {plan.settings.precision} "
+          f"({PRECISIONS[plan.settings.precision]}), seed {plan.settings.seed}", flush=True)
+    return origin
+
+
+def score(plan: EvalPlan, dist_env: DistEnv) -> list[dict]:
+    """The results of every --data folder (collective), with its unigram reference."""
+    evaluator = Evaluator(plan.model, plan.settings, plan.device, dist_env.rank,
+                          dist_env.world_size)
+    results = [evaluator.score_data(folder, progress=dist_env.is_main) for folder in plan.data]
+    for result, unigram in zip(results, plan.unigrams, strict=True):
+        if unigram is not None:
+            result["unigram"] = unigram
+    return results
+
+
+def report(results: list[dict], plan: EvalPlan, args: argparse.Namespace, origin: dict,
+           world_size: int) -> None:
+    """Rank 0: the table, the ensemble's cost, and the --json report."""
+    print(format_table(results))
+    costs = report_costs(results)
+    if costs:
+        print(costs)
+    if args.json is None:
+        return
+    c, settings = plan.model.config, plan.settings
+    write_json_atomic({
+        "checkpoint": str(args.ckpt), "weights": args.weights,
+        "model": {"kind": c.family, **{
+            name: getattr(c, name) for name in
+            ("target_injection", "n_layer", "n_head", "n_embd", "block_size")},
+            "params": plan.model.num_params()},
+        "precision": settings.precision, "precision_policy": PRECISIONS[settings.precision],
+        "device": plan.device.type, "world_size": world_size,
+        "settings": dataclasses.asdict(settings), "provenance": origin,
+        "results": results,
+        "aogpt_version": aogpt.__version__,
+        "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+    }, args.json)
+    print(f"wrote {args.json}")
 
 
 @cli_entry
@@ -230,51 +305,16 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     dist_env = setup_distributed_env()
     try:
-        device, source, model, settings, data, unigrams = preflight(args, dist_env)
+        plan = preflight(args, dist_env)
     except UsageError:
         if dist_env.rank != 0:
             return 2  # every rank sees the same problem: rank 0 alone says it
         raise
-    if dist_env.world_size > 1:
-        if device.type == "cuda":
-            torch.cuda.set_device(device)
-        dist.init_process_group("nccl" if device.type == "cuda" else "gloo")
-    main_rank = dist_env.is_main
-    if main_rank:
-        origin = provenance(source, args.weights, vars(args), made_by=REPORT.made_by)
-        if source.unfinished:
-            print(source.unfinished_note(), file=sys.stderr, flush=True)
-        print(f"evaluating {source.file} ({describe_provenance(origin)}): "
-              f"{describe_model(model, args.weights)}\n"
-              f"on {dist_env.world_size} x {device.type}, precision {settings.precision} "
-              f"({PRECISIONS[settings.precision]}), seed {settings.seed}", flush=True)
-    evaluator = Evaluator(model, settings, device, dist_env.rank, dist_env.world_size)
-    results = [evaluator.score_data(folder, progress=main_rank) for folder in data]
-    for result, unigram in zip(results, unigrams, strict=True):
-        if unigram is not None:
-            result["unigram"] = unigram
-    if main_rank:
-        print(format_table(results))
-        costs = report_costs(results)
-        if costs:
-            print(costs)
-        if args.json is not None:
-            c = model.config
-            write_json_atomic({
-                "checkpoint": str(args.ckpt), "weights": args.weights,
-                "model": {"kind": c.family, **{
-                    name: getattr(c, name) for name in
-                    ("target_injection", "n_layer", "n_head", "n_embd", "block_size")},
-                    "params": model.num_params()},
-                "precision": settings.precision, "precision_policy": PRECISIONS[settings.precision],
-                "device": device.type, "world_size": dist_env.world_size,
-                "settings": dataclasses.asdict(settings), "provenance": origin,
-                "results": results,
-                "aogpt_version": aogpt.__version__,
-                "created": datetime.datetime.now(datetime.timezone.utc).isoformat(
-                    timespec="seconds"),
-            }, args.json)
-            print(f"wrote {args.json}")
+    join_processes(plan.device, dist_env)
+    origin = announce(plan, args, dist_env.world_size) if dist_env.is_main else {}
+    results = score(plan, dist_env)
+    if dist_env.is_main:
+        report(results, plan, args, origin, dist_env.world_size)
     if dist.is_initialized():
         dist.destroy_process_group()
     return 0

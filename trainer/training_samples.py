@@ -36,9 +36,9 @@ from aogpt.files import write_text_atomic
 from aogpt.model import AOGPT
 from aogpt.model.config import ModelConfig
 from aogpt.model.orders import ANY_ORDER, LEFT_TO_RIGHT
-from aogpt.model.run_folder import RunFolder
 from aogpt.model.sampler import KVCacheSampler, SamplingConfig, sample_records
 from aogpt.model.sampler.window import unigram_entropy
+from aogpt.run_folder import RunFolder
 from aogpt.trainer.config import EvalConfig
 from aogpt.trainer.judge import Judge, generative_perplexity
 

@@ -7,6 +7,7 @@ import ast
 import dataclasses
 import functools
 import importlib.util
+import subprocess
 import sys
 
 import pytest
@@ -162,12 +163,12 @@ def test_the_name_check_sees_every_form_of_comparison():
 
 
 def outside_files() -> dict[str, str]:
-    """Every Python file of the repository outside model/sampler/ and tests/, by path."""
-    folders = [path for path in sorted(REPO.iterdir()) if path.is_dir()
-               and not path.name.startswith(".") and path.name not in ("tests", "build")]
-    files = [*REPO.glob("*.py"), *(path for folder in folders for path in folder.rglob("*.py"))]
-    return {str(path.relative_to(REPO)): path.read_text() for path in files
-            if not str(path.relative_to(REPO)).startswith("model/sampler/")}
+    """Every Python file of the repository (tracked, or new and not ignored: no run folder's)
+    outside model/sampler/ and tests/, by path."""
+    listed = subprocess.run(["git", "ls-files", "--cached", "--others", "--exclude-standard",
+                             "*.py"], cwd=REPO, capture_output=True, text=True, check=True)
+    return {name: (REPO / name).read_text() for name in listed.stdout.split()
+            if not name.startswith(("model/sampler/", "tests/")) and (REPO / name).is_file()}
 
 
 def test_nothing_outside_the_sampler_compares_a_ways_name():

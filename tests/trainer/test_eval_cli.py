@@ -22,8 +22,8 @@ from aogpt.model import AOGPT, load_checkpoint, save_consolidated
 from aogpt.model.checkpoint import locate_checkpoint, model_config_from_dict, read_consolidated
 from aogpt.model.config import ModelConfig
 from aogpt.model.official import convert_official
-from aogpt.model.run_folder import RunFolder, tag_for
 from aogpt.model.sampler import KVCacheSampler, SamplingConfig
+from aogpt.run_folder import RunFolder, tag_for
 from aogpt.trainer.dist_env import free_port
 from aogpt.trainer.evaluate import main
 from aogpt.trainer.evaluation import EvalData

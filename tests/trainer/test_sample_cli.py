@@ -15,7 +15,7 @@ import aogpt
 from aogpt.data_prep.tokenizer import load_gpt2
 from aogpt.model import AOGPT, load_checkpoint, save_consolidated
 from aogpt.model.config import ModelConfig
-from aogpt.model.run_folder import RunFolder, tag_for
+from aogpt.run_folder import RunFolder, tag_for
 from aogpt.trainer.sample import main
 
 N = 16
