@@ -354,19 +354,7 @@ def main(argv: list[str] | None = None) -> int:
         raise
     models = {"ao": ao[0], "gpt": gpt[0]}
     judge = Judge(args.judge, device) if args.judge and share.is_main else None
-    header = {"device": device_name(device), "threads": torch.get_num_threads(),
-              "dtype": str(next(ao[0].parameters()).dtype), "seq_len": n,
-              "num_samples": args.num_samples, "batch_sizes": args.batch_sizes,
-              "exact_judge": judge is not None and judge.language is not None,
-              "processes": share.world_size,
-              "runs": {name: {"parameters": run[0].num_params(), "family": run[0].config.family,
-                              "step": run[1].get("step"), "checkpoint": run[1].get("checkpoint"),
-                              "order": run[2]} for name, run in (("ao", ao), ("gpt", gpt))},
-              "provenance": provenance(None, args.weights, vars(args), made_by=JSON.made_by,
-                                       ao=ao[1], gpt=gpt[1])}
-    if share.is_main and header["runs"]["ao"]["step"] != header["runs"]["gpt"]["step"]:
-        print(f"note: the AO-GPT was saved at step {header['runs']['ao']['step']}, the GPT at "
-              f"{header['runs']['gpt']['step']}", file=sys.stderr, flush=True)
+    header = race_header(args, ao, gpt, n, judge, device, share)
     results = ResultsFile(args.json if share.is_main else None, {**header, "rows": []})
     rows = results.data["rows"]
     for contestant in contestants(n, args.drafts, args.trees):
@@ -384,6 +372,26 @@ def main(argv: list[str] | None = None) -> int:
     time_rows(rows, models, args, n, device)
     report(rows, results, header, args, ao[0], gpt[0])
     return 0
+
+
+def race_header(args, ao: tuple, gpt: tuple, n: int, judge: Judge | None,
+                device: torch.device, share: RankShare) -> dict:
+    """What the JSON records besides the rows: the machine, the settings and the two runs (a
+    note when they were saved at different steps)."""
+    runs = {name: {"parameters": run[0].num_params(), "family": run[0].config.family,
+                   "step": run[1].get("step"), "checkpoint": run[1].get("checkpoint"),
+                   "order": run[2]} for name, run in (("ao", ao), ("gpt", gpt))}
+    if share.is_main and runs["ao"]["step"] != runs["gpt"]["step"]:
+        print(f"note: the AO-GPT was saved at step {runs['ao']['step']}, the GPT at "
+              f"{runs['gpt']['step']}", file=sys.stderr, flush=True)
+    settings = {key: value for key, value in vars(args).items() if key != "local_rank"}
+    return {"device": device_name(device), "threads": torch.get_num_threads(),
+            "dtype": str(next(ao[0].parameters()).dtype), "seq_len": n,
+            "num_samples": args.num_samples, "batch_sizes": args.batch_sizes,
+            "exact_judge": judge is not None and judge.language is not None,
+            "processes": share.world_size, "runs": runs,
+            "provenance": provenance(None, args.weights, settings, made_by=JSON.made_by,
+                                     ao=ao[1], gpt=gpt[1])}
 
 
 def report(rows: list[dict], results: ResultsFile, header: dict, args, ao, gpt) -> None:

@@ -61,7 +61,8 @@ def race(runs):
     root, data = runs
     code = sampling_race.main([
         "--ao", str(root / "ao"), "--gpt", str(root / "gpt"), "--judge", str(data),
-        "--num-samples", "6", "--batch-sizes", "1,3", "--drafts", "2,4", "--timed-batches", "2",
+        "--num-samples", "6", "--batch-sizes", "1,3", "--drafts", "2,4", "--trees", "1,2",
+        "--timed-batches", "2",
         "--repeats", "1", "--compile", "off", "--json", str(root / "race.json"),
         "--table", str(root / "race.md"), "--plot", str(root / "race.png")])
     assert code == 0
@@ -73,7 +74,8 @@ def test_the_race_times_and_judges_every_sampler_against_the_gpt(race, runs):
     data, root = race
     rows = {row["label"]: row for row in data["rows"]}
     assert list(rows) == [sampling_race.BASELINE, "AO-GPT, one token per call",
-                          "AO-GPT speculative K=2", "AO-GPT speculative K=4"]
+                          "AO-GPT speculative K=2", "AO-GPT speculative K=2 C=2",
+                          "AO-GPT speculative K=4", "AO-GPT speculative K=4 C=2"]
     assert data["complete"] and data["runs"]["gpt"]["family"] == "left-to-right GPT"
     assert data["runs"]["ao"]["order"]["kind"] == "mixture"
     for row in rows.values():
@@ -83,8 +85,9 @@ def test_the_race_times_and_judges_every_sampler_against_the_gpt(race, runs):
             read_manifest(runs[1])["entropy_per_token"])
         assert all(timing["fastest"] == "eager" for timing in row["timing"].values())
     assert rows[sampling_race.BASELINE]["speedup"] == {"1": 1.0, "3": 1.0}
-    for label in ("AO-GPT speculative K=2", "AO-GPT speculative K=4"):
+    for label in list(rows)[2:]:
         assert rows[label]["calls_per_token"] < 1.0 and rows[label]["acceptance"] > 0
+    assert rows["AO-GPT speculative K=4 C=2"]["settings"]["tree"] == 2
     assert rows["AO-GPT, one token per call"]["calls_per_token"] == 1.0
     assert "AO-GPT speculative K=4" in (root / "race.md").read_text()
     assert (root / "race.png").stat().st_size > 1000
