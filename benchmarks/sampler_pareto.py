@@ -2,12 +2,13 @@
 
     python benchmarks/sampler_pareto.py --ckpt RUN [--judge DATA-or-MODEL] [--num-samples 256]
         [--batch-sizes 1,32] [--steps 8,16,32,64,N] [--drafts 1,2,4,8,16] [--trees 1,2,3]
-        [--seq-len N]
+        [--seq-len N] [--order random|l2r]
         [--planners confidence,margin,entropy] [--thresholds 0.9,0.7,0.5,0.3]
         [--json OUT] [--plot docs/sampler-pareto.png] [--table docs/sampler-pareto.md]
 
 In one process, on the same model, weights and device, every sampler and setting draws the same
-sample ids (so each sample's order is the same for all of them):
+sample ids (so each sample's order is the same for all of them; --order l2r: left to right, the
+order a hard-to-draft language's drafts are judged in):
 - parallel, the paper's sampler, at S network calls (--steps), with the deterministic counts and
   with the binomial ones; S = n (one token per call) is exact ancestral sampling, the reference;
 - speculative at each draft length K (--drafts): exactly S = n's distribution, in fewer calls;
@@ -49,7 +50,7 @@ from aogpt.files import (
     write_json_atomic,
     write_text_atomic,
 )
-from aogpt.model.orders import LEFT_TO_RIGHT
+from aogpt.model.orders import ANY_ORDER, LEFT_TO_RIGHT, reading_named
 from aogpt.model.precision import device_name
 from aogpt.model.sampler import KVCacheSampler, SamplingConfig
 from aogpt.model.sampler.ways import REVEAL, reading
@@ -86,6 +87,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     add("--thresholds", default="0.9,0.7,0.5,0.3",
         help="the threshold planner's thresholds (default 0.9,0.7,0.5,0.3; '' none)")
     add("--seq-len", type=int, help="tokens per sample (default the model's block size)")
+    add("--order", default=ANY_ORDER.word, help=f"the order of the samplers' rows: "
+        f"{ANY_ORDER.word} (default) or {LEFT_TO_RIGHT.word} (the planners choose their own)")
     add("--seed", type=int, default=0)
     add("--device", default="auto", help="auto (cuda if available), cpu, cuda")
     add("--json", type=Path, help="write the rows here (rewritten after every row)")
@@ -97,6 +100,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     args.batch_sizes = numbers(args.batch_sizes, "--batch-sizes")
     args.drafts = numbers(args.drafts, "--drafts") if args.drafts else []
     args.trees = numbers(args.trees, "--trees")
+    args.order = reading_named(args.order, "--order").word
     args.steps = numbers(args.steps, "--steps") if args.steps else None
     args.planners = [p for p in args.planners.split(",") if p]
     if set(args.planners) - set(ONE_BY_ONE):
@@ -165,7 +169,7 @@ def draw(sampler: KVCacheSampler, ids: torch.Tensor, device: torch.device) -> tu
 def measure(model, label: str, fields: dict, args, n: int, judge: Judge | None,
             device: torch.device) -> dict:
     """One setting's row: calls, seconds and the judge's numbers."""
-    config = SamplingConfig(seed=args.seed, **fields)
+    config = SamplingConfig(seed=args.seed, **{"order": args.order, **fields})
     widest = max(args.batch_sizes)
     sampler = KVCacheSampler(model, widest, n, config)
     tokens, calls, batch_calls, decided, accepted = [], [], [], 0, 0
