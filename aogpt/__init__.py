@@ -56,6 +56,15 @@ def check_counts(args: Any, *names: str) -> None:
             raise UsageError(f"--{name.replace('_', '-')} must be at least 1, got {value}")
 
 
+def check_unique(values: list | tuple, flag: str, text: str) -> None:
+    """Refuses a list flag (`text` as given) that names a value twice: each is run once, and a
+    value given twice would be run twice or counted once, neither what was asked."""
+    twice = next((value for index, value in enumerate(values) if value in values[:index]), None)
+    if twice is not None:
+        raise UsageError(f"{flag} {text}: {twice} is given twice (each is run once): give each "
+                         f"once")
+
+
 def check_input_file(path: str | os.PathLike, flag: str, expected: str) -> Path:
     """Checks that a file a command reads exists and is a file: a folder or a missing path is
     named as such, with what to give instead (`expected`, e.g. "the paper's ckpt_<iter>.pt

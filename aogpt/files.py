@@ -23,6 +23,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import shutil
 import subprocess
 import tempfile
@@ -185,6 +186,7 @@ def file_record(path: str | os.PathLike) -> dict | None:
         JSON object         the object (evaluate.py's and genppl.py's reports)
         JSON Lines          its first line's object (sample.py's samples)
         PNG                 {"provenance": its "provenance" text chunk, JSON} (plot_metrics.py)
+        HTML                {"provenance": its "provenance" JSON script element} (a replay page)
         safetensors         the JSON header stored in its metadata (a consolidated checkpoint)
     """
     path = Path(path)
@@ -195,6 +197,8 @@ def file_record(path: str | os.PathLike) -> dict | None:
                 return _png_record(path)
             if path.suffix == ".safetensors":
                 return _safetensors_record(file, int.from_bytes(start, "little"))
+            if path.suffix == ".html":
+                return _html_record(path)
             if not start.lstrip().startswith(b"{") or path.stat().st_size > READ_AT_MOST:
                 return None
             file.seek(0)
@@ -233,6 +237,26 @@ def _png_record(path: Path) -> dict | None:
         return None
 
 
+HTML_PROVENANCE = re.compile(r'<script type="application/json" id="provenance">(.*?)</script>',
+                             re.DOTALL)
+
+
+def html_provenance(record: dict) -> str:
+    """The element that makes `record` an HTML page's provenance (JSON that cannot close it)."""
+    text = json.dumps(record, default=str).replace("<", "\\u003c")
+    return f'<script type="application/json" id="provenance">{text}</script>'
+
+
+def _html_record(path: Path) -> dict | None:
+    if path.stat().st_size > READ_AT_MOST:
+        return None
+    found = HTML_PROVENANCE.search(path.read_text(encoding="utf-8", errors="replace"))
+    try:
+        return {PROVENANCE: json.loads(found[1])} if found else None
+    except json.JSONDecodeError:
+        return None
+
+
 def _safetensors_record(file, header_size: int) -> dict | None:
     if not 0 < header_size < READ_AT_MOST:
         return None
@@ -248,9 +272,18 @@ def _safetensors_record(file, header_size: int) -> dict | None:
     return None
 
 
+# A URL given where a local path is written ("s3://b/x", which a Path cuts to "s3:/b/x") would
+# become a folder named "s3:": refused instead
+URL_LIKE = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*:/")
+
+
 def check_writable_folder(folder: str | os.PathLike, what: str) -> None:
     """UsageError naming `what` unless `folder` exists or can be made, and a file can be created in
-    it (tried: permission bits say nothing to root, nor about a read-only filesystem)."""
+    it (tried: permission bits say nothing to root, nor about a read-only filesystem); and
+    unless it begins like a URL, which would be made as a local folder named after its scheme."""
+    if URL_LIKE.match(str(folder)):
+        raise UsageError(f"{what}: {folder} begins like a URL ({str(folder).split('/')[0]}), and "
+                         f"this writes local files: give a local path")
     folder = Path(folder)
     existing = folder
     while not existing.exists():  # the nearest folder that exists decides whether it can be made

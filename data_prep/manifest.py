@@ -9,7 +9,8 @@ column `tokens` = ndarray:uint16:<seq_len>: GPT-2 ids with EOS after each docume
 a vocabulary that is not text (the synthetic language's, Sudoku's digits). An eval set packed one
 example per sample (--packing per_example) adds each example's `length` and `last_word_start`.
 
-The builders write manifest.json last, so its presence means the folder is complete. Readers call
+The builders write manifest.json last, so its presence means the folder is complete; it names
+its builder ("builder"), the one tool that may replace the folder (--overwrite). Readers call
 read_manifest / split_path / check_compatible and get a one-line UsageError that says how to fix
 the folder instead of a failure deep inside streaming or the model.
 """
@@ -88,11 +89,22 @@ def read_manifest(data_dir: str | Path) -> dict:
     return manifest
 
 
+def builder_of(manifest: dict) -> str | None:
+    """The data_prep tool that built a dataset (owt_to_mds, eval_to_mds, synthetic_to_mds,
+    sudoku_to_mds): its manifest's "builder", or the tool its settings name (a manifest written
+    before it recorded one); None when neither says."""
+    return manifest.get("builder") or (manifest.get("settings") or {}).get("tool")
+
+
+def describe_builder(builder: str | None) -> str:
+    return f"data_prep/{builder}.py" if builder else "an unknown tool"
+
+
 def rebuild_command(location: str, manifest: dict) -> str:
-    """The command that rebuilds a damaged dataset: the data_prep tool its manifest names
-    (owt_to_mds, eval_to_mds, synthetic_to_mds, sudoku_to_mds), into the same location."""
-    tool = (manifest.get("settings") or {}).get("tool", "owt_to_mds")
-    return f"`python data_prep/{tool}.py --out {location} --overwrite`"
+    """The command that rebuilds a damaged dataset: the data_prep tool that built it, into the
+    same location."""
+    tool = describe_builder(builder_of(manifest) or "owt_to_mds")
+    return f"`python {tool} --out {location} --overwrite`"
 
 
 def split_path(data_dir: str | Path, split: str) -> Path:

@@ -42,7 +42,7 @@ import torch
 import torch.distributed as dist
 
 import aogpt
-from aogpt import UsageError, cli_entry
+from aogpt import UsageError, check_unique, cli_entry
 from aogpt.files import OutputFile, check_output_file, write_json_atomic
 from aogpt.model import AOGPT, load_checkpoint
 from aogpt.model.checkpoint import (
@@ -112,7 +112,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 
 def parse_sizes(text: str) -> tuple[int, ...]:
-    """"1,2,4" -> (1, 2, 4): the ensemble sizes, ascending, each once."""
+    """"1,2,4" -> (1, 2, 4): the ensemble sizes, ascending (each given once)."""
     if not text:
         return ()
     try:
@@ -122,20 +122,27 @@ def parse_sizes(text: str) -> tuple[int, ...]:
     if not sizes or min(sizes) < 1:
         raise UsageError(f"--ensemble {text!r}: give positive integers separated by commas, "
                          "e.g. --ensemble 1,2,4,8")
-    return tuple(sorted(set(sizes)))
+    check_unique(sizes, "--ensemble", text)
+    return tuple(sorted(sizes))
 
 
 def settings_from_args(args: argparse.Namespace, any_order: bool) -> EvalSettings:
+    """The settings the flags ask for; a list that names a thing twice (an order, by any of its
+    names; a planner; an ensemble size) is refused: it would be scored twice into one row."""
     if args.orders is None:
         orders = READING_WORDS if any_order else (LEFT_TO_RIGHT.word,)
     else:
         orders = tuple(kind for kind in args.orders.split(",") if kind not in ("", "none"))
-    return EvalSettings(orders=orders, num_orders=args.num_orders,
-                        ensemble=parse_sizes(args.ensemble),
-                        ensemble_targets=args.ensemble_targets, ensemble_base=args.ensemble_base,
-                        batch_size=args.batch_size, max_samples=args.max_samples, seed=args.seed,
-                        precision=args.precision,
-                        planners=tuple(p for p in args.planners.split(",") if p))
+    planners = tuple(p for p in args.planners.split(",") if p)
+    check_unique(planners, "--planners", args.planners)
+    settings = EvalSettings(orders=orders, num_orders=args.num_orders,
+                            ensemble=parse_sizes(args.ensemble),
+                            ensemble_targets=args.ensemble_targets,
+                            ensemble_base=args.ensemble_base, batch_size=args.batch_size,
+                            max_samples=args.max_samples, seed=args.seed,
+                            precision=args.precision, planners=planners)
+    check_unique(settings.orders, "--orders", args.orders or "")
+    return settings
 
 
 def describe_model(model, weights: str) -> str:

@@ -52,6 +52,14 @@ class RankShare:
         """This rank's items: rank, rank + world_size, ..."""
         return items[self.env.rank::self.env.world_size]
 
+    def agree(self, value: Any) -> Any:
+        """Rank 0's value, on every rank (a decision one rank makes for all). Collective."""
+        if self.env.world_size == 1:
+            return value
+        box = [value]
+        dist.broadcast_object_list(box, src=0)
+        return box[0]
+
     def gather(self, results: list[Any]) -> list[Any] | None:
         """Rank 0: the results of every rank's mine(items), in the items' order; other ranks:
         None. Collective: every rank calls it once per spread."""

@@ -7,8 +7,9 @@
         [--planner random|l2r|confidence|margin|entropy|threshold [--reveal R] [--threshold P]
          [--candidates C] [--block B]]
         [--temperature T] [--top-p P] [--top-k K] [--prompt TEXT] [--infill JSON-or-file]
-        [--seed X] [--out FILE.jsonl [--force]] [--order random|l2r] [--weights ema|raw]
-        [--batch-size B] [--judge PATH]
+        [--seed X] [--out FILE.jsonl] [--record-calls] [--html FILE.html] [--force]
+        [--order random|l2r] [--weights ema|raw]
+        [--batch-size B] [--judge PATH] [--long-run]
     torchrun --nproc-per-node N trainer/sample.py ...      # the batches spread over N processes
 
 Every sample fixes its generation order up front (the prompt and infill positions first, then
@@ -41,6 +42,8 @@ first keeps the last --window W tokens (default half the block) as given tokens 
 next block - W positions, until L. --stop-at-eos ends a text after its second end-of-text token,
 --stop-entropy H when the unigram entropy of its last 256 tokens falls below H nats (repetition);
 records then carry length, seams (where each chunk began generating) and stopped (why).
+Progress counts chunks (or batches), with the time left; a run of many network calls is timed
+on one chunk first and its estimate said, and one estimated past a day needs --long-run.
 A model of a synthetic language (data_prep/synthetic_to_mds.py) writes and reads its text as
 token ids ("17 3 95"); judge its samples with --judge on its data folder (exact probabilities).
 
@@ -52,15 +55,20 @@ tokens, text, order, given_positions, network_calls (the sample's own), batch_ne
 drafts_decided and drafts_accepted (speculative), log_likelihood (planners), time_s (seconds of
 its batch), the sampler's settings, and provenance: the checkpoint file read (a run that has not
 finished is read through its latest checkpoint, which a line on stderr says), its tag and step,
-the weights, every flag and the code's version and commit. --judge PATH also reports the
-generative perplexity (a local Hugging Face GPT-2 folder or a checkpoint of this project; see
-trainer/genppl.py).
+the weights, every flag and the code's version and commit. --record-calls adds each sample's
+network calls: per call, the positions it made final, the speculative sampler's drafts and which
+it accepted or rejected, a planner's best candidates and their scores (model/sampler/recording.py;
+it costs < 5% of sampling, benchmarks/record_calls.py). --html writes a page that replays the
+samples call by call in a browser, with no server and no network (docs/replay.md); it records the
+calls too. --judge PATH also reports the generative perplexity (a local Hugging Face GPT-2 folder
+or a checkpoint of this project; see trainer/genppl.py).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
 import time
 from dataclasses import dataclass
@@ -95,7 +103,7 @@ from aogpt.model.sampler.window import (
     chunks,
     generate_long,
 )
-from aogpt.progress import progress
+from aogpt.progress import duration, progress
 from aogpt.trainer.judge import (
     Judge,
     check_judge,
@@ -104,8 +112,13 @@ from aogpt.trainer.judge import (
     generative_perplexity,
 )
 from aogpt.trainer.ranks import RankShare
+from aogpt.trainer.replay import Pieces, write_page
 
 DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32}
+# A run of this many network calls or more is timed on one chunk first and its length estimated:
+# past a day it needs --long-run (a typo's extra zeros would otherwise sample for days, silent)
+TIMED_FROM_CALLS = 2_000
+LONG_RUN_S = 24 * 3600
 # --compile auto's threshold: compiling costs seconds per call shape (a run has 10 to 20 of them)
 # and saves a fraction of a millisecond per call on a GPU, so it pays over tens of thousands of
 # calls; an estimate until benchmarks/gpu_report.py measures both on a GPU
@@ -113,6 +126,7 @@ COMPILE_PAYS_CALLS = 50_000
 # --out; earlier samples without made_by are known by their records' keys
 SAMPLES = OutputFile("trainer/sample.py", "sample file", (".jsonl",),
                      signature=("sample", "tokens", "network_calls", "settings"))
+PAGE = OutputFile("trainer/sample.py", "replay page", (".html",))  # --html
 # --planner: the fixed orders by their reading's word, then the model's planners
 PLANNER_CHOICES = (ANY_ORDER.word, *(word for word in READING_WORDS if word != ANY_ORDER.word),
                    *named("planner"))
@@ -137,7 +151,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     add("--stop-entropy", type=float, default=None, metavar="H",
         help=f"end a text when the unigram entropy of its last {STOP_ENTROPY_TOKENS} tokens "
              "falls below H nats")
-    add("--order", default=ANY_ORDER.word, help="order of the positions not given: "
+    add("--order", default=None, help="order of the positions not given: "
         f"{' or '.join(reading.spelled() for reading in READINGS)} (default {ANY_ORDER.word})")
     add("--temperature", type=float, default=1.0, help="0 = greedy (default 1)")
     add("--top-p", type=float, default=1.0, help="nucleus sampling mass (default 1 = off)")
@@ -149,7 +163,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     add("--infill", default=None, metavar="JSON-or-file", help="text at given positions (above)")
     add("--seed", type=int, default=0)
     add("--out", type=Path, default=None, metavar="FILE.jsonl", help="write the samples here")
-    add("--force", action="store_true", help="replace the --out file if it exists")
+    add("--record-calls", action="store_true",
+        help="record each sample's network calls in its record (what each made final, drafted, "
+             "accepted, rejected; a planner's best candidates)")
+    add("--html", type=Path, default=None, metavar="FILE.html",
+        help="write a page that replays the samples call by call (records the calls)")
+    add("--force", action="store_true", help="replace the --out and --html files if they exist")
     add("--show", type=int, default=4, help="samples printed to the terminal (default 4)")
     add("--judge", default=None, help="also score the samples: local HF GPT-2 folder or checkpoint")
     add("--judge-weights", choices=("ema", "raw"), default="ema",
@@ -165,6 +184,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
              f"compiling per shape; auto (default) = on a GPU for runs of at least "
              f"{COMPILE_PAYS_CALLS:,} network calls; a failure warns once and runs eagerly")
     add("--tokenizer-file", default=None, help="GPT-2 ranks file (offline tokenizer)")
+    add("--long-run", action="store_true",
+        help="start even when the run's estimate is over a day (else refused, with it)")
     add("--local_rank", type=int, default=None, help=argparse.SUPPRESS)  # the deepspeed launcher's
     add_way_flags(parser)
     return parser.parse_args(argv)
@@ -249,31 +270,37 @@ def check_args(args: argparse.Namespace) -> Way:
                  "window")
     if args.length is not None and args.seq_len is not None:
         raise UsageError("--length and --seq-len both set the text's length: give one")
-    if args.stop_entropy is not None and args.stop_entropy <= 0:
-        raise UsageError(f"--stop-entropy must be above 0 nats, got {args.stop_entropy}")
-    args.order = reading_named(args.order, "--order").word  # records and provenance say the word
+    if args.stop_entropy is not None and not 0 < args.stop_entropy < math.inf:  # nan fails too
+        raise UsageError(f"--stop-entropy must be a finite number of nats above 0, got "
+                         f"{args.stop_entropy}")
     way = check_way(args)
     if args.show < 0:
         raise UsageError(f"--show must be >= 0 (0 prints none), got {args.show}")
     if args.out is not None:
         check_output_file(args.out, "--out", args.force, SAMPLES)
+    if args.html is not None:
+        check_output_file(args.html, "--html", args.force, PAGE)
+        args.record_calls = True
     if args.judge is not None:
         check_judge(args.judge)
     return way
 
 
 def check_way(args: argparse.Namespace) -> Way:
-    """The way --sampler and --planner pick (--planner random|l2r is --order), and the flags of
-    the ways (model/sampler/ways.py OPTIONS): one the way does not read is refused, the others
-    checked by their entries."""
+    """The way --sampler and --planner pick (--planner random|l2r is --order, which it must not
+    contradict), and the flags of the ways (model/sampler/ways.py OPTIONS): one the way does not
+    read is refused, the others checked by their entries. Sets args.order to its reading's word
+    (records and provenance say the word)."""
     planner = args.planner
     if planner is not None and planner not in PLANNER_CHOICES:
         raise UsageError(f"--planner {planner!r} is none of {', '.join(PLANNER_CHOICES)}")
+    order = None if args.order is None else reading_named(args.order, "--order").word
     if planner in READING_WORDS:
         word = reading_named(planner, "--planner").word
-        if args.order != ANY_ORDER.word and args.order != word:
+        if order not in (None, word):
             raise UsageError(f"--planner {planner} contradicts --order {args.order}: give one")
-        args.order, planner = word, None
+        order, planner = word, None
+    args.order = order or ANY_ORDER.word
     way = WAYS[planner or args.sampler or DEFAULT_SAMPLER]
     if planner is not None and args.sampler not in (None, DEFAULT_SAMPLER):
         raise UsageError(f"{way.spelled} chooses positions call by call; the {args.sampler} "
@@ -385,27 +412,61 @@ class Samplers:
         return sum(s.setup_seconds for s in self.made.values())
 
 
+def check_duration(plan: Plan, samplers: Samplers, args: argparse.Namespace,
+                   device: torch.device, processes: int) -> str | None:
+    """A run of many network calls is timed on one chunk (the first block of a batch; its
+    samples are drawn again, the same, by the run) and its length said (spread over `processes`);
+    one estimated past a day is refused unless --long-run: the refusal's message."""
+    positions = min(plan.length, plan.block)
+    if plan.calls < TIMED_FROM_CALLS or plan.mask[:positions].all():
+        return None
+    ids = torch.arange(min(plan.batch_size, args.num_samples))
+    given = (plan.tokens[:positions].expand(len(ids), -1),
+             plan.mask[:positions].expand(len(ids), -1))
+    setup, started = samplers.setup_seconds, time.perf_counter()
+    out = samplers(positions).generate(ids, *given)
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    per_call = (time.perf_counter() - started - (samplers.setup_seconds - setup)) / max(
+        out.network_calls, 1)
+    seconds = per_call * plan.calls / processes
+    said = (f"{plan.calls:,} network calls at most, {per_call * 1e3:.2f} ms each as timed on one "
+            f"chunk" + (f", over {processes} processes" if processes > 1 else ""))
+    if seconds > LONG_RUN_S and not args.long_run:
+        return (f"the run would take about {duration(seconds)} ({said}): pass --long-run to "
+                f"start it anyway, or generate less (--length, --num-samples)")
+    print(f"estimate: about {duration(seconds)} ({said})", flush=True)
+    return None
+
+
 def run(plan: Plan, samplers: Samplers, args: argparse.Namespace, device: torch.device,
         encoding, share: RankShare) -> list[dict] | None:
-    """This rank's share of the batches, with a progress bar; rank 0 gets every batch's records,
-    one per sample in id order (the other ranks None)."""
+    """This rank's share of the batches, with a progress bar counting chunks (a sliding
+    window's) or batches, with the time left; rank 0 gets every batch's records, one per sample
+    in id order (the other ranks None)."""
     given_positions = plan.mask.nonzero().flatten().tolist()
-    batches = list(range(0, args.num_samples, plan.batch_size))
+    batches = share.mine(list(range(0, args.num_samples, plan.batch_size)))
+    per_batch = len(chunks(plan.length, plan.block, plan.window)) if plan.window else 1
     done = []  # per batch of this rank's share: its records
-    with progress(share.mine(batches), desc="sampling", unit="batch",
-                  disable=not share.is_main) as bar:
-        for first in bar:
+    with progress(total=len(batches) * per_batch, desc="sampling",
+                  unit="chunk" if plan.window else "batch", disable=not share.is_main) as bar:
+        for first in batches:
+            finished = bar.n + per_batch  # once the batch is over, texts that stopped early too
             ids = torch.arange(first, min(first + plan.batch_size, args.num_samples))
             batch_start = time.perf_counter()
             given = plan.tokens.expand(len(ids), -1), plan.mask.expand(len(ids), -1)
             if plan.long:
                 out = generate_long(samplers, plan.block, ids, plan.length,
-                                    plan.window or plan.block, *given, plan.stop)
+                                    plan.window or plan.block, *given, plan.stop,
+                                    record_calls=args.record_calls,
+                                    chunk_done=lambda: bar.update(1) if plan.window else None)
             else:
-                out = samplers(min(plan.length, plan.block)).generate(ids, *given)
+                out = samplers(min(plan.length, plan.block)).generate(
+                    ids, *given, record_calls=args.record_calls)
             if device.type == "cuda":
                 torch.cuda.synchronize(device)
             seconds = time.perf_counter() - batch_start
+            bar.update(finished - bar.n)
             done.append(sample_records(ids.tolist(), out, encoding, plan.config, time_s=seconds,
                                        given_positions=given_positions))
     gathered = share.gather(done)
@@ -469,14 +530,25 @@ def main(argv: list[str] | None = None) -> int:
             print(source.unfinished_note(), file=sys.stderr, flush=True)
         print(f"sampling from {source.file} ({describe_provenance(origin)})"
               + (f" on {share.world_size} processes" if share.world_size > 1 else ""), flush=True)
-    started = time.perf_counter()
+    refusal = share.agree(check_duration(plan, samplers, args, device, share.world_size)
+                          if share.is_main else None)
+    if refusal is not None:
+        if share.is_main:
+            raise UsageError(refusal)
+        return 2
+    started, setup = time.perf_counter(), samplers.setup_seconds
     records = run(plan, samplers, args, device, encoding, share)
     if records is None:
         return 0  # rank 0 writes and judges them
     for record in records:  # the same provenance on every line, whichever rank drew it
         record["provenance"] = origin
-    elapsed = time.perf_counter() - started - samplers.setup_seconds
+    elapsed = time.perf_counter() - started - (samplers.setup_seconds - setup)
     report(records, plan, way, samplers, elapsed, args, model.config.reads_gpt2)
+    if args.html:
+        write_page(args.html, records, Pieces(encoding), title=f"Samples of {source.file}",
+                   about=f"{len(records)} samples of {plan.length} tokens: "
+                         f"{way.summary(plan.config, records, plan.to_generate)}", origin=origin)
+        print(f"wrote {args.html}: open it in a browser")
     if args.judge:
         del model, samplers  # make room for the judge
         judge = Judge(args.judge, device, args.judge_weights)

@@ -10,8 +10,9 @@ each (an any-order model only). Sample i always has sample id i and seed 0, so e
 the same uniforms and orders and the samples change only as the weights do: `trainer/sample.py
 --ckpt <the checkpoint of that step> --num-samples N --steps S` (or `--sampler speculative --draft
 K --tree C`) draws the same tokens (on the same device and precision). Each round writes
-out_dir/samples/step_<step>.jsonl (trainer/sample.py's lines, with the step and the weights) and
-logs
+out_dir/samples/step_<step>.jsonl (trainer/sample.py's lines, with the step and the weights, and
+each sample's network calls, as --record-calls records them: a round is rare and the calls cost
+little, so tools/replay.py's page of a round replays its true calls) and logs
 
     sample_entropy    mean unigram entropy of the samples (nats; natural 1024-token text: ~5.5-5.7,
                       degenerate repetitions far less)
@@ -77,7 +78,7 @@ class TrainingSamples:
         start = time.perf_counter()
         count = self.cfg.sample_count
         sampler = KVCacheSampler(model, count, self.seq_len, self.config)
-        out = sampler.generate(torch.arange(count))
+        out = sampler.generate(torch.arange(count), record_calls=True)
         tokens = out.tokens.tolist()
         records = sample_records(list(range(count)), out, self.encoding, self.config, step=step,
                                  weights=weights)

@@ -10,6 +10,7 @@ from pathlib import Path
 
 from aogpt import cli_entry
 from aogpt.data_prep import corpora
+from aogpt.files import check_writable_folder
 
 
 @cli_entry
@@ -20,6 +21,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, required=True,
                         help="folder to write into (plays already there are kept)")
     args = parser.parse_args(argv)
+    check_writable_folder(args.out, "--out")
     written = corpora.CORPORA[args.corpus](args.out)
     documents = (len(list(written.glob("*.txt"))) if written.is_dir()
                  else len(written.read_text().splitlines()))

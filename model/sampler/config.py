@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import math
 from dataclasses import dataclass
 from typing import Literal
 
@@ -68,8 +69,9 @@ class SamplingConfig:
         common ones."""
         require_choices(self, ("sampler", "schedule", "counts", "top_p_rule", "planner"))
         way_of(self).check(self)
-        if self.temperature < 0:
-            raise UsageError(f"temperature must be >= 0 (0 = greedy), got {self.temperature}")
+        if not self.temperature >= 0 or math.isinf(self.temperature):  # nan fails >= too
+            raise UsageError(f"temperature must be a finite number >= 0 (0 = greedy), got "
+                             f"{self.temperature}")
         if not 0.0 < self.top_p <= 1.0:
             raise UsageError(f"top_p must be in (0, 1], got {self.top_p}")
         if self.top_k < 0:

@@ -64,6 +64,7 @@ from aogpt.model.sampler.cache import StaticKVCache
 from aogpt.model.sampler.config import SamplingConfig
 from aogpt.model.sampler.draw import position_uniforms
 from aogpt.model.sampler.outputs import Generation
+from aogpt.model.sampler.recording import CallRecorder
 from aogpt.model.sampler.strategy import KEY_BLOCK, StepOutput
 from aogpt.model.sampler.ways import DEFAULT_SAMPLER, way_of
 
@@ -136,6 +137,19 @@ class Rows:
             self.target_slots, self.valid)
 
 
+def chained(*calls: Callable[[StepOutput], None] | None) -> Callable[[StepOutput], None] | None:
+    """One on_step that calls each of `calls` given (None if none is)."""
+    calls = [call for call in calls if call is not None]
+    if len(calls) <= 1:
+        return calls[0] if calls else None
+
+    def each(step: StepOutput) -> None:
+        for call in calls:
+            call(step)
+
+    return each
+
+
 class KVCacheSampler:
     """Generates batches of batch_size sequences of seq_len tokens with `model`.
 
@@ -204,13 +218,15 @@ class KVCacheSampler:
     def generate(self, sample_ids: torch.Tensor, given_tokens: torch.Tensor | None = None,
                  given_mask: torch.Tensor | None = None,
                  on_step: Callable[[StepOutput], None] | None = None,
-                 forced_tokens: torch.Tensor | None = None) -> Generation:
+                 forced_tokens: torch.Tensor | None = None,
+                 record_calls: bool = False) -> Generation:
         """Samples (b,) ids (b <= batch_size; they key the randomness). given_tokens and
         given_mask (b, n) fix tokens at chosen positions (a prompt, or any infill pattern).
         forced_tokens (b, n), a strategy that takes them only (the planners): teacher forcing,
         each revealed position takes its token from there instead of drawing it, so the planner's
         order and the exact log-likelihood along it score that text (evaluation; eager calls
-        only)."""
+        only). record_calls: what each call did to each sample, in Generation.calls
+        (recording.py)."""
         b, n, full = len(sample_ids), self.seq_len, self.batch_size
         if not 1 <= b <= full:
             raise UsageError(f"generate takes 1..{full} sample ids, got {b}")
@@ -235,11 +251,14 @@ class KVCacheSampler:
         self.orders.copy_(draw_orders(self.config, given_mask, sample_ids))
         self.ordered[:, :n].copy_(shuffle(given_tokens.long(), self.orders))
         self.uniforms.copy_(position_uniforms(self.config, sample_ids, n))
-        done = self.strategy.generate(sample_ids, given_mask, on_step, forced_tokens)
+        recorder = CallRecorder(self, given_mask[:b].sum(dim=1).cpu()) if record_calls else None
+        done = self.strategy.generate(sample_ids, given_mask, chained(recorder, on_step),
+                                      forced_tokens)
         tokens = unshuffle(self.ordered[:, :n], self.orders)
         return Generation(tokens[:b].clone(), self.orders[:b].clone(), done.network_calls,
                           done.rows, done.sample_calls[:b].cpu(),
-                          {name: value[:b].cpu() for name, value in done.stats.items()})
+                          {name: value[:b].cpu() for name, value in done.stats.items()},
+                          recorder.calls if recorder else None)
 
     # ---- the network call --------------------------------------------------------------------
 

@@ -24,6 +24,8 @@ class Generation:
     sample_calls: torch.Tensor | None = None
     # speculative: (b,) int64 drafts verified and accepted per sample
     stats: dict[str, torch.Tensor] = field(default_factory=dict)
+    # generate(record_calls=True): each sample's calls, what each did (recording.py)
+    calls: list[list[dict]] | None = None
 
 
 @dataclass
@@ -37,6 +39,8 @@ class LongGeneration:
     # each sample's generation stats summed over its chunks (a planner's log_likelihood, each
     # chunk's given its window; speculative drafts decided and accepted)
     stats: dict[str, list[float]]
+    # record_calls: each sample's calls over its chunks, positions in the text (recording.py)
+    calls: list[list[dict]] | None = None
 
 
 def sample_records(sample_ids: list[int], out: Generation | LongGeneration, encoding,
@@ -44,7 +48,8 @@ def sample_records(sample_ids: list[int], out: Generation | LongGeneration, enco
     """One JSON-ready record per sample of a generate() call, as --out writes them (and the
     trainer's samples while training), with `fields` added to each. A text made by the sliding
     window or cut by a stop rule (a LongGeneration) also carries its length, seams and why it
-    stopped, and its order lists the positions generated, in the order generated."""
+    stopped, and its order lists the positions generated, in the order generated. A generation
+    made with record_calls carries each sample's calls (recording.py)."""
     if isinstance(out, LongGeneration):
         texts, orders, calls, stats = out.texts, out.orders, out.sample_calls, out.stats
         extra = [{"length": len(text), "seams": [p for p in out.seams if p < len(text)],
@@ -53,6 +58,9 @@ def sample_records(sample_ids: list[int], out: Generation | LongGeneration, enco
         texts, orders, calls = out.tokens.tolist(), out.orders.tolist(), out.sample_calls.tolist()
         stats = {name: values.tolist() for name, values in out.stats.items()}
         extra = [{} for _ in texts]
+    if out.calls is not None:
+        extra = [{**fields_k, "calls": calls_k} for fields_k, calls_k in zip(extra, out.calls,
+                                                                             strict=True)]
     settings = dataclasses.asdict(config)
     return [{"sample": i, "tokens": tokens, "text": encoding.decode(tokens), "order": order,
              **extra[k], "steps": config.steps if way_of(config).reads(STEPS) else None,

@@ -25,6 +25,7 @@ from aogpt.model.orders import Stream, counter_uniform
 from aogpt.model.sampler.draw import sample_from_logits
 from aogpt.model.sampler.strategy import (
     CacheLayout,
+    Decided,
     Finished,
     StepOutput,
     Strategy,
@@ -126,6 +127,9 @@ class ParallelSampling(Strategy):
     def state(self) -> list[torch.Tensor]:
         return []  # a call changes only the engine's `ordered` (and the cache)
 
+    def decided(self) -> Decided:
+        return Decided(final=self.bounds[2])  # a call makes its targets c..hi-1 final
+
     def cache_layout(self) -> CacheLayout:
         # a CPU's calls of more than WHOLE_CACHE_ROWS rows (about 2 n / S per sample) attend to a
         # slice of the cache, where keys stored last save a copy (small, batch 4, n = 1024: S = 64
@@ -146,7 +150,8 @@ class ParallelSampling(Strategy):
             self.bounds.copy_(bounds[call])
             logits, target_slots, valid = sampler.call(*shape)
             if on_step is not None:
-                on_step(StepOutput(call, logits, target_slots, valid, self.bounds))
+                on_step(StepOutput(call, logits, target_slots, valid, self.bounds,
+                                   self.decided()))
         lo, c, hi = plan.bounds.unbind(dim=1)
         return Finished(len(plan.shapes), sum(r for r, _, _ in plan.shapes), (hi > c).sum(dim=0))
 

@@ -50,12 +50,13 @@ import torch
 
 from aogpt.model.orders import LEFT_TO_RIGHT, Stream
 from aogpt.model.sampler.draw import position_uniforms, sample_from_logits
-from aogpt.model.sampler.strategy import Finished, StepOutput, Strategy, bucket
+from aogpt.model.sampler.strategy import Decided, Finished, StepOutput, Strategy, bucket
 
 if TYPE_CHECKING:
     from aogpt.model.sampler.config import SamplingConfig
     from aogpt.model.sampler.engine import KVCacheSampler
 
+BEST_KEPT = 16  # candidates of each call a call recorder sees (the best; all would be ~n^2 / 2)
 
 def top_probability(probs: torch.Tensor) -> torch.Tensor:
     """(..., vocab) probabilities -> (...): the most likely token's probability."""
@@ -94,6 +95,10 @@ class PlannerSampling(Strategy):
         self.calls = torch.zeros(b, **state)
         self.tie_breaks = torch.zeros(b, n, dtype=torch.float64, device=device)
         self.forced: torch.Tensor | None = None  # teacher forcing: (b, n) tokens, one generate
+        # the last call's best candidates, best first, and their scores (Decided; -1: none)
+        kept = min(BEST_KEPT, n)
+        self.best_positions = torch.full((b, kept), -1, **state)
+        self.best_scores = torch.zeros(b, kept, dtype=torch.float64, device=device)
 
     @staticmethod
     @abstractmethod
@@ -114,7 +119,11 @@ class PlannerSampling(Strategy):
         return LEFT_TO_RIGHT.word if config.block else config.order
 
     def state(self) -> list[torch.Tensor]:
-        return [self.final, self.fed_from, self.log_likelihood, self.calls]
+        return [self.final, self.fed_from, self.log_likelihood, self.calls, self.best_positions,
+                self.best_scores]
+
+    def decided(self) -> Decided:
+        return Decided(final=self.final, candidates=self.best_positions, scores=self.best_scores)
 
     def generate(self, sample_ids: torch.Tensor, given_mask: torch.Tensor,
                  on_step: Callable[[StepOutput], None] | None,
@@ -140,7 +149,7 @@ class PlannerSampling(Strategy):
             logits, target_slots, valid = sampler.call(*shape)
             if on_step is not None:
                 bounds = torch.stack([fed_from, final, final + left]).to(sampler.device)
-                on_step(StepOutput(calls, logits, target_slots, valid, bounds))
+                on_step(StepOutput(calls, logits, target_slots, valid, bounds, self.decided()))
             calls, rows = calls + 1, rows + shape[0]
         self.forced = None
         return Finished(calls, rows, self.calls.cpu(),
@@ -209,6 +218,7 @@ class PlannerSampling(Strategy):
                                                                 stable=True))  # (b, targets)
         reveal = torch.minimum(self.reveals(row_score, is_candidate), count[:, 0])  # (b,): 0 when
         # the sample is done
+        self.keep_best(tail, score, best)
 
         # the first `reveal` of `best` (never more than `most`), each token drawn from its own
         # row with its position's uniform
@@ -241,6 +251,19 @@ class PlannerSampling(Strategy):
         self.fed_from.copy_(torch.where(done, self.final, self.final + 1))
         self.final += reveal
         return logits, target_slots, valid
+
+
+    def keep_best(self, tail: torch.Tensor, score: torch.Tensor, best: torch.Tensor) -> None:
+        """The call's best candidates (b, kept) and their scores, for Decided: two small gathers
+        a call, kept whether or not calls are recorded (a graph captured without them would
+        replay stale ones)."""
+        kept = min(self.best_positions.size(1), best.size(1))
+        top = best[:, :kept]
+        found = score.gather(1, top)
+        self.best_positions[:, :kept].copy_(torch.where(found > -torch.inf, tail.gather(1, top),
+                                                        -1))
+        self.best_scores[:, :kept].copy_(found)
+        self.best_positions[:, kept:].fill_(-1)
 
 
 class ConfidencePlanner(PlannerSampling):

@@ -72,7 +72,14 @@ import torch
 
 from aogpt.model.orders import Stream, counter_uniform
 from aogpt.model.sampler.draw import inverse_cdf, position_uniforms, token_probs
-from aogpt.model.sampler.strategy import CacheLayout, Finished, StepOutput, Strategy, bucket
+from aogpt.model.sampler.strategy import (
+    CacheLayout,
+    Decided,
+    Finished,
+    StepOutput,
+    Strategy,
+    bucket,
+)
 
 if TYPE_CHECKING:
     from aogpt.model.sampler.engine import KVCacheSampler
@@ -122,6 +129,10 @@ class SpeculativeSampling(Strategy):
     def cache_layout(self) -> CacheLayout:
         return CacheLayout(scratch=self.siblings)  # a slot for each candidate's row
 
+    def decided(self) -> Decided:
+        return Decided(final=self.final, pending=self.pending, accepted=self.counters[2],
+                       decided=self.counters[1])
+
     def generate(self, sample_ids: torch.Tensor, given_mask: torch.Tensor,
                  on_step: Callable[[StepOutput], None] | None,
                  forced_tokens: torch.Tensor | None = None) -> Finished:
@@ -145,7 +156,8 @@ class SpeculativeSampling(Strategy):
                                       (self.final + self.pending + 1 + self.window).clamp(max=n)])
             logits, target_slots, valid = sampler.call(*shape)
             if on_step is not None:
-                on_step(StepOutput(calls, logits[:, :steady], target_slots, valid, bounds))
+                on_step(StepOutput(calls, logits[:, :steady], target_slots, valid, bounds,
+                                   self.decided()))
             calls, rows = calls + 1, rows + shape[0]
         sample_calls, decided, accepted = self.counters.cpu()
         return Finished(calls, rows, sample_calls,

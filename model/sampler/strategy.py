@@ -32,10 +32,10 @@ Seams for what is coming (each an entry of ways.py and code of its own, the engi
     lays out its rows itself and feeds them with sampler.feed, the engine's call below
     sampler.network; the slots its candidates write besides the order's come from
     CacheLayout.scratch (the cache grows by that many slots after the trash slot).
-  - call recording (--record-calls: per call, the positions made final, the drafts and their fate,
-    a planner's candidates and scores) reads what a step decided from tensors the strategy keeps
-    (written in place by step, so a replayed CUDA graph refreshes them too) and hands them on in
-    the StepOutput each generate gives on_step after every call.
+  - call recording (generate's record_calls, recording.py: per call, the positions made final,
+    the drafts and their fate, a planner's candidates and scores) reads what a step decided from
+    tensors the strategy keeps (Decided: written in place by step, so a replayed CUDA graph
+    refreshes them too), handed on in the StepOutput each generate gives on_step after every call.
 """
 
 from __future__ import annotations
@@ -67,6 +67,28 @@ def bucket_keys(keys: int, seq_len: int) -> int:
 
 
 @dataclass
+class Decided:
+    """Where a strategy's calls have brought each sample, as it keeps it on the device (views of
+    its state, written in place by step, so that a replayed CUDA graph refreshes them too). Read
+    after each call by a call recorder (recording.py), which tells from two of them what the call
+    did; None where a strategy keeps no such thing.
+
+        final       (b,) entries of the order that are final (`ordered` holds their tokens)
+        pending     (b,) drafts pending after them, in the next entries' slots of `ordered`
+        accepted    (b,) drafts accepted so far; decided (b,) drafts accepted or rejected so far
+        candidates  (b, k) the last call's best candidate positions, best first (-1: none), and
+        scores      (b, k) their scores (the planner's rule: higher first)
+    """
+
+    final: torch.Tensor
+    pending: torch.Tensor | None = None
+    accepted: torch.Tensor | None = None
+    decided: torch.Tensor | None = None
+    candidates: torch.Tensor | None = None
+    scores: torch.Tensor | None = None
+
+
+@dataclass
 class StepOutput:
     """Handed to generate's on_step after every call; tensors may be reused by the next call."""
 
@@ -75,6 +97,7 @@ class StepOutput:
     target_slots: torch.Tensor  # (b, r): targets are orders[:, slot]; slot >= hi is padding
     valid: torch.Tensor  # (b, r) bool
     bounds: torch.Tensor  # (3, b): lo, c, hi of this call
+    decided: Decided  # where the calls so far have brought each sample
 
 
 @dataclass
@@ -126,6 +149,10 @@ class Strategy(Protocol):
     @abstractmethod
     def state(self) -> list[torch.Tensor]:
         """Its own tensors a call changes (restored after a CUDA graph's warm-up run)."""
+
+    @abstractmethod
+    def decided(self) -> Decided:
+        """Where the calls so far have brought each sample (what generate hands on_step)."""
 
     def cache_layout(self) -> CacheLayout:
         return CacheLayout()

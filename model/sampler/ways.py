@@ -178,10 +178,6 @@ class Way:
 
 # ---- the parts ---------------------------------------------------------------------------------
 
-def _as_given(config: SamplingConfig, given: set[str], room: Room):
-    return config, None
-
-
 def _fit_steps(config: SamplingConfig, given: set[str], room: Room):
     """Steps given must fit the positions of every call; left out, one per position."""
     if STEPS.field not in given:
@@ -198,6 +194,16 @@ def _fit_draft(config: SamplingConfig, given: set[str], room: Room):
     draft = max(1, room.each - 1)
     return (dataclasses.replace(config, draft=draft),
             f"note: {DRAFT.flag} {config.draft} reaches past {room}: drafting {draft}")
+
+
+def _fit_within(config: SamplingConfig, given: set[str], room: Room):
+    """A planner's counts of positions (--reveal, --candidates, --block) must fit the positions
+    of a call: beyond them each would mean all of them, which is said by leaving it out."""
+    for option in (REVEAL, CANDIDATES, BLOCK):
+        value = getattr(config, option.field)
+        if option.field in given and value > room.each:
+            raise UsageError(f"{option.flag} must be in 1..{room.each} ({room}), got {value}")
+    return config, None
 
 
 def _planner_calls(config: SamplingConfig, positions: int) -> int:
@@ -236,7 +242,7 @@ def _planner_summary(config: SamplingConfig, records: list[dict], positions: int
 
 def _planner(name: str, strategy: type[Strategy], about: str, option: Option,
              calls: Callable[[SamplingConfig, int], int] = _planner_calls) -> Way:
-    return Way(name, "planner", strategy, about, (option, CANDIDATES, BLOCK), _as_given, calls,
+    return Way(name, "planner", strategy, about, (option, CANDIDATES, BLOCK), _fit_within, calls,
                _planner_summary, any_order=True)
 
 

@@ -64,6 +64,9 @@ def test_a_strategy_lacking_a_protocol_member_is_refused():
         def state(self):
             return []
 
+        def decided(self):
+            return None
+
     with pytest.raises(IncompleteWay, match="NoStep, that does not define step"):
         Way("stepless", **{**parts_of("parallel"), "strategy": NoStep})
     with pytest.raises(IncompleteWay, match="that is no strategy.Strategy"):

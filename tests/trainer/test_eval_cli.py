@@ -262,6 +262,15 @@ BAD_INPUTS = {
     "one ensemble target": (lambda f, t: ["--ckpt", f["adaln"], "--data", f["data"], "--ensemble",
                                           "2", "--ensemble-targets", "1"],
                             "--ensemble-targets must be at least 2"),
+    "a planner twice": (lambda f, t: ["--ckpt", f["adaln"], "--data", f["data"], "--planners",
+                                      "margin,margin"],
+                        "--planners margin,margin: margin is given twice (each is run once)"),
+    "an order twice, by two names": (lambda f, t: ["--ckpt", f["adaln"], "--data", f["data"],
+                                                   "--orders", "l2r,random,ltr"],
+                                     "--orders l2r,random,ltr: l2r is given twice"),
+    "an ensemble size twice": (lambda f, t: ["--ckpt", f["adaln"], "--data", f["data"],
+                                             "--ensemble", "1,2,2"],
+                               "--ensemble 1,2,2: 2 is given twice"),
 }
 
 
