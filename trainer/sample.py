@@ -511,6 +511,22 @@ def load(args: argparse.Namespace, device: torch.device) -> tuple:
     return source, model, encoding, origin
 
 
+def announce(source, origin: dict, plan: Plan, samplers: Samplers, args: argparse.Namespace,
+             device: torch.device, share: RankShare) -> bool:
+    """Rank 0 says what it samples from and estimates a long run, which every rank then starts
+    or refuses alike: whether to start (rank 0 raises the refusal)."""
+    if share.is_main:
+        if source.unfinished:
+            print(source.unfinished_note(), file=sys.stderr, flush=True)
+        print(f"sampling from {source.file} ({describe_provenance(origin)})"
+              + (f" on {share.world_size} processes" if share.world_size > 1 else ""), flush=True)
+    refusal = share.agree(check_duration(plan, samplers, args, device, share.world_size)
+                          if share.is_main else None)
+    if refusal is not None and share.is_main:
+        raise UsageError(refusal)
+    return refusal is None
+
+
 @cli_entry
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
@@ -525,17 +541,8 @@ def main(argv: list[str] | None = None) -> int:
             return 2  # every rank sees the same problem: rank 0 alone says it
         raise
     samplers = Samplers(model, plan, args, device)
-    if share.is_main:
-        if source.unfinished:
-            print(source.unfinished_note(), file=sys.stderr, flush=True)
-        print(f"sampling from {source.file} ({describe_provenance(origin)})"
-              + (f" on {share.world_size} processes" if share.world_size > 1 else ""), flush=True)
-    refusal = share.agree(check_duration(plan, samplers, args, device, share.world_size)
-                          if share.is_main else None)
-    if refusal is not None:
-        if share.is_main:
-            raise UsageError(refusal)
-        return 2
+    if not announce(source, origin, plan, samplers, args, device, share):
+        return 2  # refused: rank 0 said why
     started, setup = time.perf_counter(), samplers.setup_seconds
     records = run(plan, samplers, args, device, encoding, share)
     if records is None:
