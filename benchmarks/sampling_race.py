@@ -314,7 +314,6 @@ def plot(rows: list[dict], header: dict, path: Path) -> None:
         if header.get("entropy_rate") is not None:
             panel.axhline(header["entropy_rate"], color="gray", linestyle=":",
                           label="the language's entropy")
-        panel.set_xscale("log")
         panel.set_xlabel(f"tokens/s, batch {size}")
         panel.set_title(f"batch {size}", fontsize=9)
     panels[0][0].set_ylabel("true NLL per token (nats)" if header["exact_judge"]
