@@ -42,7 +42,7 @@ from pathlib import Path
 import torch
 from sampling_model import sampling_model
 
-from aogpt import UsageError, check_counts, check_unique, cli_entry
+from aogpt import UsageError, check_counts, cli_entry, comma_counts
 from aogpt.files import (
     OutputFile,
     check_output_file,
@@ -54,7 +54,13 @@ from aogpt.model.orders import ANY_ORDER, LEFT_TO_RIGHT, reading_named
 from aogpt.model.precision import device_name
 from aogpt.model.sampler import KVCacheSampler, SamplingConfig
 from aogpt.model.sampler.ways import REVEAL, reading
-from aogpt.trainer.judge import Judge, check_judge_matches, diversity, generative_perplexity
+from aogpt.trainer.judge import (
+    Judge,
+    check_judge_matches,
+    diversity,
+    generative_perplexity,
+    headline,
+)
 
 # its outputs: --force replaces only what this benchmark wrote (a table can carry no record:
 # it is never replaced)
@@ -99,11 +105,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     add("--force", action="store_true", help="replace --json, --plot and --table if they exist")
     args = parser.parse_args(argv)
     check_counts(args, "num_samples", "timed_batches", "seq_len")
-    args.batch_sizes = numbers(args.batch_sizes, "--batch-sizes")
-    args.drafts = numbers(args.drafts, "--drafts") if args.drafts else args.drafts
-    args.trees = numbers(args.trees, "--trees")
+    args.batch_sizes = comma_counts(args.batch_sizes, "--batch-sizes")
+    args.drafts = comma_counts(args.drafts, "--drafts") if args.drafts else args.drafts
+    args.trees = comma_counts(args.trees, "--trees")
     args.order = reading_named(args.order, "--order").word
-    args.steps = numbers(args.steps, "--steps") if args.steps else None
+    args.steps = comma_counts(args.steps, "--steps") if args.steps else None
     args.planners = [p for p in args.planners.split(",") if p]
     if set(args.planners) - set(ONE_BY_ONE):
         raise UsageError(f"--planners takes {', '.join(ONE_BY_ONE)}, got {args.planners}: the "
@@ -114,17 +120,6 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
             check_output_file(getattr(args, flag), f"--{flag}", args.force,
                               OUTPUTS[flag])
     return args
-
-
-def numbers(text: str, flag: str) -> list[int]:
-    try:
-        values = [int(value) for value in text.split(",")]
-    except ValueError:
-        raise UsageError(f"{flag} takes a comma list of whole numbers, got {text!r}") from None
-    if not values or min(values) < 1:
-        raise UsageError(f"{flag} values must be >= 1, got {text!r}")
-    check_unique(values, flag, text)
-    return values
 
 
 def sample_length(args: argparse.Namespace, block: int) -> int:
@@ -230,13 +225,7 @@ def time_rows(rows: list[dict], args, n: int, device: torch.device) -> None:
 
 
 def quality(row: dict) -> tuple[float, float]:
-    """The judge's number and its standard error: true NLL per token, or generative perplexity."""
-    judged = row["judge"]
-    if "true_nll" in judged:
-        return judged["true_nll"], judged["true_nll_error"]
-    if "mean_ppl" in judged:
-        return judged["mean_ppl"], judged["std_ppl"] / math.sqrt(judged["samples"])
-    return math.nan, math.nan
+    return headline(row["judge"])
 
 
 def table(rows: list[dict], header: dict) -> str:

@@ -43,14 +43,20 @@ from pathlib import Path
 
 import torch
 
-from aogpt import UsageError, check_counts, cli_entry
+from aogpt import UsageError, check_counts, cli_entry, comma_counts
 from aogpt.files import OutputFile, check_output_file, png_provenance, write_text_atomic
 from aogpt.model import load_checkpoint
 from aogpt.model.checkpoint import locate_checkpoint, provenance, read_consolidated
 from aogpt.model.orders import LEFT_TO_RIGHT
 from aogpt.model.precision import device_name, reproducible_dtype, resolve_device
 from aogpt.model.sampler import KVCacheSampler, SamplingConfig
-from aogpt.trainer.judge import Judge, check_judge_matches, diversity, generative_perplexity
+from aogpt.trainer.judge import (
+    Judge,
+    check_judge_matches,
+    diversity,
+    generative_perplexity,
+    headline,
+)
 from aogpt.trainer.ranks import RankShare
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -115,23 +121,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     add("--local_rank", type=int, default=None, help=argparse.SUPPRESS)  # the deepspeed launcher's
     args = parser.parse_args(argv)
     check_counts(args, "num_samples", "timed_batches", "repeats", "threads", "seq_len")
-    args.batch_sizes = numbers(args.batch_sizes, "--batch-sizes")
-    args.drafts = numbers(args.drafts, "--drafts") if args.drafts else []
-    args.trees = numbers(args.trees, "--trees")
+    args.batch_sizes = comma_counts(args.batch_sizes, "--batch-sizes")
+    args.drafts = comma_counts(args.drafts, "--drafts") if args.drafts else []
+    args.trees = comma_counts(args.trees, "--trees")
     for flag in OUTPUTS:
         if getattr(args, flag) is not None:
             check_output_file(getattr(args, flag), f"--{flag}", args.force, OUTPUTS[flag])
     return args
-
-
-def numbers(text: str, flag: str) -> list[int]:
-    try:
-        values = [int(value) for value in text.split(",")]
-    except ValueError:
-        raise UsageError(f"{flag} takes a comma list of whole numbers, got {text!r}") from None
-    if min(values) < 1:
-        raise UsageError(f"{flag} values must be >= 1, got {text!r}")
-    return values
 
 
 # ---- the two runs ----------------------------------------------------------------------------
@@ -269,13 +265,7 @@ def time_rows(rows: list[dict], models: dict, args, n: int, device: torch.device
 
 
 def quality(row: dict) -> tuple[float, float]:
-    """The judge's number and its standard error: true NLL per token, or generative perplexity."""
-    judged_ = row["judge"]
-    if "true_nll" in judged_:
-        return judged_["true_nll"], judged_["true_nll_error"]
-    if "mean_ppl" in judged_:
-        return judged_["mean_ppl"], judged_["std_ppl"] / math.sqrt(judged_["samples"])
-    return math.nan, math.nan
+    return headline(row["judge"])
 
 
 def table(rows: list[dict], header: dict) -> str:
@@ -345,12 +335,7 @@ def main(argv: list[str] | None = None) -> int:
         torch.set_num_threads(args.threads)
     share = RankShare.join()
     device = resolve_device(args.device, own=share.env.device)
-    try:
-        ao, gpt, n = load_pair(args, device)
-    except UsageError:
-        if not share.is_main:
-            return 2  # every rank sees the same problem: rank 0 alone says it
-        raise
+    ao, gpt, n = share.checked(lambda: load_pair(args, device))
     models = {"ao": ao[0], "gpt": gpt[0]}
     judge = Judge(args.judge, device) if args.judge and share.is_main else None
     header = race_header(args, ao, gpt, n, judge, device, share)

@@ -80,38 +80,43 @@ ENTROPY_DRAWS = 20_000  # sequences whose mean -log p(x) / n is the entropy per 
 MAX_STATES = 4096  # hidden states of a language at most: its dense transition is states^2 floats
 
 
-def _check_common(spec, counts: tuple[str, ...]) -> None:
-    """The checks every preset's spec shares: counts >= 1, the vocabulary, smoothing and
-    concentration."""
-    for name in counts:
-        if getattr(spec, name) < 1:
-            raise UsageError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(spec, name)}")
-    if spec.vocab > 65535:
-        raise UsageError(f"--vocab must be at most 65535 (tokens are stored as uint16), got "
-                         f"{spec.vocab}")
-    if not 0.0 < spec.smoothing < 1.0:
-        raise UsageError(f"--smoothing must be in (0, 1) (every sequence keeps a probability "
-                         f"above 0), got {spec.smoothing}")
-    if spec.concentration <= 0:
-        raise UsageError(f"--concentration must be positive, got {spec.concentration}")
+@dataclass(frozen=True)
+class CommonSpec:
+    """What every preset's language is drawn from besides its own settings (their flags)."""
+
+    vocab: int = 128
+    topics: int = 4
+    smoothing: float = 0.01  # mass spread over every id: every sequence keeps a probability
+    concentration: float = 1.0  # of the preset's Dirichlet weights
+    seed: int = 0
+
+    def check(self, counts: tuple[str, ...]) -> None:
+        """The checks every preset shares, with the counts of its own that must be >= 1."""
+        for name in ("vocab", "topics", *counts):
+            if getattr(self, name) < 1:
+                raise UsageError(f"--{name.replace('_', '-')} must be >= 1, got "
+                                 f"{getattr(self, name)}")
+        if self.vocab > 65535:
+            raise UsageError(f"--vocab must be at most 65535 (tokens are stored as uint16), got "
+                             f"{self.vocab}")
+        if not 0.0 < self.smoothing < 1.0:
+            raise UsageError(f"--smoothing must be in (0, 1) (every sequence keeps a probability "
+                             f"above 0), got {self.smoothing}")
+        if self.concentration <= 0:
+            raise UsageError(f"--concentration must be positive, got {self.concentration}")
 
 
 @dataclass(frozen=True)
-class LanguageSpec:
+class LanguageSpec(CommonSpec):
     """What the "topics" language is drawn from (synthetic_to_mds.py's flags)."""
 
     preset: ClassVar[str] = "topics"
-    vocab: int = 128
-    topics: int = 4
     states: int = 4  # per topic
     emit: int = 10  # likely token ids per state
     stay: float = 0.95
-    smoothing: float = 0.01
-    concentration: float = 1.0
-    seed: int = 0
 
     def validate(self) -> None:
-        _check_common(self, ("vocab", "topics", "states", "emit"))
+        self.check(("states", "emit"))
         if self.emit > self.vocab:
             raise UsageError(f"--emit ({self.emit}) cannot exceed --vocab ({self.vocab})")
         if not 0.0 < self.stay <= 1.0:
@@ -125,21 +130,16 @@ class LanguageSpec:
 
 
 @dataclass(frozen=True)
-class WordsSpec:
+class WordsSpec(CommonSpec):
     """What the "words" language is drawn from (synthetic_to_mds.py --preset words's flags)."""
 
     preset: ClassVar[str] = "words"
-    vocab: int = 128
-    topics: int = 4
     words: int = 16  # per topic
     min_length: int = 2  # token ids per word's spelling
     max_length: int = 8
-    smoothing: float = 0.01
-    concentration: float = 1.0
-    seed: int = 0
 
     def validate(self) -> None:
-        _check_common(self, ("vocab", "topics", "words", "min_length"))
+        self.check(("words", "min_length"))
         if self.max_length < self.min_length:
             raise UsageError(f"--max-length ({self.max_length}) must be at least --min-length "
                              f"({self.min_length})")

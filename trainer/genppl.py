@@ -81,12 +81,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     share = RankShare.join()
-    try:
-        samples, sampled_from, judge = preflight(args, share)
-    except UsageError:
-        if not share.is_main:
-            return 2  # every rank sees the same problem: rank 0 alone says it
-        raise
+    samples, sampled_from, judge = share.checked(lambda: preflight(args, share))
     report = generative_perplexity(samples, judge, args.batch_size, progress=share.is_main,
                                    share=share)
     if not share.is_main:

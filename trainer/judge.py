@@ -195,6 +195,16 @@ def generative_perplexity(samples: Sequence[Sequence[int]], judge: Judge,
     return report
 
 
+def headline(report: dict) -> tuple[float, float]:
+    """A report's number and its standard error: the true NLL per token with a synthetic
+    language, else the mean generative perplexity (nan without a judge: diversity only)."""
+    if "true_nll" in report:
+        return report["true_nll"], report["true_nll_error"]
+    if "mean_ppl" in report:
+        return report["mean_ppl"], report["std_ppl"] / math.sqrt(report["samples"])
+    return math.nan, math.nan
+
+
 def true_nll_report(language: SyntheticLanguage, sample_nll: torch.Tensor,
                     by_length: dict[int, list[int]]) -> dict:
     """A synthetic judge's numbers: the samples' true NLL per token (with its standard error),

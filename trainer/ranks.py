@@ -15,13 +15,17 @@ travel as Python objects over a gloo group (host memory only: a GPU launch gathe
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import Any
+from typing import Any, TypeVar
 
 import torch.distributed as dist
 
+from aogpt import UsageError
 from aogpt.trainer.dist_env import DistEnv, setup_distributed_env
+
+T = TypeVar("T")
 
 # a rank waits for the others' share at the gather: as long as the slowest share takes
 GATHER_TIMEOUT = timedelta(hours=6)
@@ -47,6 +51,16 @@ class RankShare:
     @property
     def world_size(self) -> int:
         return self.env.world_size
+
+    def checked(self, check: Callable[[], T]) -> T:
+        """check()'s result; a UsageError it raises (every rank meets the same one) is said by
+        rank 0 alone, the others exit with status 2 without a word."""
+        try:
+            return check()
+        except UsageError:
+            if self.is_main:
+                raise
+            raise SystemExit(2) from None
 
     def mine(self, items: list) -> list:
         """This rank's items: rank, rank + world_size, ..."""

@@ -511,6 +511,15 @@ def load(args: argparse.Namespace, device: torch.device) -> tuple:
     return source, model, encoding, origin
 
 
+def prepare(args: argparse.Namespace, share: RankShare) -> tuple:
+    """What a run needs before its first call, every input checked: (way, device, source,
+    model, encoding, origin, plan)."""
+    way = check_args(args)
+    device = resolve_device(args.device, own=share.env.device)
+    source, model, encoding, origin = load(args, device)
+    return way, device, source, model, encoding, origin, plan_run(args, way, model, encoding)
+
+
 def announce(source, origin: dict, plan: Plan, samplers: Samplers, args: argparse.Namespace,
              device: torch.device, share: RankShare) -> bool:
     """Rank 0 says what it samples from and estimates a long run, which every rank then starts
@@ -531,15 +540,8 @@ def announce(source, origin: dict, plan: Plan, samplers: Samplers, args: argpars
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     share = RankShare.join()
-    try:
-        way = check_args(args)
-        device = resolve_device(args.device, own=share.env.device)
-        source, model, encoding, origin = load(args, device)
-        plan = plan_run(args, way, model, encoding)
-    except UsageError:
-        if not share.is_main:
-            return 2  # every rank sees the same problem: rank 0 alone says it
-        raise
+    way, device, source, model, encoding, origin, plan = share.checked(
+        lambda: prepare(args, share))
     samplers = Samplers(model, plan, args, device)
     if not announce(source, origin, plan, samplers, args, device, share):
         return 2  # refused: rank 0 said why

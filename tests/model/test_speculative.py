@@ -164,10 +164,11 @@ def test_after_generation_the_cache_holds_the_full_forwards_keys_and_values():
     assert_cache_holds_the_full_forward(model, out, sampler)
 
 
+@pytest.mark.parametrize("tree", [1, 3], ids=["chain", "tree"])
 @pytest.mark.parametrize("prompt", [False, True], ids=["nothing-given", "prompt"])
-def test_a_sample_does_not_depend_on_the_batch_it_runs_in(prompt):
+def test_a_sample_does_not_depend_on_the_batch_it_runs_in(prompt, tree):
     model = tiny_model()
-    config = SamplingConfig(sampler="speculative", draft=4, seed=3)
+    config = SamplingConfig(sampler="speculative", draft=4, tree=tree, seed=3)
     given = None
     if prompt:
         tokens, mask = torch.zeros(N, dtype=torch.long), torch.zeros(N, dtype=torch.bool)
@@ -250,22 +251,6 @@ def test_greedy_draft_trees_give_the_tokens_of_one_token_per_call(tree):
     fast, _ = generate(model, SamplingConfig(sampler="speculative", draft=3, tree=tree,
                                              temperature=0.0), torch.arange(B))
     assert torch.equal(fast.tokens, one_per_call.tokens)
-
-
-@pytest.mark.parametrize("prompt", [False, True], ids=["nothing-given", "prompt"])
-def test_a_tree_sample_does_not_depend_on_the_batch_it_runs_in(prompt):
-    model = tiny_model()
-    config = SamplingConfig(sampler="speculative", draft=3, tree=3, seed=3)
-    given = None
-    if prompt:
-        tokens, mask = torch.zeros(N, dtype=torch.long), torch.zeros(N, dtype=torch.bool)
-        tokens[:3], mask[:3] = torch.tensor([464, 3290, 318]), True
-        given = (tokens, mask)
-    batch, _ = generate(model, config, torch.arange(8), given=given)
-    for i in (0, 5):
-        alone, _ = generate(model, config, torch.tensor([i]), given=given)
-        assert torch.equal(alone.tokens[0], batch.tokens[i])
-        assert alone.sample_calls[0] == batch.sample_calls[i]
 
 
 def test_after_a_tree_generation_the_cache_holds_the_full_forwards_keys_and_values():
