@@ -85,7 +85,7 @@ def test_sequences_are_drawn_from_the_language(spec):
     assert statistic < 60 and counts[~big].sum() < 40  # chi-square, <= 26 degrees: p ~ 2e-4
 
 
-def draft_agreement(language: SyntheticLanguage, ahead: int, count: int = 200,
+def draft_agreement(language: SyntheticLanguage, ahead: int, count: int = 100,
                     length: int = 40) -> float:
     """How much a perfect model's draft `ahead` positions past the known tokens agrees with what
     the tokens between make of that position: 1 - E[TV(p(x_t+j | x_<=t), p(x_t+j | x_<t+j))]
@@ -194,13 +194,13 @@ def test_an_edited_language_is_refused_in_one_line(synthetic_data, tmp_path):
         load_language(edited, "--judge")
 
 
-def test_a_words_folder_holds_its_language_and_its_sequences(tmp_path):
+def test_a_words_folder_holds_its_language_and_its_sequences(tmp_path, run_main):
     out = tmp_path / "words"
-    result = run_cli(SYNTHETIC_TO_MDS, "--out", str(out), "--preset", "words", "--seq-len", "24",
-                     "--train-samples", "50", "--val-samples", "10", "--vocab", "20",
-                     "--words", "3", "--max-length", "4")
-    assert result.returncode == 0, result.stderr
-    assert "from the words language" in result.stdout
+    code, printed, err = run_main(synthetic_to_mds.main, "--out", out, "--preset", "words",
+                                  "--seq-len", "24", "--train-samples", "50", "--val-samples",
+                                  "10", "--vocab", "20", "--words", "3", "--max-length", "4")
+    assert code == 0, err
+    assert "from the words language" in printed
     manifest = read_manifest(out)
     language = load_language(out, "--judge")
     assert language.spec == WordsSpec(vocab=20, words=3, max_length=4)

@@ -164,8 +164,10 @@ def test_after_generation_the_cache_holds_the_full_forwards_keys_and_values():
     assert_cache_holds_the_full_forward(model, out, sampler)
 
 
-@pytest.mark.parametrize("tree", [1, 3], ids=["chain", "tree"])
-@pytest.mark.parametrize("prompt", [False, True], ids=["nothing-given", "prompt"])
+@pytest.mark.parametrize("prompt, tree", [
+    pytest.param(False, 1, id="nothing-given-chain"), pytest.param(True, 1, id="prompt-chain"),
+    pytest.param(False, 3, id="nothing-given-tree", marks=pytest.mark.slow),
+    pytest.param(True, 3, id="prompt-tree")])
 def test_a_sample_does_not_depend_on_the_batch_it_runs_in(prompt, tree):
     model = tiny_model()
     config = SamplingConfig(sampler="speculative", draft=4, tree=tree, seed=3)
@@ -214,6 +216,7 @@ def test_a_draft_below_one_is_refused():
 # ---- draft trees: several candidates per drafted position -------------------------------------
 
 
+@pytest.mark.slow  # 10,000 samples: ~5 s each on 2 idle cores
 @pytest.mark.parametrize("tree", [2, 3])
 @pytest.mark.parametrize("prompt", [False, True], ids=["nothing-given", "one-given"])
 def test_draft_trees_follow_the_exact_joint_of_one_token_per_call(tree, prompt):
@@ -222,6 +225,7 @@ def test_draft_trees_follow_the_exact_joint_of_one_token_per_call(tree, prompt):
     assert chi_square_p_value(model, *exact_case(prompt), config, EXACT_SAMPLES) > 1e-3
 
 
+@pytest.mark.slow  # 10,000 samples: ~5 s each on 2 idle cores
 @pytest.mark.parametrize("tree", [1, 3])
 def test_left_to_right_speculative_samples_follow_the_left_to_right_joint(tree):
     """--order l2r --sampler speculative: left-to-right text from an any-order model, exactly
@@ -232,6 +236,7 @@ def test_left_to_right_speculative_samples_follow_the_left_to_right_joint(tree):
     assert chi_square_p_value(model, 4, None, config, EXACT_SAMPLES) > 1e-3
 
 
+@pytest.mark.slow  # 10,000 samples: ~5 s each on 2 idle cores
 @pytest.mark.parametrize("tree", [2, 3])
 def test_the_same_test_fails_for_a_tree_that_does_not_renormalise_what_is_left(tree,
                                                                                 monkeypatch):
@@ -244,7 +249,7 @@ def test_the_same_test_fails_for_a_tree_that_does_not_renormalise_what_is_left(t
     assert chi_square_p_value(model, 4, None, config, EXACT_SAMPLES) < 1e-6
 
 
-@pytest.mark.parametrize("tree", [2, 3])
+@pytest.mark.parametrize("tree", [pytest.param(2, marks=pytest.mark.slow), 3])
 def test_greedy_draft_trees_give_the_tokens_of_one_token_per_call(tree):
     model = tiny_model()
     one_per_call, _ = generate(model, SamplingConfig(steps=N, temperature=0.0), torch.arange(B))
@@ -260,6 +265,7 @@ def test_after_a_tree_generation_the_cache_holds_the_full_forwards_keys_and_valu
     assert_cache_holds_the_full_forward(model, out, sampler)
 
 
+@pytest.mark.slow  # 48 samples of 12 tokens at GPT-2's vocabulary: ~20 s on 2 cores
 def test_more_candidates_accept_more_drafts_in_fewer_calls_never_more_than_tokens():
     model = tiny_model()
     runs = {tree: generate(model, SamplingConfig(sampler="speculative", draft=4, tree=tree),
