@@ -114,7 +114,8 @@ def settings_of(fields: dict, to_generate: int) -> SamplingConfig:
     """The sampler's settings the page sent, checked and fitted to the gaps by the ways' table
     (model/sampler/ways.py) as trainer/sample.py checks its flags: each way reads its own
     fields (steps, draft, reveal, threshold), the others are ignored."""
-    sampler, order = fields.get("sampler") or DEFAULT_SAMPLER, fields.get("planner") or "random"
+    sampler = fields.get("sampler") or DEFAULT_SAMPLER
+    order = fields.get("planner") or ANY_ORDER.word
     if sampler not in SAMPLERS:
         raise UsageError(f"unknown sampler {sampler!r}: choose {' or '.join(SAMPLERS)}")
     fixed = order in READING_WORDS

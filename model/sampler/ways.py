@@ -121,7 +121,6 @@ class Room:
 
 
 _MISSING: Any = object()
-PARTS = ("picked_by", "strategy", "about", "options", "fit", "calls", "summary", "any_order")
 
 
 @dataclass(frozen=True)
@@ -174,6 +173,10 @@ class Way:
         """UsageError for a field it reads that is out of range (named as the field)."""
         for option in self.options:
             option.check(getattr(config, option.field), option.field)
+
+
+# the parts a way owns: every field of Way but its name, each required
+PARTS = tuple(part.name for part in dataclasses.fields(Way) if part.default is _MISSING)
 
 
 # ---- the parts ---------------------------------------------------------------------------------
