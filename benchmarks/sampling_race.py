@@ -95,8 +95,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     add = parser.add_argument
     add("--ao", required=True, help="the AO-GPT: out_dir, checkpoint folder or model.safetensors")
     add("--gpt", required=True, help="the left-to-right GPT of the same data, shape and steps")
-    add("--weights", choices=("ema", "raw"), default="ema", help="of both (default ema)")
     add("--judge", help="a synthetic language's data folder (exact), or a judge model")
+    add("--weights", choices=("ema", "raw"), default="ema", help="of both (default ema)")
     add("--num-samples", type=int, default=256, help="samples judged per sampler (default 256)")
     add("--batch-sizes", default="1,8,32", help="batch sizes timed (default 1,8,32)")
     add("--drafts", default="2,4", help="the AO-GPT's speculative K (default 2,4)")
