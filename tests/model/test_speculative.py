@@ -164,10 +164,11 @@ def test_after_generation_the_cache_holds_the_full_forwards_keys_and_values():
     assert_cache_holds_the_full_forward(model, out, sampler)
 
 
+# the trees' are slow: tests/trainer/test_sample_cli.py checks a tree's batch invariance in seconds
 @pytest.mark.parametrize("prompt, tree", [
     pytest.param(False, 1, id="nothing-given-chain"), pytest.param(True, 1, id="prompt-chain"),
     pytest.param(False, 3, id="nothing-given-tree", marks=pytest.mark.slow),
-    pytest.param(True, 3, id="prompt-tree")])
+    pytest.param(True, 3, id="prompt-tree", marks=pytest.mark.slow)])
 def test_a_sample_does_not_depend_on_the_batch_it_runs_in(prompt, tree):
     model = tiny_model()
     config = SamplingConfig(sampler="speculative", draft=4, tree=tree, seed=3)
