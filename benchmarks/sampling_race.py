@@ -90,8 +90,9 @@ def contestants(n: int, drafts: list[int], trees: list[int]) -> list[Contestant]
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], epilog=__doc__.split(
-        "\n\n", 1)[1], formatter_class=argparse.RawDescriptionHelpFormatter)
+    description, epilog = __doc__.split("\n\n", 1)
+    parser = argparse.ArgumentParser(description=description, epilog=epilog,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
     add = parser.add_argument
     add("--ao", required=True, help="the AO-GPT: out_dir, checkpoint folder or model.safetensors")
     add("--gpt", required=True, help="the left-to-right GPT of the same data, shape and steps")
