@@ -217,7 +217,7 @@ def test_a_draft_below_one_is_refused():
 # ---- draft trees: several candidates per drafted position -------------------------------------
 
 
-@pytest.mark.slow  # 10,000 samples: ~5 s each on 2 idle cores
+@pytest.mark.slow  # 10,000 samples: 7 to 16 s each on 2 cores
 @pytest.mark.parametrize("tree", [2, 3])
 @pytest.mark.parametrize("prompt", [False, True], ids=["nothing-given", "one-given"])
 def test_draft_trees_follow_the_exact_joint_of_one_token_per_call(tree, prompt):
@@ -226,7 +226,7 @@ def test_draft_trees_follow_the_exact_joint_of_one_token_per_call(tree, prompt):
     assert chi_square_p_value(model, *exact_case(prompt), config, EXACT_SAMPLES) > 1e-3
 
 
-@pytest.mark.slow  # 10,000 samples: ~5 s each on 2 idle cores
+@pytest.mark.slow  # 10,000 samples: 7 to 16 s each on 2 cores
 @pytest.mark.parametrize("tree", [1, 3])
 def test_left_to_right_speculative_samples_follow_the_left_to_right_joint(tree):
     """--order l2r --sampler speculative: left-to-right text from an any-order model, exactly
@@ -237,7 +237,7 @@ def test_left_to_right_speculative_samples_follow_the_left_to_right_joint(tree):
     assert chi_square_p_value(model, 4, None, config, EXACT_SAMPLES) > 1e-3
 
 
-@pytest.mark.slow  # 10,000 samples: ~5 s each on 2 idle cores
+@pytest.mark.slow  # 10,000 samples: 7 to 16 s each on 2 cores
 @pytest.mark.parametrize("tree", [2, 3])
 def test_the_same_test_fails_for_a_tree_that_does_not_renormalise_what_is_left(tree,
                                                                                 monkeypatch):
@@ -266,7 +266,7 @@ def test_after_a_tree_generation_the_cache_holds_the_full_forwards_keys_and_valu
     assert_cache_holds_the_full_forward(model, out, sampler)
 
 
-@pytest.mark.slow  # 48 samples of 12 tokens at GPT-2's vocabulary: ~20 s on 2 cores
+@pytest.mark.slow  # 48 samples of 12 tokens at GPT-2's vocabulary: ~14 s on 2 cores
 def test_more_candidates_accept_more_drafts_in_fewer_calls_never_more_than_tokens():
     model = tiny_model()
     runs = {tree: generate(model, SamplingConfig(sampler="speculative", draft=4, tree=tree),
