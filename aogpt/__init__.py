@@ -65,6 +65,18 @@ def check_unique(values: list | tuple, flag: str, text: str) -> None:
                          f"once")
 
 
+def comma_counts(text: str, flag: str) -> list[int]:
+    """A list flag of counts, "1,8,32": each a whole number >= 1, none twice; else UsageError."""
+    try:
+        values = [int(value) for value in text.split(",")]
+    except ValueError:
+        raise UsageError(f"{flag} takes a comma list of whole numbers, got {text!r}") from None
+    if min(values) < 1:
+        raise UsageError(f"{flag} values must be >= 1, got {text!r}")
+    check_unique(values, flag, text)
+    return values
+
+
 def check_input_file(path: str | os.PathLike, flag: str, expected: str) -> Path:
     """Checks that a file a command reads exists and is a file: a folder or a missing path is
     named as such, with what to give instead (`expected`, e.g. "the paper's ckpt_<iter>.pt

@@ -1,15 +1,18 @@
 """Samplers side by side: network calls and seconds per token against the quality of what they draw.
 
     python benchmarks/sampler_pareto.py --ckpt RUN [--judge DATA-or-MODEL] [--num-samples 256]
-        [--batch-sizes 1,32] [--steps 8,16,32,64,N] [--drafts 1,2,4,8,16] [--seq-len N]
+        [--batch-sizes 1,32] [--steps 8,16,32,64,N] [--drafts 1,2,4,8,16] [--trees 1,2,3]
+        [--seq-len N] [--order random|l2r]
         [--planners confidence,margin,entropy] [--thresholds 0.9,0.7,0.5,0.3]
         [--json OUT] [--plot docs/sampler-pareto.png] [--table docs/sampler-pareto.md]
 
 In one process, on the same model, weights and device, every sampler and setting draws the same
-sample ids (so each sample's order is the same for all of them):
+sample ids (so each sample's order is the same for all of them; --order l2r: left to right, the
+order a hard-to-draft language's drafts are judged in):
 - parallel, the paper's sampler, at S network calls (--steps), with the deterministic counts and
   with the binomial ones; S = n (one token per call) is exact ancestral sampling, the reference;
 - speculative at each draft length K (--drafts): exactly S = n's distribution, in fewer calls;
+  and draft trees at each C > 1 of --trees (C candidates per drafted position);
 - left to right at S = n, and the planners (model/sampler/planners.py), which choose each next
   position by the model's own scores: confidence, margin and entropy at one position per call,
   threshold at each --thresholds (every position whose top probability reaches it per call).
@@ -39,7 +42,7 @@ from pathlib import Path
 import torch
 from sampling_model import sampling_model
 
-from aogpt import UsageError, check_counts, check_unique, cli_entry
+from aogpt import UsageError, check_counts, cli_entry, comma_counts
 from aogpt.files import (
     OutputFile,
     check_output_file,
@@ -47,11 +50,17 @@ from aogpt.files import (
     write_json_atomic,
     write_text_atomic,
 )
-from aogpt.model.orders import LEFT_TO_RIGHT
+from aogpt.model.orders import ANY_ORDER, LEFT_TO_RIGHT, reading_named
 from aogpt.model.precision import device_name
 from aogpt.model.sampler import KVCacheSampler, SamplingConfig
 from aogpt.model.sampler.ways import REVEAL, reading
-from aogpt.trainer.judge import Judge, check_judge_matches, diversity, generative_perplexity
+from aogpt.trainer.judge import (
+    Judge,
+    check_judge_matches,
+    diversity,
+    generative_perplexity,
+    headline,
+)
 
 # its outputs: --force replaces only what this benchmark wrote (a table can carry no record:
 # it is never replaced)
@@ -79,11 +88,15 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "n/8, n/4, n/2, n)")
     add("--drafts", help="the speculative sampler's K, each below n (default those of "
         "1,2,4,8,16 below n; '' none)")
+    add("--trees", default="1", help="speculative: candidates per drafted position, C, at each "
+        "K (default 1, the chain; 1,2,3: chains and trees)")
     add("--planners", default="confidence,margin,entropy",
         help="planners at one position per call (default confidence,margin,entropy; '' none)")
     add("--thresholds", default="0.9,0.7,0.5,0.3",
         help="the threshold planner's thresholds (default 0.9,0.7,0.5,0.3; '' none)")
     add("--seq-len", type=int, help="tokens per sample (default the model's block size)")
+    add("--order", default=ANY_ORDER.word, help=f"the order of the samplers' rows: "
+        f"{ANY_ORDER.word} (default) or {LEFT_TO_RIGHT.word} (the planners choose their own)")
     add("--seed", type=int, default=0)
     add("--device", default="auto", help="auto (cuda if available), cpu, cuda")
     add("--json", type=Path, help="write the rows here (rewritten after every row)")
@@ -92,9 +105,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     add("--force", action="store_true", help="replace --json, --plot and --table if they exist")
     args = parser.parse_args(argv)
     check_counts(args, "num_samples", "timed_batches", "seq_len")
-    args.batch_sizes = numbers(args.batch_sizes, "--batch-sizes")
-    args.drafts = numbers(args.drafts, "--drafts") if args.drafts else args.drafts
-    args.steps = numbers(args.steps, "--steps") if args.steps else None
+    args.batch_sizes = comma_counts(args.batch_sizes, "--batch-sizes")
+    args.drafts = comma_counts(args.drafts, "--drafts") if args.drafts else args.drafts
+    args.trees = comma_counts(args.trees, "--trees")
+    args.order = reading_named(args.order, "--order").word
+    args.steps = comma_counts(args.steps, "--steps") if args.steps else None
     args.planners = [p for p in args.planners.split(",") if p]
     if set(args.planners) - set(ONE_BY_ONE):
         raise UsageError(f"--planners takes {', '.join(ONE_BY_ONE)}, got {args.planners}: the "
@@ -105,17 +120,6 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
             check_output_file(getattr(args, flag), f"--{flag}", args.force,
                               OUTPUTS[flag])
     return args
-
-
-def numbers(text: str, flag: str) -> list[int]:
-    try:
-        values = [int(value) for value in text.split(",")]
-    except ValueError:
-        raise UsageError(f"{flag} takes a comma list of whole numbers, got {text!r}") from None
-    if not values or min(values) < 1:
-        raise UsageError(f"{flag} values must be >= 1, got {text!r}")
-    check_unique(values, flag, text)
-    return values
 
 
 def sample_length(args: argparse.Namespace, block: int) -> int:
@@ -148,7 +152,7 @@ def fractions(text: str, flag: str) -> list[float]:
 
 
 def settings(n: int, steps: list[int] | None, drafts: list[int] | None, planners: list[str] = (),
-             thresholds: list[float] = ()) -> list[tuple[str, dict]]:
+             thresholds: list[float] = (), trees: list[int] = (1,)) -> list[tuple[str, dict]]:
     """(label, SamplingConfig fields) of every sampler measured; S = n first, the reference."""
     steps = sorted(steps or {s for s in [n // 16, n // 8, n // 4, n // 2, n] if s >= 1},
                    reverse=True)
@@ -156,8 +160,11 @@ def settings(n: int, steps: list[int] | None, drafts: list[int] | None, planners
             for s in steps]
     rows += [(f"parallel binomial S={s}", {"sampler": "parallel", "steps": s, "counts": "binomial"})
              for s in steps if s < n]
+    drafts = [k for k in (DEFAULT_DRAFTS if drafts is None else drafts) if k < n]
     rows += [(f"speculative K={k}", {"sampler": "speculative", "draft": k})
-             for k in (DEFAULT_DRAFTS if drafts is None else drafts) if k < n]
+             for k in drafts if 1 in trees]
+    rows += [(f"speculative tree K={k} C={c}", {"sampler": "speculative", "draft": k, "tree": c})
+             for k in drafts for c in trees if c > 1]
     if planners or thresholds:
         rows.append((f"{LEFT_TO_RIGHT.word} S=n", {"sampler": "parallel", "steps": n,
                                                      "order": LEFT_TO_RIGHT.word}))
@@ -179,7 +186,7 @@ def draw(sampler: KVCacheSampler, ids: torch.Tensor, device: torch.device) -> tu
 def measure(model, label: str, fields: dict, args, n: int, judge: Judge | None,
             device: torch.device) -> dict:
     """One setting's row: calls, seconds and the judge's numbers."""
-    config = SamplingConfig(seed=args.seed, **fields)
+    config = SamplingConfig(seed=args.seed, **{"order": args.order, **fields})
     widest = max(args.batch_sizes)
     sampler = KVCacheSampler(model, widest, n, config)
     tokens, calls, batch_calls, decided, accepted = [], [], [], 0, 0
@@ -218,13 +225,7 @@ def time_rows(rows: list[dict], args, n: int, device: torch.device) -> None:
 
 
 def quality(row: dict) -> tuple[float, float]:
-    """The judge's number and its standard error: true NLL per token, or generative perplexity."""
-    judged = row["judge"]
-    if "true_nll" in judged:
-        return judged["true_nll"], judged["true_nll_error"]
-    if "mean_ppl" in judged:
-        return judged["mean_ppl"], judged["std_ppl"] / math.sqrt(judged["samples"])
-    return math.nan, math.nan
+    return headline(row["judge"])
 
 
 def table(rows: list[dict], header: dict) -> str:
@@ -258,6 +259,7 @@ def plot(rows: list[dict], header: dict, path: Path) -> None:
     figure, axes = plt.subplots(figsize=(7, 4.5))
     families = {"parallel S=": ("the paper's sampler, deterministic counts", "o-"),
                 "parallel binomial": ("the paper's sampler, binomial counts", "s--"),
+                "speculative tree": ("speculative draft trees (exact), K and C", "P-"),
                 "speculative": ("speculative (exact), draft K", "D-"),
                 "planner threshold": ("threshold planner (not the joint)", "v-"),
                 "planner ": ("confidence, margin, entropy planners (not the joint)", "^"),
@@ -301,7 +303,8 @@ def main(argv: list[str] | None = None) -> int:
               "exact_judge": judge is not None and judge.language is not None,
               "provenance": origin}
     rows = []
-    for label, fields in settings(n, args.steps, args.drafts, args.planners, args.thresholds):
+    for label, fields in settings(n, args.steps, args.drafts, args.planners, args.thresholds,
+                                  args.trees):
         row = measure(model, label, fields, args, n, judge, device)
         rows.append(row)
         value, error = quality(row)

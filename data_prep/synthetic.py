@@ -1,8 +1,10 @@
-"""A synthetic language whose probability of every sequence is known exactly: the judge of samplers.
+"""Synthetic languages whose probability of every sequence is known exactly: the judges of samplers.
 
 Natural text has no exact judge here (GPT-2 large cannot be downloaded, and a small model's
-generative perplexity judges the judge as much as the samples). This language is made to be one,
-a hidden Markov model:
+generative perplexity judges the judge as much as the samples). A synthetic language is made to
+be one: a hidden Markov model, whose forward algorithm gives any text's probability. Two presets.
+
+"topics" (LanguageSpec), the first, whose next token is uncertain:
 
     topic      z ~ uniform over `topics`                      fixed per sequence: long range
     state      s_0 ~ uniform over the topic's `states`;       sticky: short range (segments of
@@ -20,7 +22,31 @@ number of tokens drawn together both show in the probability. A tiny any-order m
 on a CPU in minutes (which neighbours share a state is smooth in distance; a sparse bigram, tried
 first, left a tiny model on the unigram plateau for 10M tokens at 128 positions).
 
-    log p(x)   the forward algorithm over the topics x states hidden states     exact
+"words" (WordsSpec), the hard one to draft, whose next token is often nearly certain given
+context that a draft does not see:
+
+    topic      z ~ uniform over `topics`                      fixed per sequence: which lexicon
+                                                              (a state of long memory)
+    word       w ~ the topic's frequencies (Dirichlet of      at the end of each word: where the
+               `concentration`) over its `words` words        entropy is
+    letter     x_t = the i-th token id of w's spelling        nearly certain given the word's
+               (min_length..max_length ids, drawn once),      first tokens, up to `smoothing`
+               up to `smoothing` of the mass over every id
+
+Its entropy rate is low (about H(w | z) over the mean word length: ~0.6 nats per token against
+the first language's 2.2), yet a position a few tokens ahead is uncertain given the known tokens
+(which word comes, and where) and nearly certain once the tokens between are known: a draft drawn
+from the marginals of the positions ahead (speculative decoding) is often wrong, so draft lengths
+and trees pay their real cost here, which the first language, whose drafts are nearly always
+accepted, hides.
+
+Both are the same machine: hidden states whose transition is a permutation part plus a low-rank
+part, T = P diag(move) + B_from B_to (sticky states stay: P is the identity; a letter moves on to
+the next: P is a shift; a state branches into its topic's states: the rank is the number of
+topics), so the forward algorithm costs O(states x topics) per token, not states^2 (the words
+language has hundreds of states):
+
+    log p(x)   the forward algorithm over the hidden states                        exact
     -log p(x_t | x_<t)   its normalisers, left to right (they sum to -log p(x))     exact
 
 The entropy per token of n-token sequences, H(X)/n, is the NLL per token of a perfect model (in
@@ -35,11 +61,13 @@ reports.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import math
 from dataclasses import dataclass
 from pathlib import Path
+from typing import ClassVar
 
 import numpy as np
 
@@ -48,66 +76,133 @@ from aogpt import UsageError
 FORMAT = "aogpt-synthetic-language"
 VERSION = 2
 NAME = "synthetic"  # the tokenizer name a data manifest records for it
+ENTROPY_DRAWS = 20_000  # sequences whose mean -log p(x) / n is the entropy per token
+MAX_STATES = 4096  # hidden states of a language at most: its dense transition is states^2 floats
 
 
 @dataclass(frozen=True)
-class LanguageSpec:
-    """What a language is drawn from (synthetic_to_mds.py's flags)."""
+class CommonSpec:
+    """What every preset's language is drawn from besides its own settings (their flags)."""
 
     vocab: int = 128
     topics: int = 4
-    states: int = 4  # per topic
-    emit: int = 10  # likely token ids per state
-    stay: float = 0.95
-    smoothing: float = 0.01
-    concentration: float = 1.0
+    smoothing: float = 0.01  # mass spread over every id: every sequence keeps a probability
+    concentration: float = 1.0  # of the preset's Dirichlet weights
     seed: int = 0
 
-    def validate(self) -> None:
-        for name in ("vocab", "topics", "states", "emit"):
+    def check(self, counts: tuple[str, ...]) -> None:
+        """The checks every preset shares, with the counts of its own that must be >= 1."""
+        for name in ("vocab", "topics", *counts):
             if getattr(self, name) < 1:
-                raise UsageError(f"--{name} must be >= 1, got {getattr(self, name)}")
-        if self.emit > self.vocab:
-            raise UsageError(f"--emit ({self.emit}) cannot exceed --vocab ({self.vocab})")
+                raise UsageError(f"--{name.replace('_', '-')} must be >= 1, got "
+                                 f"{getattr(self, name)}")
         if self.vocab > 65535:
             raise UsageError(f"--vocab must be at most 65535 (tokens are stored as uint16), got "
                              f"{self.vocab}")
         if not 0.0 < self.smoothing < 1.0:
             raise UsageError(f"--smoothing must be in (0, 1) (every sequence keeps a probability "
                              f"above 0), got {self.smoothing}")
-        if not 0.0 < self.stay <= 1.0:
-            raise UsageError(f"--stay must be in (0, 1], got {self.stay}")
         if self.concentration <= 0:
             raise UsageError(f"--concentration must be positive, got {self.concentration}")
 
 
-class SyntheticLanguage:
-    """The language: each hidden state's emission ids and weights, (topics x states, emit)."""
+@dataclass(frozen=True)
+class LanguageSpec(CommonSpec):
+    """What the "topics" language is drawn from (synthetic_to_mds.py's flags)."""
 
-    def __init__(self, spec: LanguageSpec, emit_ids: np.ndarray, emit_weights: np.ndarray):
-        self.spec = spec
-        self.emit_ids = emit_ids.astype(np.int64)
-        self.emit_weights = emit_weights.astype(np.float64)
-        k, s, v = spec.topics, spec.states, spec.vocab
-        dense = np.zeros((k * s, v))
-        np.put_along_axis(dense, self.emit_ids, self.emit_weights, axis=1)
-        self.emission = (1 - spec.smoothing) * dense + spec.smoothing / v  # (hidden, vocab)
-        within = np.full((s, s), (1 - spec.stay) / (s - 1) if s > 1 else 0.0)
-        np.fill_diagonal(within, spec.stay if s > 1 else 1.0)
-        self.transition = np.kron(np.eye(k), within)  # a topic's states only: (hidden, hidden)
-        self.start = np.full(k * s, 1.0 / (k * s))
+    preset: ClassVar[str] = "topics"
+    states: int = 4  # per topic
+    emit: int = 10  # likely token ids per state
+    stay: float = 0.95
+
+    def validate(self) -> None:
+        self.check(("states", "emit"))
+        if self.emit > self.vocab:
+            raise UsageError(f"--emit ({self.emit}) cannot exceed --vocab ({self.vocab})")
+        if not 0.0 < self.stay <= 1.0:
+            raise UsageError(f"--stay must be in (0, 1], got {self.stay}")
+        if self.topics * self.states > MAX_STATES:
+            raise UsageError(f"--topics x --states must be at most {MAX_STATES} hidden states, "
+                             f"got {self.topics * self.states}")
+
+    def record(self) -> dict:
+        return dataclasses.asdict(self)  # as before there were presets: no preset key
+
+
+@dataclass(frozen=True)
+class WordsSpec(CommonSpec):
+    """What the "words" language is drawn from (synthetic_to_mds.py --preset words's flags)."""
+
+    preset: ClassVar[str] = "words"
+    words: int = 16  # per topic
+    min_length: int = 2  # token ids per word's spelling
+    max_length: int = 8
+
+    def validate(self) -> None:
+        self.check(("words", "min_length"))
+        if self.max_length < self.min_length:
+            raise UsageError(f"--max-length ({self.max_length}) must be at least --min-length "
+                             f"({self.min_length})")
+        if self.topics * self.words * self.max_length > MAX_STATES:
+            raise UsageError(f"--topics x --words x --max-length must be at most {MAX_STATES} "
+                             f"hidden states (one per letter), got "
+                             f"{self.topics * self.words * self.max_length}")
+
+    def record(self) -> dict:
+        return {"preset": self.preset, **dataclasses.asdict(self)}
+
+
+SPECS = {spec.preset: spec for spec in (LanguageSpec, WordsSpec)}  # the presets
+
+
+@dataclass(frozen=True)
+class HiddenChain:
+    """The hidden states' Markov chain: start (h,) and the transition T = P diag(move) +
+    branch_from @ branch_to, where P sends state s to successor[s] (a permutation of the h
+    states), branch_from is (h, r) and branch_to (r, h)."""
+
+    start: np.ndarray
+    successor: np.ndarray
+    move: np.ndarray
+    branch_from: np.ndarray
+    branch_to: np.ndarray
+
+    def dense(self) -> np.ndarray:
+        """T itself, (h, h)."""
+        transition = self.branch_from @ self.branch_to
+        transition[np.arange(len(self.move)), self.successor] += self.move
+        return transition
+
+    def advance(self, belief: np.ndarray) -> np.ndarray:
+        """belief @ T for beliefs (b, h), in O(b h r)."""
+        predecessor = np.argsort(self.successor)  # each state's, under P
+        # einsum, not BLAS: the rank is a few topics, and a threaded BLAS call on such thin
+        # matrices cost 30x more on a busy machine
+        branched = np.einsum("br,rh->bh", np.einsum("bh,hr->br", belief, self.branch_from),
+                             self.branch_to)
+        return branched + np.take(belief * self.move, predecessor, axis=1)
+
+
+class SyntheticLanguage:
+    """A language: its spec, the tables drawn from it (what a record holds), and the hidden
+    Markov model they make: `chain` and `emission` (hidden, vocab). SyntheticLanguage.draw(spec)
+    makes the preset's language (LANGUAGES)."""
+
+    def __init__(self, spec, tables: dict, chain: HiddenChain, emission: np.ndarray):
+        self.spec, self.tables, self.chain, self.emission = spec, tables, chain, emission
+        self._emitting = np.ascontiguousarray(emission.T)  # (vocab, hidden): p(x | s) by token
+        self._entropy: dict[tuple[int, int, int], tuple[float, float]] = {}
+        self.start = chain.start
+        self.transition = chain.dense()  # (hidden, hidden): sampling's
         self.fingerprint = hashlib.sha256(json.dumps(self._tables(), sort_keys=True).encode()
                                           ).hexdigest()
 
     @classmethod
-    def draw(cls, spec: LanguageSpec) -> SyntheticLanguage:
-        """A new language from spec's seed."""
+    def draw(cls, spec) -> SyntheticLanguage:
+        """A new language of spec's preset, from spec's seed."""
         spec.validate()
-        rng = np.random.default_rng(spec.seed)
-        hidden, v = spec.topics * spec.states, spec.vocab
-        emit_ids = np.argsort(rng.random((hidden, v)), axis=1)[:, :spec.emit]  # distinct ids
-        emit_weights = rng.dirichlet(np.full(spec.emit, spec.concentration), size=hidden)
-        return cls(spec, emit_ids, emit_weights)
+        language = LANGUAGES[spec.preset]
+        return language(spec, language.draw_tables(spec, np.random.default_rng(spec.seed)))
 
     # ---- sequences ------------------------------------------------------------------------
 
@@ -134,8 +229,8 @@ class SyntheticLanguage:
         nll = np.empty(tokens.shape)
         for t in range(tokens.shape[1]):
             if t:
-                belief = belief @ self.transition
-            joint = belief * self.emission[:, tokens[:, t]].T  # p(s_t, x_t | x_<t)
+                belief = self.chain.advance(belief)
+            joint = belief * self._emitting[tokens[:, t]]  # p(s_t, x_t | x_<t)
             norm = joint.sum(axis=1)
             nll[:, t] = -np.log(norm)
             belief = joint / norm[:, None]
@@ -156,20 +251,28 @@ class SyntheticLanguage:
 
     # ---- entropy ----------------------------------------------------------------------------
 
-    def entropy_per_token(self, length: int, draws: int = 20_000,
+    def entropy_per_token(self, length: int, draws: int = ENTROPY_DRAWS,
                           seed: int = 1) -> tuple[float, float]:
         """(H(X)/length, its standard error) for sequences of `length` tokens: the mean of
-        -log p(x)/length over `draws` sequences the language draws (20,000: about 1e-3 nats)."""
-        nll = np.concatenate([-self.log_prob(self.sample(min(4096, draws - first), length,
-                                                          seed * 1_000_003 + first)) / length
-                              for first in range(0, draws, 4096)])
-        return float(nll.mean()), float(nll.std(ddof=1) / math.sqrt(draws))
+        -log p(x)/length over `draws` sequences the language draws (20,000: about 1e-3 nats).
+        Kept once computed (seconds each: a judge asks again for every set of samples)."""
+        key = (length, draws, seed)
+        if key not in self._entropy:
+            nll = np.concatenate([-self.log_prob(self.sample(min(4096, draws - first), length,
+                                                              seed * 1_000_003 + first)) / length
+                                  for first in range(0, draws, 4096)])
+            self._entropy[key] = float(nll.mean()), float(nll.std(ddof=1) / math.sqrt(draws))
+        return self._entropy[key]
+
+    def recorded_entropy(self, length: int, entropy: float, error: float) -> None:
+        """Takes entropy_per_token(length) at its defaults from a record of it (a data folder's
+        manifest: the same computation when the folder was built)."""
+        self._entropy[(length, ENTROPY_DRAWS, 1)] = entropy, error
 
     # ---- the record in a data manifest --------------------------------------------------------
 
     def _tables(self) -> dict:
-        return {"spec": self.spec.__dict__, "emit_ids": self.emit_ids.tolist(),
-                "emit_weights": self.emit_weights.tolist()}
+        return {"spec": self.spec.record(), **self.tables}
 
     def record(self) -> dict:
         """Everything the language is, for the manifest of its data folder."""
@@ -183,9 +286,14 @@ class SyntheticLanguage:
                 raise ValueError(f"its format is not {FORMAT!r}")
             if record.get("version") != VERSION:
                 raise ValueError(f"version {record.get('version')!r}, this aogpt reads {VERSION}")
-            language = cls(LanguageSpec(**record["spec"]), np.array(record["emit_ids"]),
-                           np.array(record["emit_weights"]))
-        except (ValueError, KeyError, TypeError, AttributeError) as err:
+            fields = dict(record["spec"])
+            preset = fields.pop("preset", LanguageSpec.preset)
+            if preset not in LANGUAGES:
+                raise ValueError(f"its preset {preset!r} is none of {', '.join(LANGUAGES)}")
+            language = LANGUAGES[preset]
+            language = language(SPECS[preset](**fields),
+                                {name: record[name] for name in language.TABLES})
+        except (ValueError, KeyError, TypeError, AttributeError, IndexError) as err:
             raise UsageError(f"{where} holds no readable synthetic language ({err}): rebuild it "
                              "with data_prep/synthetic_to_mds.py") from None
         if language.fingerprint != record.get("fingerprint"):
@@ -198,6 +306,94 @@ class SyntheticLanguage:
         """What a data manifest records of the language as its tokenizer."""
         return {"name": NAME, "n_vocab": self.spec.vocab, "text": False,
                 "language_sha256": self.fingerprint}
+
+
+def smoothed(likely: np.ndarray, smoothing: float) -> np.ndarray:
+    """An emission table (hidden, vocab): each state's likely ids' weights `likely` (rows summing
+    to 1), with `smoothing` of the mass spread over every id."""
+    return (1 - smoothing) * likely + smoothing / likely.shape[1]
+
+
+class TopicsLanguage(SyntheticLanguage):
+    """The "topics" preset: each hidden state's emission ids and weights, (topics x states,
+    emit)."""
+
+    TABLES = ("emit_ids", "emit_weights")
+
+    def __init__(self, spec: LanguageSpec, tables: dict):
+        k, s, v = spec.topics, spec.states, spec.vocab
+        emit_ids = np.asarray(tables["emit_ids"], dtype=np.int64)
+        emit_weights = np.asarray(tables["emit_weights"], dtype=np.float64)
+        likely = np.zeros((k * s, v))
+        np.put_along_axis(likely, emit_ids, emit_weights, axis=1)
+        switch = (1 - spec.stay) / (s - 1) if s > 1 else 0.0  # to each other state of the topic
+        members = np.kron(np.eye(k), np.ones((s, 1)))  # (hidden, topics): a state's topic
+        chain = HiddenChain(start=np.full(k * s, 1.0 / (k * s)), successor=np.arange(k * s),
+                            move=np.full(k * s, (spec.stay if s > 1 else 1.0) - switch),
+                            branch_from=members * switch, branch_to=members.T.copy())
+        super().__init__(spec, {"emit_ids": emit_ids.tolist(),
+                                "emit_weights": emit_weights.tolist()},
+                         chain, smoothed(likely, spec.smoothing))
+
+    def summary(self) -> str:
+        s = self.spec
+        return f"{s.vocab} token ids, {s.topics} topics x {s.states} states"
+
+    @staticmethod
+    def draw_tables(spec: LanguageSpec, rng: np.random.Generator) -> dict:
+        hidden, v = spec.topics * spec.states, spec.vocab
+        emit_ids = np.argsort(rng.random((hidden, v)), axis=1)[:, :spec.emit]  # distinct ids
+        emit_weights = rng.dirichlet(np.full(spec.emit, spec.concentration), size=hidden)
+        return {"emit_ids": emit_ids, "emit_weights": emit_weights}
+
+
+class WordsLanguage(SyntheticLanguage):
+    """The "words" preset: each topic's words' spellings (lists of token ids) and frequencies.
+    A hidden state is a letter of a word: (topic, word, letter), topic-major."""
+
+    TABLES = ("spellings", "frequencies")
+
+    def __init__(self, spec: WordsSpec, tables: dict):
+        spellings = [[[int(t) for t in word] for word in topic] for topic in tables["spellings"]]
+        frequencies = np.asarray(tables["frequencies"], dtype=np.float64)  # (topics, words)
+        letters = [t for topic in spellings for word in topic for t in word]
+        if (len(spellings) != spec.topics or frequencies.shape != (spec.topics, spec.words)
+                or any(len(topic) != spec.words or not all(topic) for topic in spellings)
+                or not 0 <= min(letters) <= max(letters) < spec.vocab):
+            raise ValueError("its spellings or frequencies do not fit its spec")
+        hidden = len(letters)
+        last = np.cumsum([len(word) for topic in spellings for word in topic]) - 1
+        first = np.concatenate([[0], last[:-1] + 1])
+        topic_of = np.repeat(np.arange(spec.topics), spec.words)  # of each word
+        ends = np.zeros((hidden, spec.topics))  # a word's last letter branches into its topic
+        ends[last, topic_of] = 1.0
+        starts = np.zeros((spec.topics, hidden))  # ... to the first letter of a word of it
+        starts[topic_of, first] = frequencies.flatten()
+        move = np.ones(hidden)
+        move[last] = 0.0
+        chain = HiddenChain(start=starts.mean(axis=0), successor=(np.arange(hidden) + 1) % hidden,
+                            move=move, branch_from=ends, branch_to=starts)
+        emission = smoothed(np.eye(spec.vocab)[letters], spec.smoothing)
+        super().__init__(spec, {"spellings": spellings, "frequencies": frequencies.tolist()},
+                         chain, emission)
+
+    def summary(self) -> str:
+        s = self.spec
+        return (f"{s.vocab} token ids, {s.topics} topics x {s.words} words of "
+                f"{s.min_length}..{s.max_length} ids, {len(self.start)} hidden states")
+
+    @staticmethod
+    def draw_tables(spec: WordsSpec, rng: np.random.Generator) -> dict:
+        lengths = rng.integers(spec.min_length, spec.max_length + 1, size=(spec.topics,
+                                                                            spec.words))
+        spellings = [[rng.integers(0, spec.vocab, size=length).tolist() for length in topic]
+                     for topic in lengths]
+        frequencies = rng.dirichlet(np.full(spec.words, spec.concentration), size=spec.topics)
+        return {"spellings": spellings, "frequencies": frequencies}
+
+
+LANGUAGES: dict[str, type[SyntheticLanguage]] = {LanguageSpec.preset: TopicsLanguage,
+                                                 WordsSpec.preset: WordsLanguage}
 
 
 class TokenIds:
@@ -229,5 +425,9 @@ def load_language(data_dir: str | Path, setting: str) -> SyntheticLanguage:
     if not is_synthetic(manifest):
         raise UsageError(f"{setting} {data_dir} holds {manifest['dataset']} data, not a synthetic "
                          "language: give a folder made by data_prep/synthetic_to_mds.py")
-    return SyntheticLanguage.from_record(manifest.get("language", {}),
-                                         f"{setting} {data_dir}/manifest.json")
+    language = SyntheticLanguage.from_record(manifest.get("language", {}),
+                                             f"{setting} {data_dir}/manifest.json")
+    if "entropy_per_token" in manifest:  # the builder's, at its seq_len
+        language.recorded_entropy(manifest["seq_len"], manifest["entropy_per_token"],
+                                  manifest["entropy_per_token_error"])
+    return language

@@ -5,13 +5,19 @@ language itself in the manifest, so that its exact probabilities judge what a mo
         [--train-samples 40000] [--val-samples 512] [--vocab 128] [--topics 4] [--states 4]
         [--emit 10] [--stay 0.95] [--smoothing 0.01] [--concentration 1.0] [--seed 0]
         [--overwrite] [--staging DIR]
+    python data_prep/synthetic_to_mds.py --out data/synthetic_words --preset words
+        [--words 16] [--min-length 2] [--max-length 8] [--vocab ...] [--topics ...] [...]
 
-Each sample is one sequence of --seq-len tokens of the language (data_prep/synthetic.py: a hidden
-Markov model, a topic per sequence and sticky states of that topic, each emitting a few token
-ids); train/ and val/ are drawn apart, from seeds of their own. The manifest records the language
-(every table, and its fingerprint) and the entropy per token of sequences of --seq-len tokens: the
-loss a perfect model reaches, in any order.
-Train a model on it with configs/synthetic.yaml; judge samples with
+Each sample is one sequence of --seq-len tokens of the language (data_prep/synthetic.py, a hidden
+Markov model): --preset topics (the default) has a topic per sequence and sticky states of that
+topic, each emitting a few token ids, so its next token is uncertain; --preset words spells one
+topic's words one after another, so its next token is often nearly certain given the tokens
+before, and a draft of positions ahead is often wrong. train/ and val/ are drawn apart, from seeds
+of their own. The manifest records the language (every table, and its fingerprint) and the
+entropy per token of sequences of --seq-len tokens: the loss a perfect model reaches, in any
+order.
+Train a model on it with configs/synthetic.yaml (configs/synthetic_words.yaml; a left-to-right
+GPT of the same size: configs/gpt_synthetic*.yaml); judge samples with
 `python trainer/genppl.py --samples FILE --judge DIR` (or sample.py --judge DIR).
 
 An interrupted run resumes (or restarts) like the other builders; a finished folder is left
@@ -28,16 +34,33 @@ from pathlib import Path
 import numpy as np
 
 import aogpt
-from aogpt import check_counts, cli_entry
+from aogpt import UsageError, check_counts, cli_entry
 from aogpt.data_prep.cli import add_output_flags, build_output, check_out, split_lines
 from aogpt.data_prep.manifest import new_manifest
 from aogpt.data_prep.packing import write_rows
 from aogpt.data_prep.remote import open_output
-from aogpt.data_prep.synthetic import LanguageSpec, SyntheticLanguage
+from aogpt.data_prep.synthetic import SPECS, LanguageSpec, SyntheticLanguage
 from aogpt.progress import duration
 
 SPLITS = {"train": 1, "val": 2}  # each split's sequences are drawn with this seed
 DRAW_CHUNK = 8192  # sequences drawn at a time
+
+
+# each preset's flags: (spec field, help); --vocab, --topics, --smoothing, --concentration and
+# --seed are every preset's
+FLAG_HELP = {
+    "vocab": "token ids", "topics": "hidden topics",
+    "states": "hidden states per topic",
+    "emit": "likely token ids per state",
+    "stay": "probability that the next token has the same state",
+    "words": "words per topic",
+    "min_length": "token ids of the shortest word's spelling",
+    "max_length": "token ids of the longest word's spelling",
+    "smoothing": "mass spread over every next token",
+    "concentration": "Dirichlet concentration of a state's emission weights (topics) or of a "
+                     "topic's word frequencies (words)",
+    "seed": "the language's seed",
+}
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -45,25 +68,20 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         prog="python data_prep/synthetic_to_mds.py", description=__doc__.split("\n\n")[0],
         epilog=__doc__.split("\n\n", 1)[1], formatter_class=argparse.RawDescriptionHelpFormatter)
     add = parser.add_argument
-    spec = LanguageSpec()
     add_output_flags(parser, "language's data")
+    add("--preset", choices=tuple(SPECS), default=LanguageSpec.preset,
+        help="topics (default: uncertain next tokens) or words (nearly certain ones, hard to "
+             "draft)")
     add("--seq-len", type=int, default=128, help="tokens per sequence (default 128)")
     add("--train-samples", type=int, default=40_000, help="sequences in train/ (default 40000)")
     add("--val-samples", type=int, default=512, help="sequences in val/ (default 512)")
-    add("--vocab", type=int, default=spec.vocab, help=f"token ids (default {spec.vocab})")
-    add("--topics", type=int, default=spec.topics, help=f"hidden topics (default {spec.topics})")
-    add("--states", type=int, default=spec.states,
-        help=f"hidden states per topic (default {spec.states})")
-    add("--emit", type=int, default=spec.emit,
-        help=f"likely token ids per state (default {spec.emit})")
-    add("--stay", type=float, default=spec.stay,
-        help=f"probability that the next token has the same state (default {spec.stay})")
-    add("--smoothing", type=float, default=spec.smoothing,
-        help=f"mass spread over every next token (default {spec.smoothing})")
-    add("--concentration", type=float, default=spec.concentration,
-        help=f"Dirichlet concentration of a state's emission weights "
-             f"(default {spec.concentration})")
-    add("--seed", type=int, default=spec.seed, help="the language's seed (default 0)")
+    for field, text in FLAG_HELP.items():
+        kind = type(next(getattr(spec(), field) for spec in SPECS.values()
+                         if hasattr(spec(), field)))
+        defaults = ", ".join(f"{name} {getattr(spec(), field)}" for name, spec in SPECS.items()
+                             if hasattr(spec(), field))
+        add(f"--{field.replace('_', '-')}", type=kind, default=None,
+            help=f"{text} (default: {defaults})")
     args = parser.parse_args(argv)
     check_counts(args, "seq_len", "train_samples", "val_samples")
     language_spec(args).validate()
@@ -71,10 +89,19 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     return args
 
 
-def language_spec(args: argparse.Namespace) -> LanguageSpec:
-    return LanguageSpec(vocab=args.vocab, topics=args.topics, states=args.states, emit=args.emit,
-                        stay=args.stay, smoothing=args.smoothing,
-                        concentration=args.concentration, seed=args.seed)
+def language_spec(args: argparse.Namespace):
+    """The --preset's spec with the flags given (a flag of another preset: UsageError)."""
+    spec = SPECS[args.preset]
+    fields = {field.name for field in dataclasses.fields(spec)}
+    given = {field: getattr(args, field) for field in FLAG_HELP if getattr(args, field) is not None}
+    foreign = sorted(set(given) - fields)
+    if foreign:
+        flags = ", ".join(f"--{name.replace('_', '-')}" for name in foreign)
+        owner = next(name for name, other in SPECS.items()
+                     if foreign[0] in {f.name for f in dataclasses.fields(other)})
+        raise UsageError(f"{flags} set the {owner} preset's language, not --preset "
+                         f"{args.preset}'s: drop {flags}, or give --preset {owner}")
+    return spec(**given)
 
 
 def write_split(language: SyntheticLanguage, folder: Path, count: int, seq_len: int,
@@ -93,21 +120,21 @@ def main(argv: list[str] | None = None) -> int:
     language = SyntheticLanguage.draw(language_spec(args))
     counts = {"train": args.train_samples, "val": args.val_samples}
     settings = {"tool": "synthetic_to_mds", "tool_version": aogpt.__version__,
-                "language": dataclasses.asdict(language.spec), "seq_len": args.seq_len,
+                "language": language.spec.record(), "seq_len": args.seq_len,
                 "samples": counts}
     out = open_output(args.out, args.staging, tuple(SPLITS))
 
     def make() -> dict:
-        print(f"drawing {sum(counts.values()):,} sequences of {args.seq_len} tokens from a "
-              f"synthetic language of {args.vocab} tokens, {args.topics} topics x {args.states} "
-              f"states ({language.fingerprint[:12]})", flush=True)
+        print(f"drawing {sum(counts.values()):,} sequences of {args.seq_len} tokens from the "
+              f"{args.preset} language {language.fingerprint[:12]} ({language.summary()})",
+              flush=True)
         splits = {name: {"path": name, **write_split(language, out.out / name, counts[name],
                                                      args.seq_len, seed)}
                   for name, seed in SPLITS.items()}
         entropy, error = language.entropy_per_token(args.seq_len)
         return new_manifest(
             "pretrain", "synthetic", f"synthetic language {language.fingerprint[:12]} "
-            f"({dataclasses.asdict(language.spec)})", args.seq_len, language.describe(), splits,
+            f"({language.spec.record()})", args.seq_len, language.describe(), splits,
             entropy_per_token=entropy, entropy_per_token_error=error, language=language.record())
 
     manifest = build_output(out, args.out, settings, args.overwrite, "sequences", make)

@@ -191,10 +191,12 @@ class EvalConfig:
     sample_every: int = 0
     sample_count: int = 4
     # "parallel" (the paper's, sample_steps calls) or "speculative" (exactly one token per call's
-    # distribution, in fewer calls; sample_draft positions drafted ahead per call)
+    # distribution, in fewer calls; sample_draft positions drafted ahead per call, sample_tree
+    # candidates for each)
     sample_sampler: Literal[SAMPLERS] = DEFAULT_SAMPLER
     sample_steps: int = 256  # network calls S (the paper's sample_AOGPT.sh: 256)
     sample_draft: int = 4
+    sample_tree: int = 1  # speculative: candidates kept per drafted position (1: a chain)
     sample_temperature: float = 1.0
     sample_top_p: float = 1.0  # the paper's nucleus rule (trainer/sample.py --top-p-rule paper)
     # the samples' judge: a local Hugging Face GPT-2 folder (generative perplexity), or a synthetic

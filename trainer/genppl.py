@@ -2,6 +2,7 @@
 
     python trainer/genppl.py --samples FILE.jsonl --judge PATH [--batch-size B] [--device D]
         [--json OUT [--force]]
+    torchrun --nproc-per-node N trainer/genppl.py ...      # the batches spread over N processes
 
 --samples is what trainer/sample.py writes (a `tokens` list per line). --judge is either a local
 Hugging Face GPT-2 folder (config.json + weights, e.g. gpt2-large saved with save_pretrained; it
@@ -16,7 +17,9 @@ the ones before (no BOS), and the report holds:
 --json writes the report (an existing file is replaced only with --force) with its provenance:
 the judge (a project checkpoint: the file read, its tag and step, the weights), the samples file
 and the provenance its first line carries (the checkpoint sample.py read), every flag, and the
-code's version and commit.
+code's version and commit. Under a launcher (torchrun, deepspeed, srun: trainer/ranks.py) each
+process judges its share of the batches on its own device and the first writes the report: the
+one-process report, number for number.
 """
 
 from __future__ import annotations
@@ -31,6 +34,7 @@ from aogpt.files import OutputFile, check_output_file, write_json_atomic
 from aogpt.model.checkpoint import provenance
 from aogpt.model.precision import resolve_device
 from aogpt.trainer.judge import Judge, check_judge_matches, format_report, generative_perplexity
+from aogpt.trainer.ranks import RankShare
 
 # --json; an earlier report without made_by is known by its keys
 REPORT = OutputFile("trainer/genppl.py", "generative-perplexity report", (".json",),
@@ -68,27 +72,41 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--device", default="auto", help="auto (cuda if available), cpu, cuda")
     parser.add_argument("--json", type=Path, help="also write the report here")
     parser.add_argument("--force", action="store_true", help="replace the --json file if it exists")
+    # the deepspeed launcher's
+    parser.add_argument("--local_rank", type=int, default=None, help=argparse.SUPPRESS)
     return parser.parse_args(argv)
 
 
 @cli_entry
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    check_counts(args, "batch_size")
-    if args.json:
-        check_output_file(args.json, "--json", args.force, REPORT)
-    samples, sampled_from = read_samples(args.samples)
-    check_judge_matches(args.judge, sampled_from)
-    judge = Judge(args.judge, resolve_device(args.device), args.weights)
-    report = generative_perplexity(samples, judge, args.batch_size)
+    share = RankShare.join()
+    samples, sampled_from, judge = share.checked(lambda: preflight(args, share))
+    report = generative_perplexity(samples, judge, args.batch_size, progress=share.is_main,
+                                   share=share)
+    if not share.is_main:
+        return 0
     print(format_report(report))
     if args.json:
-        origin = provenance(judge.source, args.weights if judge.source else None, vars(args),
+        settings = {key: value for key, value in vars(args).items() if key != "local_rank"}
+        origin = provenance(judge.source, args.weights if judge.source else None, settings,
                             made_by=REPORT.made_by, judge=str(Path(args.judge).resolve()),
                             samples=str(args.samples.resolve()), sampled_from=sampled_from)
         write_json_atomic({**report, "provenance": origin}, args.json, indent=2)
         print(f"wrote {args.json}")
     return 0
+
+
+def preflight(args: argparse.Namespace, share: RankShare) -> tuple:
+    """The samples, the provenance they carry and the judge on this rank's device, once every
+    input and output is checked."""
+    check_counts(args, "batch_size")
+    if args.json:
+        check_output_file(args.json, "--json", args.force, REPORT)
+    samples, sampled_from = read_samples(args.samples)
+    check_judge_matches(args.judge, sampled_from)
+    device = resolve_device(args.device, own=share.env.device)
+    return samples, sampled_from, Judge(args.judge, device, args.weights)
 
 
 if __name__ == "__main__":

@@ -24,6 +24,7 @@ import math
 import sys
 from collections.abc import Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F
@@ -36,6 +37,9 @@ from aogpt.model import load_checkpoint
 from aogpt.model.checkpoint import locate_checkpoint, resolve_checkpoint_file
 from aogpt.model.sampler.window import unigram_entropy
 from aogpt.progress import progress as progress_bar
+
+if TYPE_CHECKING:
+    from aogpt.trainer.ranks import RankShare
 
 
 def check_judge(path: str | Path, setting: str = "--judge") -> None:
@@ -151,8 +155,12 @@ def diversity(samples: Sequence[Sequence[int]]) -> dict:
 
 
 def generative_perplexity(samples: Sequence[Sequence[int]], judge: Judge,
-                          batch_size: int = 8, progress: bool = True) -> dict:
-    """The report described at the top of this module, for these token sequences (>= 2 tokens)."""
+                          batch_size: int = 8, progress: bool = True,
+                          share: RankShare | None = None) -> dict | None:
+    """The report described at the top of this module, for these token sequences (>= 2 tokens).
+    With a RankShare, each rank judges its share of the batches and rank 0 alone gets the report
+    (the others None), the one-process report to the last bit: the same batches, summed in the
+    same order."""
     if not samples:
         raise UsageError("no samples to score")
     if any(len(s) < 2 for s in samples):
@@ -163,14 +171,21 @@ def generative_perplexity(samples: Sequence[Sequence[int]], judge: Judge,
         by_length.setdefault(len(s), []).append(i)
     batches = [idx[k:k + batch_size] for idx in by_length.values()
                for k in range(0, len(idx), batch_size)]
-    sample_nll = torch.empty(len(samples), dtype=torch.float64)  # mean per sample
-    total_nll, total_tokens = 0.0, 0
-    with progress_bar(batches, desc="judging", unit="batch", disable=not progress) as bar:
+    scored = []  # per batch: each sample's mean NLL, the batch's sum and its tokens
+    mine = batches if share is None else share.mine(batches)
+    with progress_bar(mine, desc="judging", unit="batch", disable=not progress) as bar:
         for batch in bar:
             nll = judge.nll(torch.tensor([samples[i] for i in batch]))  # (b, n-1)
-            sample_nll[batch] = nll.mean(dim=1).cpu()
-            total_nll += float(nll.sum())
-            total_tokens += nll.numel()
+            scored.append((nll.mean(dim=1).cpu(), float(nll.sum()), nll.numel()))
+    scored = scored if share is None else share.gather(scored)
+    if scored is None:
+        return None
+    sample_nll = torch.empty(len(samples), dtype=torch.float64)  # mean per sample
+    total_nll, total_tokens = 0.0, 0
+    for batch, (means, batch_nll, tokens) in zip(batches, scored, strict=True):
+        sample_nll[batch] = means
+        total_nll += batch_nll
+        total_tokens += tokens
     ppl = sample_nll.exp()
     report = {"judge": judge.name, "samples": len(samples), "tokens_scored": total_tokens,
               "mean_ppl": float(ppl.mean()), "std_ppl": float(ppl.std()) if len(ppl) > 1 else 0.0,
@@ -178,6 +193,16 @@ def generative_perplexity(samples: Sequence[Sequence[int]], judge: Judge,
     if judge.language is not None:
         report.update(true_nll_report(judge.language, sample_nll, by_length))
     return report
+
+
+def headline(report: dict) -> tuple[float, float]:
+    """A report's number and its standard error: the true NLL per token with a synthetic
+    language, else the mean generative perplexity (nan without a judge: diversity only)."""
+    if "true_nll" in report:
+        return report["true_nll"], report["true_nll_error"]
+    if "mean_ppl" in report:
+        return report["mean_ppl"], report["std_ppl"] / math.sqrt(report["samples"])
+    return math.nan, math.nan
 
 
 def true_nll_report(language: SyntheticLanguage, sample_nll: torch.Tensor,

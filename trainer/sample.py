@@ -3,13 +3,14 @@
     python trainer/sample.py --ckpt PATH [--num-samples N] [--seq-len L | --length L [--window W]]
         [--stop-at-eos] [--stop-entropy H]
         [--sampler parallel [--steps S] [--schedule linear|cosine]
-         [--counts deterministic|binomial] | --sampler speculative [--draft K]]
+         [--counts deterministic|binomial] | --sampler speculative [--draft K] [--tree C]]
         [--planner random|l2r|confidence|margin|entropy|threshold [--reveal R] [--threshold P]
          [--candidates C] [--block B]]
         [--temperature T] [--top-p P] [--top-k K] [--prompt TEXT] [--infill JSON-or-file]
         [--seed X] [--out FILE.jsonl] [--record-calls] [--html FILE.html] [--force]
         [--order random|l2r] [--weights ema|raw]
         [--batch-size B] [--judge PATH] [--long-run]
+    torchrun --nproc-per-node N trainer/sample.py ...      # the batches spread over N processes
 
 Every sample fixes its generation order up front (the prompt and infill positions first, then
 the rest in random or left-to-right order). Two samplers (model/sampler/):
@@ -19,8 +20,10 @@ the rest in random or left-to-right order). Two samplers (model/sampler/):
                from the model's joint distribution.
   speculative  exactly the joint of S = L (one token per call) in fewer calls: each call drafts K
                positions ahead from the model's own marginals and verifies the earlier drafts
-               along the order (any-subset speculative decoding, arXiv 2504.20456). It decides
-               its own number of calls: at most one per token, fewer as drafts are accepted.
+               along the order (any-subset speculative decoding, arXiv 2504.20456), --tree C
+               candidates for each drafted position. It decides its own number of calls: at most
+               one per token, fewer as drafts are accepted. `--order l2r --sampler speculative`
+               is left-to-right text (a GPT's kind) from an AO-GPT, exactly, in fewer calls.
 Or the model chooses the order as it goes (--planner, model/sampler/planners.py): each call
 scores candidate positions (every remaining one, --candidates C of them, or those of the current
 --block of B positions) against the exact cache and reveals the --reveal R best by confidence (top
@@ -30,7 +33,10 @@ reaches --threshold P (threshold, at least one). --planner random and l2r are th
 (with R = 1 each token comes from its exact conditional, so it is the sample's log-probability
 under the planner's own process). Each way takes its own flags only (model/sampler/ways.py: the
 groups below); a flag of another way is refused.
-Sample i's order and tokens depend only on (--seed, i), not on the batch size.
+Sample i's order and tokens depend only on (--seed, i), not on the batch size. Under a launcher
+(torchrun, deepspeed or srun; trainer/ranks.py) each process draws its share of the batches, on
+its own device, and the first writes --out: the one-process file's records (all but time_s,
+each batch's own seconds), and judges them.
 --length L past the block size slides a window (model/sampler/window.py): each chunk after the
 first keeps the last --window W tokens (default half the block) as given tokens and generates the
 next block - W positions, until L. --stop-at-eos ends a text after its second end-of-text token,
@@ -105,6 +111,7 @@ from aogpt.trainer.judge import (
     format_report,
     generative_perplexity,
 )
+from aogpt.trainer.ranks import RankShare
 from aogpt.trainer.replay import Pieces, write_page
 
 DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32}
@@ -179,6 +186,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     add("--tokenizer-file", default=None, help="GPT-2 ranks file (offline tokenizer)")
     add("--long-run", action="store_true",
         help="start even when the run's estimate is over a day (else refused, with it)")
+    add("--local_rank", type=int, default=None, help=argparse.SUPPRESS)  # the deepspeed launcher's
     add_way_flags(parser)
     return parser.parse_args(argv)
 
@@ -405,13 +413,13 @@ class Samplers:
 
 
 def check_duration(plan: Plan, samplers: Samplers, args: argparse.Namespace,
-                   device: torch.device) -> None:
+                   device: torch.device, processes: int) -> str | None:
     """A run of many network calls is timed on one chunk (the first block of a batch; its
-    samples are drawn again, the same, by the run) and its length said; one estimated past a
-    day is refused with the estimate unless --long-run."""
+    samples are drawn again, the same, by the run) and its length said (spread over `processes`);
+    one estimated past a day is refused unless --long-run: the refusal's message."""
     positions = min(plan.length, plan.block)
     if plan.calls < TIMED_FROM_CALLS or plan.mask[:positions].all():
-        return
+        return None
     ids = torch.arange(min(plan.batch_size, args.num_samples))
     given = (plan.tokens[:positions].expand(len(ids), -1),
              plan.mask[:positions].expand(len(ids), -1))
@@ -421,28 +429,29 @@ def check_duration(plan: Plan, samplers: Samplers, args: argparse.Namespace,
         torch.cuda.synchronize(device)
     per_call = (time.perf_counter() - started - (samplers.setup_seconds - setup)) / max(
         out.network_calls, 1)
-    seconds = per_call * plan.calls
+    seconds = per_call * plan.calls / processes
     said = (f"{plan.calls:,} network calls at most, {per_call * 1e3:.2f} ms each as timed on one "
-            f"chunk")
+            f"chunk" + (f", over {processes} processes" if processes > 1 else ""))
     if seconds > LONG_RUN_S and not args.long_run:
-        raise UsageError(f"the run would take about {duration(seconds)} ({said}): pass "
-                         f"--long-run to start it anyway, or generate less (--length, "
-                         f"--num-samples)")
+        return (f"the run would take about {duration(seconds)} ({said}): pass --long-run to "
+                f"start it anyway, or generate less (--length, --num-samples)")
     print(f"estimate: about {duration(seconds)} ({said})", flush=True)
+    return None
 
 
 def run(plan: Plan, samplers: Samplers, args: argparse.Namespace, device: torch.device,
-        encoding, origin: dict) -> list[dict]:
-    """Every batch, with a progress bar counting chunks (a sliding window's) or batches, with
-    the time left: one record per sample."""
-    records = []
+        encoding, share: RankShare) -> list[dict] | None:
+    """This rank's share of the batches, with a progress bar counting chunks (a sliding
+    window's) or batches, with the time left; rank 0 gets every batch's records, one per sample
+    in id order (the other ranks None)."""
     given_positions = plan.mask.nonzero().flatten().tolist()
-    batches = range(0, args.num_samples, plan.batch_size)
+    batches = share.mine(list(range(0, args.num_samples, plan.batch_size)))
     per_batch = len(chunks(plan.length, plan.block, plan.window)) if plan.window else 1
+    done = []  # per batch of this rank's share: its records
     with progress(total=len(batches) * per_batch, desc="sampling",
-                  unit="chunk" if plan.window else "batch") as bar:
+                  unit="chunk" if plan.window else "batch", disable=not share.is_main) as bar:
         for first in batches:
-            done = bar.n + per_batch  # once the batch is over, texts that stopped early included
+            finished = bar.n + per_batch  # once the batch is over, texts that stopped early too
             ids = torch.arange(first, min(first + plan.batch_size, args.num_samples))
             batch_start = time.perf_counter()
             given = plan.tokens.expand(len(ids), -1), plan.mask.expand(len(ids), -1)
@@ -457,10 +466,11 @@ def run(plan: Plan, samplers: Samplers, args: argparse.Namespace, device: torch.
             if device.type == "cuda":
                 torch.cuda.synchronize(device)
             seconds = time.perf_counter() - batch_start
-            bar.update(done - bar.n)
-            records += sample_records(ids.tolist(), out, encoding, plan.config, time_s=seconds,
-                                      given_positions=given_positions, provenance=origin)
-    return records
+            bar.update(finished - bar.n)
+            done.append(sample_records(ids.tolist(), out, encoding, plan.config, time_s=seconds,
+                                       given_positions=given_positions))
+    gathered = share.gather(done)
+    return None if gathered is None else [record for batch in gathered for record in batch]
 
 
 def report(records: list[dict], plan: Plan, way: Way, samplers: Samplers, elapsed: float,
@@ -492,28 +502,55 @@ def load(args: argparse.Namespace, device: torch.device) -> tuple:
     provenance records carry; the judge checked against it."""
     dtype = DTYPES[args.dtype] if args.dtype != "auto" else reproducible_dtype(device)
     source = locate_checkpoint(args.ckpt)
-    if source.unfinished:
-        print(source.unfinished_note(), file=sys.stderr, flush=True)
     model = load_checkpoint(source.file, weights=args.weights, map_location=device).to(dtype)
     encoding = load_gpt2(args.tokenizer_file) if model.config.reads_gpt2 else TokenIds()
-    origin = provenance(source, args.weights, vars(args), made_by=SAMPLES.made_by)
+    settings = {key: value for key, value in vars(args).items() if key != "local_rank"}
+    origin = provenance(source, args.weights, settings, made_by=SAMPLES.made_by)
     if args.judge is not None:
         check_judge_matches(args.judge, origin)
     return source, model, encoding, origin
 
 
+def prepare(args: argparse.Namespace, share: RankShare) -> tuple:
+    """What a run needs before its first call, every input checked: (way, device, source,
+    model, encoding, origin, plan)."""
+    way = check_args(args)
+    device = resolve_device(args.device, own=share.env.device)
+    source, model, encoding, origin = load(args, device)
+    return way, device, source, model, encoding, origin, plan_run(args, way, model, encoding)
+
+
+def announce(source, origin: dict, plan: Plan, samplers: Samplers, args: argparse.Namespace,
+             device: torch.device, share: RankShare) -> bool:
+    """Rank 0 says what it samples from and estimates a long run, which every rank then starts
+    or refuses alike: whether to start (rank 0 raises the refusal)."""
+    if share.is_main:
+        if source.unfinished:
+            print(source.unfinished_note(), file=sys.stderr, flush=True)
+        print(f"sampling from {source.file} ({describe_provenance(origin)})"
+              + (f" on {share.world_size} processes" if share.world_size > 1 else ""), flush=True)
+    refusal = share.agree(check_duration(plan, samplers, args, device, share.world_size)
+                          if share.is_main else None)
+    if refusal is not None and share.is_main:
+        raise UsageError(refusal)
+    return refusal is None
+
+
 @cli_entry
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    way = check_args(args)
-    device = resolve_device(args.device)
-    source, model, encoding, origin = load(args, device)
-    plan = plan_run(args, way, model, encoding)
+    share = RankShare.join()
+    way, device, source, model, encoding, origin, plan = share.checked(
+        lambda: prepare(args, share))
     samplers = Samplers(model, plan, args, device)
-    print(f"sampling from {source.file} ({describe_provenance(origin)})", flush=True)
-    check_duration(plan, samplers, args, device)
+    if not announce(source, origin, plan, samplers, args, device, share):
+        return 2  # refused: rank 0 said why
     started, setup = time.perf_counter(), samplers.setup_seconds
-    records = run(plan, samplers, args, device, encoding, origin)
+    records = run(plan, samplers, args, device, encoding, share)
+    if records is None:
+        return 0  # rank 0 writes and judges them
+    for record in records:  # the same provenance on every line, whichever rank drew it
+        record["provenance"] = origin
     elapsed = time.perf_counter() - started - (samplers.setup_seconds - setup)
     report(records, plan, way, samplers, elapsed, args, model.config.reads_gpt2)
     if args.html:

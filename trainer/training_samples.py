@@ -5,14 +5,14 @@ KV-cache sampler (model/sampler/), temperature `eval.sample_temperature` and the
 rule with `eval.sample_top_p`. `eval.sample_sampler` picks how: `parallel` (the default) is the
 paper's sampler at its settings, `eval.sample_steps` network calls (its sample_AOGPT.sh: 256) on
 the linear schedule; `speculative` draws exactly one token per call's distribution in fewer
-calls, drafting `eval.sample_draft` positions ahead per call (an any-order model only). Sample i
-always has sample id i and seed 0, so every round draws the same uniforms and orders and the
-samples change only as the weights do: `trainer/sample.py --ckpt <the checkpoint of that step>
---num-samples N --steps S` (or `--sampler speculative --draft K`) draws the same tokens (on the
-same device and precision). Each round writes out_dir/samples/step_<step>.jsonl
-(trainer/sample.py's lines, with the step and the weights, and each sample's network calls, as
---record-calls records them: a round is rare and the calls cost little, so tools/replay.py's
-page of a round replays its true calls) and logs
+calls, drafting `eval.sample_draft` positions ahead per call with `eval.sample_tree` candidates
+each (an any-order model only). Sample i always has sample id i and seed 0, so every round draws
+the same uniforms and orders and the samples change only as the weights do: `trainer/sample.py
+--ckpt <the checkpoint of that step> --num-samples N --steps S` (or `--sampler speculative --draft
+K --tree C`) draws the same tokens (on the same device and precision). Each round writes
+out_dir/samples/step_<step>.jsonl (trainer/sample.py's lines, with the step and the weights, and
+each sample's network calls, as --record-calls records them: a round is rare and the calls cost
+little, so tools/replay.py's page of a round replays its true calls) and logs
 
     sample_entropy    mean unigram entropy of the samples (nats; natural 1024-token text: ~5.5-5.7,
                       degenerate repetitions far less)
@@ -46,7 +46,8 @@ from aogpt.trainer.judge import Judge, generative_perplexity
 
 def sampling_config(cfg: EvalConfig, any_order: bool) -> SamplingConfig:
     config = SamplingConfig(sampler=cfg.sample_sampler, steps=cfg.sample_steps,
-                            draft=cfg.sample_draft, temperature=cfg.sample_temperature,
+                            draft=cfg.sample_draft, tree=cfg.sample_tree,
+                            temperature=cfg.sample_temperature,
                             top_p=cfg.sample_top_p, top_p_rule="paper",
                             order=(ANY_ORDER if any_order else LEFT_TO_RIGHT).word)
     try:

@@ -33,6 +33,10 @@ class SamplingConfig:
     # speculative: positions drafted ahead of the known ones in each call; a call then yields up
     # to draft + 1 tokens and feeds up to 2 * draft + 1 rows per sample
     draft: int = 4
+    # speculative: candidate tokens kept for each drafted position, verified together in one call
+    # (a draft tree); 1 = one per position (a chain). A call then feeds (tree - 1) * draft rows
+    # more, and accepts a position whenever one of its candidates passes
+    tree: int = 1
     # parallel: revealed fraction after step i of S: "linear" i/S, "cosine" 1 - cos(i/S * pi/2)
     schedule: Literal["linear", "cosine"] = "linear"
     # parallel: "deterministic": the paper's counts (at least one token per step); "binomial": each

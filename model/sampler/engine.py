@@ -44,6 +44,7 @@ from __future__ import annotations
 import sys
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 
 import torch
 
@@ -101,6 +102,39 @@ def draw_orders(config: SamplingConfig, given_mask: torch.Tensor,
     keys = ORDER_KEYS[reading](config, sample_ids, n)
     keys = torch.where(given_mask, positions.double() - n, keys)
     return keys.argsort(dim=1, stable=True)
+
+
+@dataclass
+class Rows:
+    """A call's rows as KVCacheSampler.feed takes them ((b, rows) each; mask (b, 1, rows, keys);
+    read_rows (b, reads): the rows whose logits come back), and the target slots of the reads
+    that are the order's (b, targets) with whether each is one (the rest pad)."""
+
+    tokens: torch.Tensor
+    positions: torch.Tensor
+    target_positions: torch.Tensor
+    write_slots: torch.Tensor
+    mask: torch.Tensor
+    read_rows: torch.Tensor
+    target_slots: torch.Tensor
+    valid: torch.Tensor
+
+    def fed(self) -> tuple[torch.Tensor, ...]:
+        return (self.tokens, self.positions, self.target_positions, self.write_slots, self.mask,
+                self.read_rows)
+
+    def extended(self, tokens: torch.Tensor, positions: torch.Tensor,
+                 target_positions: torch.Tensor, write_slots: torch.Tensor,
+                 mask: torch.Tensor) -> Rows:
+        """These rows and more after them (each (b, more); mask (b, 1, more, keys)), whose
+        logits are read after theirs, in their order."""
+        more = torch.arange(tokens.size(1), device=tokens.device) + self.tokens.size(1)
+        return Rows(*(torch.cat(pair, dim=1) for pair in (
+            (self.tokens, tokens), (self.positions, positions),
+            (self.target_positions, target_positions), (self.write_slots, write_slots))),
+            torch.cat([self.mask, mask], dim=2),
+            torch.cat([self.read_rows, more.expand(len(tokens), -1)], dim=1),
+            self.target_slots, self.valid)
 
 
 def chained(*calls: Callable[[StepOutput], None] | None) -> Callable[[StepOutput], None] | None:
@@ -241,6 +275,14 @@ class KVCacheSampler:
         A row's target is the position of its slot in the order, or with copy_targets (b, k)
         the copies from slot c on ask for those positions instead (a planner's candidates,
         whose order is not decided yet)."""
+        laid = self.lay_out(lo, first_target, c, hi, rows, targets, keys, copy_targets)
+        return self.feed(*laid.fed()), laid.target_slots, laid.valid
+
+    def lay_out(self, lo: torch.Tensor, first_target: torch.Tensor, c: torch.Tensor,
+                hi: torch.Tensor, rows: int, targets: int, keys: int,
+                copy_targets: torch.Tensor | None = None) -> Rows:
+        """network()'s rows, not yet fed: a strategy that feeds rows of its own besides (a draft
+        tree's candidates) extends them (Rows.extended) and feeds them all at once."""
         n = self.seq_len
         slot = lo + torch.arange(rows, device=self.device)  # (b, rows)
         fed = slot < torch.maximum(hi, c + 1).clamp(max=n)
@@ -258,12 +300,10 @@ class KVCacheSampler:
         key = torch.arange(keys, device=self.device)
         mask = (key == query) | ((key <= query) & (key < c[:, None, None]))  # (b, 1, rows, keys)
         target_slots = first_target + torch.arange(targets, device=self.device)  # (b, targets)
-        valid = target_slots < hi
         row = (target_slots - lo).clamp(min=0, max=rows - 1)
         # padding rows write to the trash slot n and attend like row c (all finite keys)
-        logits = self.feed(tokens, positions, target_positions, torch.where(fed, slot, n), mask,
-                           row)
-        return logits, target_slots, valid
+        return Rows(tokens, positions, target_positions, torch.where(fed, slot, n), mask, row,
+                    target_slots, target_slots < hi)
 
     def feed(self, tokens: torch.Tensor, positions: torch.Tensor, target_positions: torch.Tensor,
              write_slots: torch.Tensor, mask: torch.Tensor, read_rows: torch.Tensor

@@ -29,11 +29,38 @@ one-token-at-a-time sampling; Stream.ACCEPT; Stream.RESIDUAL) are keyed by (seed
 position) and read once, when the position becomes final. Temperature, top-k and top-p shape p
 and q alike (token_probs), so the output is the one-token-at-a-time sampler with those settings.
 
+Draft trees (tree = C > 1): each drafted position keeps C candidates, the draft d^0 and C - 1
+more drawn from the same proposal p without replacement (d^c from p with d^0..d^{c-1} removed,
+renormalised). The first candidates form the chain above; every other candidate d^c of a pending
+position has a row of its own in the same call, which carries it at that position, sees the
+final tokens and its ancestors (the first candidates before it) and nothing else, and writes a
+scratch slot after the trash slot. The rule at a pending position whose target is q
+(recursive rejection over the candidates, as in Jeon et al., arXiv 2402.14160):
+
+    q_0 = q, p_0 = p
+    for c = 0, 1, ..., C - 1:
+        accept d^c if u_c p_c(d^c) < q_c(d^c)                       (probability min(1, q_c/p_c))
+        else q_{c+1} = normalise(max(q_c - p_c, 0)),  p_{c+1} = normalise(p_c with d^c removed)
+    none accepted: redraw from q_C
+
+Proof sketch: stage c is one speculative sampling step whose proposal d^c ~ p_c is, given
+everything before it, exactly the distribution it was drawn from (without replacement, d^c is
+a draw from p with the earlier candidates removed) and whose uniform nothing has read. The lemma
+then makes stage c's output distributed as q_c if its rejection branch outputs a draw from the
+residual q_{c+1}; the fall-back draws one exactly, and stage c + 1 does by induction (from the
+last stage down). So the position takes exactly q = q_0. A C of 1 is the chain, line for line.
+When the position takes a candidate other than the first, its row saw only final tokens: the
+position after it is drawn from that row exactly (as all P accepted gives one more token), the
+row's keys and values are copied to the position's slot, and the drafts after stay pending.
+Candidates after the first draw and accept with their own uniforms (Stream.TOKEN and
+Stream.ACCEPT keyed by the candidate too). A greedy proposal has one token: its other
+candidates are absent, and greedy decoding stays one token per call's.
+
 The cache: slots up to the last final token hold exactly what one-token-at-a-time decoding
 writes (the same tokens, positions and targets); the next call feeds from the first slot that
-does not. Every call has the same shape (2 draft + 1 rows, the whole cache as keys), the first
-one excepted when a prompt is longer than `draft`: on a GPU that is one CUDA graph. The host
-reads one flag per call, whether every sample is done.
+does not. Every call has the same shape (2 draft + 1 rows, and (tree - 1) draft candidate rows,
+the whole cache as keys), the first one excepted when a prompt is longer than `draft`: on a GPU
+that is one CUDA graph. The host reads one flag per call, whether every sample is done.
 """
 
 from __future__ import annotations
@@ -43,9 +70,16 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from aogpt.model.orders import Stream
+from aogpt.model.orders import Stream, counter_uniform
 from aogpt.model.sampler.draw import inverse_cdf, position_uniforms, token_probs
-from aogpt.model.sampler.strategy import Decided, Finished, StepOutput, Strategy, bucket
+from aogpt.model.sampler.strategy import (
+    CacheLayout,
+    Decided,
+    Finished,
+    StepOutput,
+    Strategy,
+    bucket,
+)
 
 if TYPE_CHECKING:
     from aogpt.model.sampler.engine import KVCacheSampler
@@ -60,25 +94,40 @@ def residual(q: torch.Tensor, p: torch.Tensor) -> torch.Tensor:
 
 
 class SpeculativeSampling(Strategy):
-    """ways.py's "speculative": drafts config.draft positions ahead per call."""
+    """ways.py's "speculative": drafts config.draft positions ahead per call, config.tree
+    candidates for each."""
+
+    # a candidate taken after the first: its row's keys and values go to the slot it decided
+    writes = frozenset({"ordered", "cache"})
 
     def __init__(self, sampler: KVCacheSampler):
         self.sampler, self.config = sampler, sampler.config
         b, n, device = sampler.batch_size, sampler.seq_len, sampler.device
-        self.window = self.config.draft  # drafts pending at most
+        self.window, self.tree = self.config.draft, self.config.tree  # drafts pending at most
+        self.siblings = (self.tree - 1) * self.window  # rows of the candidates after the first
         state = {"dtype": torch.long, "device": device}
         self.final = torch.zeros(b, **state)  # A: tokens of the order that are final
         self.pending = torch.zeros(b, **state)  # P: drafts after them
         self.fed_from = torch.zeros(b, **state)  # the first slot that is not in the cache
         self.draft_probs = torch.zeros(b, self.window, sampler.vocab, device=device)  # p of each
-        self.accept_uniforms = torch.zeros(b, n, dtype=torch.float64, device=device)
-        self.residual_uniforms = torch.zeros(b, n, dtype=torch.float64, device=device)
-        # per sample: calls it took part in, drafts decided, drafts accepted
+        # each pending position's candidates (the first is also in `ordered`), and whether each
+        # is there (a proposal may have fewer tokens than the tree has room for)
+        self.candidates = torch.zeros(b, self.window, self.tree, **state)
+        self.present = torch.zeros(b, self.window, self.tree, dtype=torch.bool, device=device)
+        uniforms = {"dtype": torch.float64, "device": device}
+        self.accept_uniforms = torch.zeros(b, n, self.tree, **uniforms)
+        self.residual_uniforms = torch.zeros(b, n, **uniforms)
+        self.candidate_uniforms = torch.zeros(b, n, self.tree - 1, **uniforms)
+        # per sample: calls it took part in, drafted positions decided, and accepted
         self.counters = torch.zeros(3, b, **state)
 
     def state(self) -> list[torch.Tensor]:
         """What a call changes besides the engine's `ordered` and the cache."""
-        return [self.final, self.pending, self.fed_from, self.draft_probs, self.counters]
+        return [self.final, self.pending, self.fed_from, self.draft_probs, self.candidates,
+                self.present, self.counters]
+
+    def cache_layout(self) -> CacheLayout:
+        return CacheLayout(scratch=self.siblings)  # a slot for each candidate's row
 
     def decided(self) -> Decided:
         return Decided(final=self.final, pending=self.pending, accepted=self.counters[2],
@@ -87,30 +136,46 @@ class SpeculativeSampling(Strategy):
     def generate(self, sample_ids: torch.Tensor, given_mask: torch.Tensor,
                  on_step: Callable[[StepOutput], None] | None,
                  forced_tokens: torch.Tensor | None = None) -> Finished:
-        sampler, config, n = self.sampler, self.config, self.sampler.seq_len
+        sampler, n = self.sampler, self.sampler.seq_len
         given = given_mask.sum(dim=1)
-        self.accept_uniforms.copy_(position_uniforms(config, sample_ids, n, Stream.ACCEPT))
-        self.residual_uniforms.copy_(position_uniforms(config, sample_ids, n, Stream.RESIDUAL))
+        self._draw_uniforms(sample_ids)
         for tensor, value in ((self.final, given), (self.pending, 0), (self.fed_from, 0),
-                              (self.counters, 0)):
+                              (self.counters, 0), (self.present, False)):
             tensor.copy_(value)
         steady = 2 * self.window + 1  # rows and targets of every call after the first
         first_rows = max(steady, int(given.max()) + 1 + self.window)
         if sampler.bucketed and first_rows > steady:  # few shapes whatever the prompts
             first_rows = bucket(first_rows, n + self.window)
+        keys = n + 1 + self.siblings
         calls, rows = 0, 0
         while calls <= n and bool((self.final < n).any()):  # the one read of the device per call
-            shape = (first_rows if calls == 0 else steady, steady, n + 1)
+            shape = ((first_rows if calls == 0 else steady) + self.siblings,
+                     steady + self.siblings, keys)
             if on_step is not None:  # lo, c, hi of this call, before it moves them
                 bounds = torch.stack([self.fed_from, self.final + self.pending,
                                       (self.final + self.pending + 1 + self.window).clamp(max=n)])
             logits, target_slots, valid = sampler.call(*shape)
             if on_step is not None:
-                on_step(StepOutput(calls, logits, target_slots, valid, bounds, self.decided()))
+                on_step(StepOutput(calls, logits[:, :steady], target_slots, valid, bounds,
+                                   self.decided()))
             calls, rows = calls + 1, rows + shape[0]
         sample_calls, decided, accepted = self.counters.cpu()
         return Finished(calls, rows, sample_calls,
                         {"drafts_decided": decided, "drafts_accepted": accepted})
+
+    def _draw_uniforms(self, sample_ids: torch.Tensor) -> None:
+        """Every uniform a generation may read, keyed by (seed, sample id, position) and, for the
+        candidates after the first, by the candidate: Stream.TOKEN draws a candidate, ACCEPT
+        accepts it, RESIDUAL redraws a position none of whose candidates passed."""
+        config, n = self.config, self.sampler.seq_len
+        positions = torch.arange(n, device=sample_ids.device)[:, None]
+        later = torch.arange(1, self.tree, device=sample_ids.device)  # candidates after the first
+        self.accept_uniforms[..., 0].copy_(position_uniforms(config, sample_ids, n, Stream.ACCEPT))
+        self.accept_uniforms[..., 1:].copy_(counter_uniform(
+            config.seed, sample_ids[:, None, None], Stream.ACCEPT, positions, later))
+        self.residual_uniforms.copy_(position_uniforms(config, sample_ids, n, Stream.RESIDUAL))
+        self.candidate_uniforms.copy_(counter_uniform(
+            config.seed, sample_ids[:, None, None], Stream.TOKEN, positions, later))
 
     def step(self, rows: int, targets: int, keys: int):
         """One call: verifies the pending drafts, makes final what the rule accepts (and one
@@ -119,53 +184,168 @@ class SpeculativeSampling(Strategy):
         final, pending = self.final[:, None], self.pending[:, None]  # (b, 1)
         active = final < n
         # fed: slot A (the last final token) and the pending drafts; targets: those rows, the
-        # row after the drafts and `window` copies, up to the end of the order
+        # row after the drafts and `window` copies, up to the end of the order; then the rows
+        # of the pending drafts' other candidates
         last_real = (final + pending).clamp(max=n - 1)
         end = (final + pending + 1 + window).clamp(max=n)
         lo = torch.where(active, self.fed_from[:, None], n)  # a finished sample only pads
-        logits, target_slots, valid = sampler.network(lo, final, last_real, end, rows, targets,
-                                                      keys)
-        probs = token_probs(logits, self.config)  # (b, targets, vocab)
+        laid = sampler.lay_out(lo, final, last_real, end, rows - self.siblings,
+                               targets - self.siblings, keys)
+        if self.siblings:
+            laid = laid.extended(*self._candidate_rows(keys))
+        logits = sampler.feed(*laid.fed())
+        target_slots, valid = laid.target_slots, laid.valid
+        targets -= self.siblings  # the order's; the candidates' rows are read after them
+        probs = token_probs(logits, self.config)  # (b, targets + siblings, vocab)
+        probs, candidate_probs = probs[:, :targets], probs[:, targets:]
         index = target_slots.clamp(max=n - 1)  # target j is the order's position A + j
         positions = sampler.orders.gather(1, index)
         drawn = inverse_cdf(probs, sampler.uniforms.gather(1, positions))  # new drafts
+        drawn_candidates, drawn_present = self._more_candidates(probs, drawn, positions)
 
-        # the pending drafts j < P: accepted while u p(d) < q(d); m = the first one rejected
+        # the pending drafts j < P: each position takes the first of its candidates that the
+        # recursive rule accepts (accept_candidates); m = the first that takes none, t = the
+        # first that takes another than its first candidate: the positions before are final
         j = torch.arange(targets, device=sampler.device)
         is_pending = j < pending  # (b, targets)
-        proposal = torch.cat([self.draft_probs, probs[:, window:].new_zeros(
-            len(probs), targets - window, probs.size(-1))], dim=1)  # p per target (0 past P)
-        drafts = sampler.ordered.gather(1, index)[..., None]  # (b, targets, 1)
-        p, q = proposal.gather(2, drafts)[..., 0], probs.gather(2, drafts)[..., 0]
-        u = self.accept_uniforms.gather(1, positions)
-        rejected = is_pending & ~(u * p < q)
-        m = torch.where(rejected.any(dim=1), rejected.long().argmax(dim=1), self.pending)  # (b,)
-        was_rejected = m < self.pending
+        taken, left = accept_candidates(
+            probs[:, :window], self.draft_probs, self.candidates, self.present,
+            self.accept_uniforms.gather(1, positions[:, :window, None].expand(-1, -1, self.tree)))
+        taken = torch.where(is_pending[:, :window], taken, 0)  # past P: nothing to decide
+        m = first_where(taken < 0, self.pending)  # (b,) P where none
+        t = first_where(taken > 0, self.pending)
+        redrawn_at, other_at = m < t, t < m  # (b,): where the call stops, and why
+        stop = torch.minimum(m, t)
 
-        # the rejected draft's position is redrawn from the normalised residual max(q - p, 0)
-        at_m = m.clamp(max=targets - 1)[:, None]
-        redraw_from = residual(probs.gather(1, at_m[..., None].expand(-1, 1, probs.size(-1))),
-                               proposal.gather(1, at_m[..., None].expand(-1, 1, probs.size(-1))))
-        u_m = self.residual_uniforms.gather(1, positions.gather(1, at_m))
-        redrawn = inverse_cdf(redraw_from[:, 0], u_m[:, 0])
+        # m is redrawn from its last residual; t takes its candidate, and the position after t
+        # is drawn exactly from that candidate's row (all P accepted: the row after them gives it)
+        at_stop = stop.clamp(max=window - 1)[:, None]
+        u_m = self.residual_uniforms.gather(1, positions.gather(1, at_stop))[:, 0]
+        redrawn = inverse_cdf(left.gather(1, at_stop[..., None].expand(-1, 1, left.size(-1))
+                                          )[:, 0], u_m)
+        other = self.candidates.gather(1, at_stop[..., None].expand(-1, 1, self.tree))[:, 0]
+        other = other.gather(1, taken.gather(1, at_stop).clamp(min=0))[:, 0]
+        after = (self.final + stop + 1).clamp(max=n - 1)[:, None]
+        bonus = self._bonus(candidate_probs, at_stop[:, 0], taken.gather(1, at_stop)[:, 0],
+                            sampler.orders.gather(1, after)[:, 0])
 
-        # write the new drafts (the row after the pending ones and the copies), then the redraw
+        # write the new drafts (the row after the pending ones and the copies), then what the
+        # rule decided
         ordered = sampler.ordered
         ordered.scatter_(1, torch.where(valid & ~is_pending, target_slots, n), drawn)
-        redraw_at = torch.where(was_rejected, self.final + m, n)[:, None]
-        ordered.scatter_(1, redraw_at, redrawn[:, None])
+        for where, token in ((redrawn_at, redrawn), (other_at, other)):
+            ordered.scatter_(1, torch.where(where, self.final + stop, n)[:, None], token[:, None])
+        has_bonus = other_at & (self.final + stop + 1 < n)
+        ordered.scatter_(1, torch.where(has_bonus, after[:, 0], n)[:, None], bonus[:, None])
+        if self.siblings:  # the slot of the candidate taken gets its row's keys and values
+            row = at_stop[:, 0] * (self.tree - 1) + (taken.gather(1, at_stop)[:, 0] - 1).clamp(
+                min=0)
+            sampler.cache.copy_slot(torch.where(other_at, n + 1 + row, n),
+                                    torch.where(other_at, self.final + stop + 1, n))
 
-        # entries 0..m are final (m itself redrawn, or the exact row after the drafts); the
-        # ones after stay pending with their proposals: old drafts, then this call's draws
-        made_final = torch.minimum(m + 1, n - self.final)
-        left = (end[:, 0] - self.final) - made_final  # drafted entries after the final ones
-        self.counters += torch.stack([active[:, 0].long(), torch.minimum(m + 1, self.pending),
-                                      m]) * active[:, 0]
-        proposals = torch.where(is_pending[..., None], proposal, probs)  # (b, targets, vocab)
+        # the entries up to the stop are final (and the bonus after another candidate); the
+        # ones after stay pending with their candidates and proposals: old drafts, then this
+        # call's draws
+        made_final = torch.minimum(stop + 1 + other_at.long(), n - self.final)
+        drafted = (end[:, 0] - self.final) - made_final  # entries after the final ones
+        self.counters += torch.stack([active[:, 0].long(), torch.minimum(stop + 1, self.pending),
+                                      stop + other_at.long()]) * active[:, 0]
         keep = (made_final[:, None] + torch.arange(window, device=sampler.device)).clamp(
-            max=targets - 1)
-        self.draft_probs.copy_(proposals.gather(1, keep[..., None].expand(-1, -1, probs.size(-1))))
+            max=targets - 1)  # (b, window)
+        old = is_pending[..., None]
+        for mine, pending_ones, new_ones in (
+                (self.draft_probs, self.draft_probs, probs),
+                (self.candidates, self.candidates, drawn_candidates),
+                (self.present, self.present, drawn_present)):
+            padded = torch.cat([pending_ones, new_ones[:, window:]], dim=1)  # (b, targets, ...)
+            chosen = torch.where(old, padded, new_ones)
+            mine.copy_(chosen.gather(1, keep[..., None].expand(-1, -1, chosen.size(-1))))
         self.final += made_final
-        self.pending.copy_(left.clamp(min=0, max=window))
+        self.pending.copy_(drafted.clamp(min=0, max=window))
         self.fed_from.copy_(self.final)
         return logits, target_slots, valid
+
+    def _candidate_rows(self, keys: int) -> tuple[torch.Tensor, ...]:
+        """The rows of the pending drafts' candidates after the first, (b, (tree - 1) draft)
+        each: candidate c of entry j carries its token at position σ_{A+j}, asks for σ_{A+j+1},
+        and sees the slots up to A + j (the final tokens and its ancestors, the first candidates
+        of the entries before it) and its own scratch slot after the trash slot; absent ones pad
+        (the trash slot)."""
+        sampler, n, device = self.sampler, self.sampler.seq_len, self.sampler.device
+        entry = torch.arange(self.window, device=device).repeat_interleave(self.tree - 1)
+        which = torch.arange(1, self.tree, device=device).repeat(self.window)
+        at = self.final[:, None] + entry  # (b, siblings): the order's index of each
+        fed = (entry < self.pending[:, None]) & self.present[:, entry, which]
+        tokens = self.candidates[:, entry, which]
+        positions = sampler.orders.gather(1, at.clamp(max=n - 1))
+        target_positions = sampler.orders.gather(1, (at + 1).clamp(max=n - 1))
+        write = torch.where(fed, n + 1 + torch.arange(self.siblings, device=device), n)
+        key = torch.arange(keys, device=device)
+        mask = (key == write[..., None]) | (fed[..., None] & (key <= at[..., None]))
+        return tokens, positions, target_positions, write, mask[:, None]
+
+    def _more_candidates(self, probs: torch.Tensor, drawn: torch.Tensor,
+                         positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Every drafted entry's candidates (b, targets, tree): the draft `drawn`, then tree - 1
+        more drawn without replacement from the same proposal (Stream.TOKEN keyed by the
+        candidate too), and whether each is there (a proposal with no mass left has none)."""
+        candidates, present = [drawn], [torch.ones_like(drawn, dtype=torch.bool)]
+        left = probs
+        for later in range(1, self.tree):
+            left = without(left, candidates[-1][..., None])
+            u = self.candidate_uniforms[..., later - 1].gather(1, positions)
+            candidates.append(inverse_cdf(left, u))
+            present.append(left.sum(dim=-1) > 0)
+        return torch.stack(candidates, dim=-1), torch.stack(present, dim=-1)
+
+    def _bonus(self, candidate_probs: torch.Tensor, entry: torch.Tensor, taken: torch.Tensor,
+               position: torch.Tensor) -> torch.Tensor:
+        """(b,): the token after a position that took candidate `taken` > 0 of entry `entry`,
+        drawn from that candidate's row as one token per call would (Stream.TOKEN of the next
+        position, at `position`)."""
+        if not self.siblings:
+            return torch.zeros_like(entry)
+        row = (entry * (self.tree - 1) + (taken - 1).clamp(min=0))[:, None, None]
+        probs = candidate_probs.gather(1, row.expand(-1, 1, candidate_probs.size(-1)))[:, 0]
+        return inverse_cdf(probs, self.sampler.uniforms.gather(1, position[:, None])[:, 0])
+
+
+def first_where(mask: torch.Tensor, otherwise: torch.Tensor) -> torch.Tensor:
+    """(b,): the first index where mask (b, k) holds, else `otherwise`."""
+    return torch.where(mask.any(dim=1), mask.long().argmax(dim=1), otherwise)
+
+
+def accept_candidates(q: torch.Tensor, p: torch.Tensor, candidates: torch.Tensor,
+                      present: torch.Tensor, uniforms: torch.Tensor
+                      ) -> tuple[torch.Tensor, torch.Tensor]:
+    """The multi-candidate rule (the module's opening), for positions whose target is q and
+    whose candidates (..., C), drawn without replacement from p (..., vocab), are tried in turn
+    with `uniforms` (..., C). Returns the candidate each position takes ((...) int64, -1 for
+    none) and what a position that takes none is redrawn from (..., vocab), unnormalised.
+    Candidate 0 alone is the speculative sampling rule, exactly: u p(d) < q(d), else the residual
+    max(q - p, 0)."""
+    taken = torch.full(candidates.shape[:-1], -1, dtype=torch.long, device=q.device)
+    target, proposal = q, p
+    for c in range(candidates.size(-1)):
+        if c:  # what is left of both after the earlier candidates' rejections
+            target, proposal = renormalised(target), renormalised(proposal)
+        d = candidates[..., c:c + 1]
+        trying = present[..., c] & (taken < 0)
+        passed = trying & (uniforms[..., c] * proposal.gather(-1, d)[..., 0]
+                           < target.gather(-1, d)[..., 0])
+        taken = torch.where(passed, c, taken)
+        failed = (trying & ~passed)[..., None]
+        target = torch.where(failed, residual(target, proposal), target)
+        proposal = torch.where(failed, without(proposal, d), proposal)
+    return taken, target
+
+
+def renormalised(mass: torch.Tensor) -> torch.Tensor:
+    """A distribution (..., vocab) from what is left of one (a candidate's mass removed)."""
+    return mass / mass.sum(dim=-1, keepdim=True).clamp(min=1e-30)
+
+
+def without(p: torch.Tensor, d: torch.Tensor) -> torch.Tensor:
+    """The proposal of the candidates after d (..., 1), drawn without replacement: p with d's
+    mass removed (unnormalised)."""
+    return p.scatter(-1, d, 0.0)

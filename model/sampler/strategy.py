@@ -25,13 +25,13 @@ Nothing else: a CUDA graph's warm-up run is undone by restoring exactly these (e
 and tests/model/test_strategies.py checks that a call changes no engine tensor it did not
 declare. `uniforms` belong to the engine: a strategy that needs other streams keeps its own.
 
-Seams for what is coming (each an entry of ways.py and code of its own, the engine untouched):
-  - a draft tree (--tree C: a speculative variant keeping C candidates per drafted position) is a
-    strategy like speculative.py's with an entry of its own. Its rows are not the parallel
-    generation mask's (a candidate must not see the other candidates of its position), so its step
-    lays out its rows itself and feeds them with sampler.feed, the engine's call below
-    sampler.network; the slots its candidates write besides the order's come from
-    CacheLayout.scratch (the cache grows by that many slots after the trash slot).
+Two seams a strategy may use besides:
+  - a draft tree (--tree C, an option of the speculative way; speculative.py) feeds rows the mask
+    cannot describe (a candidate must not see the other candidates of its position): its step
+    lays out the engine's rows (sampler.lay_out), extends them with its own (Rows.extended) and
+    feeds them all in one call with sampler.feed, the engine's call below sampler.network; the
+    slots its candidates write besides the order's come from CacheLayout.scratch (the cache grows
+    by that many slots after the trash slot).
   - call recording (generate's record_calls, recording.py: per call, the positions made final,
     the drafts and their fate, a planner's candidates and scores) reads what a step decided from
     tensors the strategy keeps (Decided: written in place by step, so a replayed CUDA graph
@@ -115,7 +115,8 @@ class Finished:
 @dataclass(frozen=True)
 class CacheLayout:
     """How a strategy wants the static cache: keys stored transposed (keys_last, see cache.py),
-    and scratch slots after the trash slot for rows outside the order (none yet)."""
+    and scratch slots after the trash slot for rows outside the order (a draft tree's
+    candidates)."""
 
     keys_last: bool = False
     scratch: int = 0

@@ -93,6 +93,9 @@ COUNTS = _choice("counts", ("deterministic", "binomial"),
                  "Binomial ones")
 DRAFT = _count("draft", "K", "positions drafted ahead per call (default 4); a call yields at most "
                             "K + 1 tokens", " (positions drafted ahead per call)")
+TREE = _count("tree", "C", "candidate tokens kept for each drafted position, verified together "
+                         "(a draft tree; default 1: a chain); a call feeds (C - 1) K rows more",
+              " (candidates per drafted position)")
 REVEAL = _count("reveal", "R", "positions revealed per call (default 1)",
                 " (positions revealed per call)")
 THRESHOLD = Option("threshold", "reveal every candidate whose top probability reaches P, in (0, 1) "
@@ -228,8 +231,10 @@ def _parallel_summary(config: SamplingConfig, records: list[dict], positions: in
 def _speculative_summary(config: SamplingConfig, records: list[dict], positions: int) -> str:
     decided = sum(r["drafts_decided"] for r in records)
     accepted = sum(r["drafts_accepted"] for r in records)
-    return (f"speculative (draft {config.draft}): {_mean_calls(records) / positions:.3f} network "
-            f"calls per token, {accepted / max(decided, 1):.0%} of {decided:,} drafts accepted")
+    tree = f", tree {config.tree}" if config.tree > 1 else ""
+    return (f"speculative (draft {config.draft}{tree}): {_mean_calls(records) / positions:.3f} "
+            f"network calls per token, {accepted / max(decided, 1):.0%} of {decided:,} drafts "
+            "accepted")
 
 
 def _planner_summary(config: SamplingConfig, records: list[dict], positions: int) -> str:
@@ -262,7 +267,7 @@ WAYS = _table(
     Way("speculative", "sampler", SpeculativeSampling,
         "exact (the joint of one token per call) in fewer calls: drafts K positions ahead and "
         "verifies them (arXiv 2504.20456)",
-        (DRAFT,), _fit_draft, lambda config, positions: positions, _speculative_summary,
+        (DRAFT, TREE), _fit_draft, lambda config, positions: positions, _speculative_summary,
         any_order=True),
     _planner("confidence", ConfidencePlanner,
              "reveals the positions whose most likely token is likeliest", REVEAL),

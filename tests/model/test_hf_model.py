@@ -12,6 +12,7 @@ from conftest import perturbed_float64_model
 from vocabulary_testing import DECODER_VARIANTS, variant_config
 
 from aogpt.model.config import GPT2_VOCAB, ModelConfig
+from aogpt.model.sampler import KVCacheSampler, SamplingConfig
 
 BASE = ModelConfig(n_layer=2, n_head=2, n_embd=16, block_size=16, cond_dim=8)
 KINDS = {variant: variant_config(BASE, variant) for variant in DECODER_VARIANTS}
@@ -81,3 +82,15 @@ def test_given_tokens_may_be_a_tensor():
                                                             9: torch.tensor([13])}, steps=4)
     assert torch.equal(as_list.tokens, as_tensor.tokens)
     assert (as_list.tokens[:, :2] == torch.tensor([464, 1748])).all()
+
+
+def test_generate_any_order_takes_the_speculative_samplers_draft_tree():
+    """sampler="speculative", draft and tree pass through to the sampler: the tokens are the
+    KV-cache sampler's with the same settings."""
+    model, hf = wrapped(BASE)
+    settings = {"sampler": "speculative", "draft": 3, "tree": 2, "seed": 4}
+    out = hf.generate_any_order(num_samples=2, **settings)
+    n = model.config.block_size
+    direct = KVCacheSampler(model.eval(), 2, n, SamplingConfig(steps=n, **settings)).generate(
+        torch.arange(2))
+    assert torch.equal(out.tokens, direct.tokens)

@@ -3,7 +3,6 @@ draws: judged against the exact joint of a model small enough to enumerate, with
 wrong acceptance rule fails."""
 
 import itertools
-import math
 
 import pytest
 import torch
@@ -11,6 +10,7 @@ from conftest import assert_cache_holds_the_full_forward, perturbed_float64_mode
 
 from aogpt import UsageError
 from aogpt.model.config import ModelConfig
+from aogpt.model.orders import LEFT_TO_RIGHT
 from aogpt.model.sampler import KVCacheSampler, SamplingConfig, speculative, token_probs
 
 N = 12  # tokens per sequence of the float64 test model (its block is 16)
@@ -44,8 +44,8 @@ def generate(model, config: SamplingConfig, ids: torch.Tensor, n: int = N, given
 def exact_joint(model, n: int, config: SamplingConfig, given=None):
     """Every sequence of n tokens (the given ones fixed) and its probability under one token per
     call with `config`'s settings: the mean over the orders the sampler draws (the given
-    positions first, then a uniform permutation of the rest) of the product of the filtered
-    conditionals along the order."""
+    positions first, then a uniform permutation of the rest, or left to right) of the product of
+    the filtered conditionals along the order."""
     vocab = model.config.vocab_size
     sequences = torch.tensor(list(itertools.product(range(vocab), repeat=n)))
     fixed = [] if given is None else given[1].nonzero().flatten().tolist()
@@ -53,13 +53,15 @@ def exact_joint(model, n: int, config: SamplingConfig, given=None):
         sequences = sequences[(sequences[:, fixed] == given[0][fixed]).all(dim=1)]
     free = [i for i in range(n) if i not in fixed]
     joint = torch.zeros(len(sequences), dtype=torch.float64)
+    permutations = ([free] if config.order == LEFT_TO_RIGHT.word
+                    else list(itertools.permutations(free)))
     with torch.no_grad():
-        for permutation in itertools.permutations(free):
+        for permutation in permutations:
             orders = torch.tensor(fixed + list(permutation)).expand(len(sequences), n)
             probs = token_probs(model.logits(sequences, orders), config).double()
             in_order = sequences.gather(1, orders)[..., None]
             joint += probs.gather(2, in_order)[:, len(fixed):, 0].prod(dim=1)
-    return sequences, joint / math.factorial(len(free))
+    return sequences, joint / len(permutations)
 
 
 def chi_square_p_value(model, n: int, given, config: SamplingConfig, samples: int) -> float:
@@ -162,10 +164,14 @@ def test_after_generation_the_cache_holds_the_full_forwards_keys_and_values():
     assert_cache_holds_the_full_forward(model, out, sampler)
 
 
-@pytest.mark.parametrize("prompt", [False, True], ids=["nothing-given", "prompt"])
-def test_a_sample_does_not_depend_on_the_batch_it_runs_in(prompt):
+# the trees' are slow: tests/trainer/test_sample_cli.py checks a tree's batch invariance in seconds
+@pytest.mark.parametrize("prompt, tree", [
+    pytest.param(False, 1, id="nothing-given-chain"), pytest.param(True, 1, id="prompt-chain"),
+    pytest.param(False, 3, id="nothing-given-tree", marks=pytest.mark.slow),
+    pytest.param(True, 3, id="prompt-tree", marks=pytest.mark.slow)])
+def test_a_sample_does_not_depend_on_the_batch_it_runs_in(prompt, tree):
     model = tiny_model()
-    config = SamplingConfig(sampler="speculative", draft=4, seed=3)
+    config = SamplingConfig(sampler="speculative", draft=4, tree=tree, seed=3)
     given = None
     if prompt:
         tokens, mask = torch.zeros(N, dtype=torch.long), torch.zeros(N, dtype=torch.bool)
@@ -206,3 +212,72 @@ def test_infilling_keeps_the_given_tokens_and_reads_them_first():
 def test_a_draft_below_one_is_refused():
     with pytest.raises(UsageError, match="draft must be >= 1"):
         KVCacheSampler(tiny_model(), 1, N, SamplingConfig(sampler="speculative", draft=0))
+
+
+# ---- draft trees: several candidates per drafted position -------------------------------------
+
+
+@pytest.mark.slow  # 10,000 samples: 7 to 16 s each on 2 cores
+@pytest.mark.parametrize("tree", [2, 3])
+@pytest.mark.parametrize("prompt", [False, True], ids=["nothing-given", "one-given"])
+def test_draft_trees_follow_the_exact_joint_of_one_token_per_call(tree, prompt):
+    model = exact_model()
+    config = SamplingConfig(sampler="speculative", draft=2, tree=tree)
+    assert chi_square_p_value(model, *exact_case(prompt), config, EXACT_SAMPLES) > 1e-3
+
+
+@pytest.mark.slow  # 10,000 samples: 7 to 16 s each on 2 cores
+@pytest.mark.parametrize("tree", [1, 3])
+def test_left_to_right_speculative_samples_follow_the_left_to_right_joint(tree):
+    """--order l2r --sampler speculative: left-to-right text from an any-order model, exactly
+    its one-token-per-call distribution along the identity order (the drafts ahead come from the
+    model's marginals of the positions after the known prefix)."""
+    model = exact_model()
+    config = SamplingConfig(sampler="speculative", draft=2, tree=tree, order="l2r")
+    assert chi_square_p_value(model, 4, None, config, EXACT_SAMPLES) > 1e-3
+
+
+@pytest.mark.slow  # 10,000 samples: 7 to 16 s each on 2 cores
+@pytest.mark.parametrize("tree", [2, 3])
+def test_the_same_test_fails_for_a_tree_that_does_not_renormalise_what_is_left(tree,
+                                                                                monkeypatch):
+    """After a rejection the next candidate is tried against the residual and the proposal
+    without the rejected mass, each renormalised: a rule that skips the renormalisation accepts
+    later candidates too rarely, and the test must see it."""
+    monkeypatch.setattr(speculative, "renormalised", lambda mass: mass)
+    model = exact_model()
+    config = SamplingConfig(sampler="speculative", draft=2, tree=tree)
+    assert chi_square_p_value(model, 4, None, config, EXACT_SAMPLES) < 1e-6
+
+
+@pytest.mark.parametrize("tree", [pytest.param(2, marks=pytest.mark.slow), 3])
+def test_greedy_draft_trees_give_the_tokens_of_one_token_per_call(tree):
+    model = tiny_model()
+    one_per_call, _ = generate(model, SamplingConfig(steps=N, temperature=0.0), torch.arange(B))
+    fast, _ = generate(model, SamplingConfig(sampler="speculative", draft=3, tree=tree,
+                                             temperature=0.0), torch.arange(B))
+    assert torch.equal(fast.tokens, one_per_call.tokens)
+
+
+def test_after_a_tree_generation_the_cache_holds_the_full_forwards_keys_and_values():
+    model = tiny_model()
+    out, sampler = generate(model, SamplingConfig(sampler="speculative", draft=3, tree=3, seed=5),
+                            torch.arange(B))
+    assert_cache_holds_the_full_forward(model, out, sampler)
+
+
+@pytest.mark.slow  # 48 samples of 12 tokens at GPT-2's vocabulary: ~14 s on 2 cores
+def test_more_candidates_accept_more_drafts_in_fewer_calls_never_more_than_tokens():
+    model = tiny_model()
+    runs = {tree: generate(model, SamplingConfig(sampler="speculative", draft=4, tree=tree),
+                           torch.arange(16))[0] for tree in (1, 2, 3)}
+    accepted = {tree: out.stats["drafts_accepted"].sum() / out.stats["drafts_decided"].sum()
+                for tree, out in runs.items()}
+    assert accepted[1] < accepted[2] < accepted[3]
+    assert runs[3].sample_calls.sum() < runs[1].sample_calls.sum()
+    assert all((out.sample_calls <= N).all() for out in runs.values())
+
+
+def test_a_tree_below_one_is_refused():
+    with pytest.raises(UsageError, match="tree must be >= 1"):
+        KVCacheSampler(tiny_model(), 1, N, SamplingConfig(sampler="speculative", tree=0))

@@ -198,6 +198,26 @@ def test_eval_template_scores_every_folder_in_one_run_per_gpu(job_env, tmp_path)
         "--orders", "l2r,random", "--num-orders", "4"]
 
 
+def test_eval_template_samples_on_the_same_processes_after_evaluating(job_env, tmp_path):
+    """AOGPT_SAMPLE_ARGS: trainer/sample.py under the same torchrun (each process draws its share
+    of the batches), after the evaluation, or alone without eval data."""
+    for name in ("run", "wikitext2"):
+        (tmp_path / name).mkdir()
+    sampling = "--num-samples 64 --order l2r --sampler speculative --out logs/s.jsonl"
+    job_env.update(AOGPT_CKPT=str(tmp_path / "run"), SLURM_GPUS_ON_NODE="4",
+                   AOGPT_SAMPLE_ARGS=sampling)
+    _, argv = planned_command("slurm/eval.sh", job_env)
+    main = argv.index("trainer/sample.py")
+    assert option(argv[:main], "--nproc-per-node") == "4" and "--standalone" in argv[:main]
+    assert argv[main + 1:] == ["--ckpt", str(tmp_path / "run"), *sampling.split()]
+    job_env["AOGPT_EVAL_DATA"] = str(tmp_path / "wikitext2")
+    result = run_template("slurm/eval.sh", job_env)
+    commands = [line.split("command:", 1)[1] for line in result.stdout.splitlines()
+                if "command:" in line]
+    assert [next(a for a in shlex.split(c) if a.startswith("trainer/")) for c in commands] == [
+        "trainer/evaluate.py", "trainer/sample.py"]
+
+
 def test_eval_template_needs_a_checkpoint_and_data(job_env):
     result = run_template("slurm/eval.sh", job_env)
     assert result.returncode == 2 and "AOGPT_CKPT is not set" in result.stderr

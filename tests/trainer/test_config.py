@@ -27,7 +27,8 @@ from aogpt.trainer.config import (
 )
 
 PRESETS = ["ao_gpt_small", "ao_gpt_medium", "sigma_gpt_small", "sigma_gpt_medium",
-           "gpt_small", "gpt_medium", "tiny"]
+           "gpt_small", "gpt_medium", "tiny", "synthetic", "synthetic_words", "gpt_synthetic",
+           "gpt_synthetic_words"]
 
 
 @pytest.mark.parametrize("name", PRESETS)
@@ -35,6 +36,18 @@ def test_every_preset_loads_and_validates(repo, name):
     cfg = load_config(repo / "configs" / f"{name}.yaml")
     cfg.validate(world_size=1)
     assert isinstance(cfg, RunConfig)
+
+
+def test_each_synthetic_gpt_is_its_ao_gpt_read_left_to_right(repo):
+    """configs/gpt_synthetic*.yaml: the AO-GPT preset's data, shape, steps and optimiser, a plain
+    GPT (no target conditioning) trained left to right: the sampling race's baseline."""
+    for name in ("synthetic", "synthetic_words"):
+        ao, gpt = (load_config(repo / "configs" / f"{prefix}{name}.yaml")
+                   for prefix in ("", "gpt_"))
+        assert gpt.order.kind == "l2r" and gpt.model.target_injection == "none"
+        assert ao.order.kind == "mixture" and ao.order.p_left_to_right_end == 0.1
+        assert (gpt.data, gpt.train, gpt.optim) == (ao.data, ao.train, ao.optim)
+        assert dataclasses.replace(gpt.model, target_injection="adaln") == ao.model
 
 
 def test_paper_presets_have_the_papers_settings(repo):

@@ -97,6 +97,14 @@ def test_a_speculative_sample_does_not_depend_on_the_batch_size(checkpoint, tmp_
     assert [r["network_calls"] for r in batched] == [r["network_calls"] for r in alone]
 
 
+def test_a_draft_tree_is_recorded_and_does_not_depend_on_the_batch_size(checkpoint, tmp_path):
+    code, batched = speculative(checkpoint, tmp_path, "--tree", "3", "--num-samples", "3")
+    assert code == 0 and all(r["settings"]["tree"] == 3 for r in batched)
+    _, alone = speculative(checkpoint, tmp_path, "--tree", "3", "--num-samples", "3",
+                           "--batch-size", "1")
+    assert [r["tokens"] for r in batched] == [r["tokens"] for r in alone]
+
+
 def test_a_draft_past_the_positions_left_is_clipped_and_said(checkpoint, tmp_path, capsys):
     code, records = speculative(checkpoint, tmp_path, "--draft", "40", "--num-samples", "1")
     assert code == 0 and records[0]["settings"]["draft"] == N - 1

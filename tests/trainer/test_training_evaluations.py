@@ -11,10 +11,13 @@ import torch
 from eval_testing import build_lambada, build_wikitext
 from trainer_testing import MAIN, REPO, SEQ_LEN, TINY_RUN
 
+from aogpt import UsageError
 from aogpt.trainer import evaluate as evaluate_py
 from aogpt.trainer import genppl as genppl_py
 from aogpt.trainer import sample as sample_py
+from aogpt.trainer.config import EvalConfig
 from aogpt.trainer.metrics import read_metrics
+from aogpt.trainer.training_samples import sampling_config
 from aogpt.trainer.zero_shot import EVAL_ORDER_SEED
 
 # The commands that the run's own measurements must equal run in this process (run_main): the
@@ -136,3 +139,11 @@ def test_sample_metrics_are_genppl_pys_report_on_the_rounds_file(run, run_main, 
     report = json.loads(report_file.read_text())
     assert records[4]["sample_gen_ppl"] == pytest.approx(report["mean_ppl"], rel=1e-9)
     assert records[4]["sample_entropy"] == pytest.approx(report["entropy"], rel=1e-12)
+
+
+def test_the_training_samples_take_a_draft_tree_and_refuse_a_bad_one():
+    cfg = EvalConfig(sample_sampler="speculative", sample_draft=3, sample_tree=2)
+    config = sampling_config(cfg, any_order=True)
+    assert (config.sampler, config.draft, config.tree) == ("speculative", 3, 2)
+    with pytest.raises(UsageError, match="eval.sample_.*tree must be >= 1"):
+        sampling_config(EvalConfig(sample_sampler="speculative", sample_tree=0), any_order=True)
