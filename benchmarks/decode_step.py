@@ -44,6 +44,7 @@ from pathlib import Path
 
 import torch
 import torch._inductor.config
+from decode_state import sampler_at_step, step_shape
 from results import ResultsFile
 from torch.autograd import DeviceType
 from torch.profiler import ProfilerActivity, profile
@@ -52,8 +53,6 @@ from aogpt import UsageError, check_counts, cli_entry
 from aogpt.model import AOGPT
 from aogpt.model.config import medium, small, tiny
 from aogpt.model.precision import auto_dtype, resolve_device
-from aogpt.model.sampler import KVCacheSampler, SamplingConfig
-from aogpt.model.sampler.parallel import KEY_BLOCK, WHOLE_CACHE_ROWS
 
 # Inductor's C++ kernels are then named in the profile (its GPU kernels are, always)
 torch._inductor.config.cpp.enable_kernel_profile = True
@@ -99,30 +98,8 @@ def as_sample_py(row: str, device: torch.device) -> str:
     return {"graphs": "on a GPU", "compiled + graphs": "on a GPU, long runs"}.get(row, "")
 
 
-def sampler_at_step(model: AOGPT, args: argparse.Namespace, compiled: bool,
-                    graphs: bool) -> KVCacheSampler:
-    """A sampler whose state is that of a generation with `known` tokens revealed, all samples
-    alike: the step's inputs are the same, whatever their values."""
-    b, n, c, r = args.batch_size, args.seq_len, args.known, args.targets
-    sampler = KVCacheSampler(model, b, n, SamplingConfig(steps=n, seed=0), cuda_graphs=graphs,
-                             compile=compiled)
-    generator = torch.Generator().manual_seed(0)
-    sampler.orders.copy_(torch.stack([torch.randperm(n, generator=generator) for _ in range(b)]))
-    sampler.ordered[:, :n].copy_(torch.randint(0, 50257, (b, n), generator=generator))
-    sampler.uniforms.copy_(torch.rand(b, n, generator=generator, dtype=torch.float64))
-    sampler.strategy.bounds.copy_(torch.tensor([[c], [c], [c + r]]).expand(3, b))  # lo, c, hi
-    return sampler
-
-
-def step_shape(args: argparse.Namespace) -> tuple[int, int, int]:
-    """(rows, targets, keys) as the sampler's bucketed plan gives them
-    (model/sampler/parallel.py)."""
-    rows = max(args.targets, 1)
-    keys = min(-(-(args.known + rows) // KEY_BLOCK) * KEY_BLOCK, args.seq_len)
-    if args.device.type == "cpu" and rows <= WHOLE_CACHE_ROWS:
-        keys = args.seq_len + 1
-    bucket = lambda size: min(1 << (size - 1).bit_length(), args.seq_len)  # noqa: E731
-    return bucket(rows), bucket(args.targets), keys
+def call_shape(args: argparse.Namespace) -> tuple[int, int, int]:
+    return step_shape(args.seq_len, args.known, args.targets, args.device.type == "cuda")
 
 
 def synchronize(device: torch.device) -> None:
@@ -157,8 +134,9 @@ def kernels(run, device: torch.device) -> int:
 
 
 def measure(model: AOGPT, args: argparse.Namespace, compiled: bool, graphs: bool) -> dict:
-    sampler = sampler_at_step(model, args, compiled, graphs)
-    shape = step_shape(args)
+    sampler = sampler_at_step(model, args.batch_size, args.seq_len, args.known, args.targets,
+                              compiled, graphs)
+    shape = call_shape(args)
     ordered = sampler.ordered.clone()
     with torch.no_grad():
         def step():
@@ -197,7 +175,7 @@ def main(argv: list[str] | None = None) -> int:
     dtype = auto_dtype(args.device)
     model = AOGPT(PRESETS[args.preset]()).to(device=args.device, dtype=dtype).eval()
     name = torch.cuda.get_device_name(args.device) if args.device.type == "cuda" else "cpu"
-    rows, targets, keys = step_shape(args)
+    rows, targets, keys = call_shape(args)
     print(f"{args.preset} on {name} ({dtype}), {torch.get_num_threads()} threads: batch "
           f"{args.batch_size}, n = {args.seq_len}, {args.known} known, {args.targets} drawn "
           f"(step shape: {rows} rows, {targets} targets, {keys} keys), best of {args.repeats}")
