@@ -16,6 +16,7 @@ from conftest import REPO, run_cli
 
 sys.path.insert(0, str(REPO / "benchmarks"))
 import gpu_report  # noqa: E402
+import gpu_report_run  # noqa: E402
 from results import STOP_VARIABLE  # noqa: E402
 
 STANDIN = REPO / "tests" / "benchmarks" / "paper_standin"
@@ -88,7 +89,7 @@ def test_a_run_without_the_papers_code_is_refused_before_any_work(tmp_path):
 
 def test_a_command_past_its_time_is_ended_and_its_output_kept():
     """What no item may do: run past the budget. Ended with its whole process group."""
-    code, output, seconds = gpu_report.run(
+    code, output, seconds = gpu_report_run.run(
         [sys.executable, "-c", "import time; print('a row', flush=True); time.sleep(600)"],
         timeout=3)
     assert code == 124 and "a row" in output and "timed out after 3 s" in output
