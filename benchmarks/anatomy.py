@@ -2,12 +2,13 @@
 small ones, a GPU's time for each kernel and class, the validation against the measured GPU
 report, the JSON and the table.
 
-A training step is recorded on a CPU at micro-batches of 1 and 2 sequences (a full one would
-take minutes and gigabytes there). Every tensor of a step is either per token (activations,
-logits, orders: proportional to the micro-batch) or per weight (constant), so each kernel's
-FLOPs and bytes are a line in the micro-batch, read at the one asked for; the two recordings
-must list the same kernels in the same order, or nothing is extrapolated. The loss's chunks are
-scaled with the micro-batch, so that both run the full size's number of chunks.
+A training step is recorded on a CPU at micro-batches of 2 and 3 sequences (a full one would
+take minutes and gigabytes there; at 1, inductor specializes the dimensions of size one and
+fuses otherwise). Every tensor of a step is either per token (activations, logits, orders:
+proportional to the micro-batch) or per weight (constant), so each kernel's FLOPs and bytes are
+a line in the micro-batch, read at the one asked for; the two recordings must list the same
+kernels in the same order, or nothing is extrapolated. The loss's chunks are scaled with the
+micro-batch, so that both run the full size's number of chunks.
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ from roofline import (
 REPO = Path(__file__).resolve().parent.parent
 GPU_REPORT = REPO / "docs" / "gpu-report.json"
 RECORDED_MICRO_STEPS = 3  # first, middle and last micro-step of an optimizer step
+RECORDED_MICRO_BATCHES = (2, 3)  # sequences per micro-batch of the two recordings
 
 
 def to_json(kernels: list[Kernel]) -> list[dict]:
@@ -48,21 +50,23 @@ def from_json(rows: list[dict]) -> list[Kernel]:
 
 
 def _line(one, two, at: int):
-    """The value at micro-batch `at` of a quantity that is `one` at 1 and `two` at 2."""
+    """The value at micro-batch `at` of a quantity that is `one` and `two` at the recorded
+    micro-batches (RECORDED_MICRO_BATCHES)."""
     if one is None:
         return None
     if isinstance(one, tuple):
         return tuple(_line(a, b, at) for a, b in zip(one, two, strict=True))
-    value = one + (two - one) * (at - 1)
+    low, high = RECORDED_MICRO_BATCHES
+    value = one + (two - one) * (at - low) / (high - low)
     return round(value) if isinstance(one, int) else value
 
 
 def extrapolate(one: list[Kernel], two: list[Kernel], micro: int) -> list[Kernel]:
-    """The kernels of a step at micro-batch `micro` from its recordings at 1 and 2."""
+    """The kernels of a step at micro-batch `micro` from its two recordings."""
     if [k.name for k in one] != [k.name for k in two]:
         at = next((n for n, (a, b) in enumerate(zip(one, two, strict=False)) if a.name != b.name),
                   min(len(one), len(two)))
-        raise RuntimeError(f"the step's kernels differ between micro-batches 1 and 2 (kernel "
+        raise RuntimeError(f"the step's kernels differ between its two recordings (kernel "
                            f"{at} of {len(one)} and {len(two)}): nothing to extrapolate")
     return [replace(a, flops=_line(a.flops, b.flops, micro), bytes=_line(a.bytes, b.bytes, micro),
                     reduction=_line(a.reduction, b.reduction, micro),

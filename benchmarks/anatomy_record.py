@@ -31,17 +31,6 @@ import torch
 from kernel_census import Kernel, KernelCensus
 
 
-class InPhase:
-    """Calls `target` with the census in `phase` (a stand-in for the trainer's order sampler)."""
-
-    def __init__(self, target, census: KernelCensus, phase: str):
-        self.target, self.census, self.phase_name = target, census, phase
-
-    def __call__(self, *args, **kwargs):
-        with self.census.phase(self.phase_name):
-            return self.target(*args, **kwargs)
-
-
 def _mark(owner, method: str, census: KernelCensus, phase: str, before=None) -> None:
     """owner.method runs in `phase` (an instance attribute over the class's method); `before()`
     first."""
@@ -73,12 +62,15 @@ def _loss_backward_in_phase(census: KernelCensus, loss: torch.Tensor) -> None:
 def mark_trainer(trainer, census: KernelCensus) -> None:
     """Marks each part of the trainer's step with what it does, and counts its micro-steps."""
     engine, head = trainer.engine, trainer.engine.module.lm_head
-    trainer.sampler = InPhase(trainer.sampler, census, "orders")
+    sampler = trainer.sampler
 
-    def next_micro() -> None:
+    def orders(*args, **kwargs):  # a micro-step's first work
         census.micro += 1
+        with census.phase("orders"):
+            return sampler(*args, **kwargs)
 
-    _mark(engine, "forward", census, "forward", before=next_micro)
+    trainer.sampler = orders
+    _mark(engine, "forward", census, "forward")
     original_head = head.forward
 
     def head_forward(*args, **kwargs):

@@ -10,7 +10,7 @@ of the sampler), its FLOPs and bytes, and a named GPU's time for it, counted on 
 Training: trainer/loop.py's step (the order sampler, the forward, the chunked loss, the backward,
 DeepSpeed's optimizer step, the bad-step watch, the EMA), built from the preset as
 trainer/main.py builds it and compiled as it compiles it, is recorded twice on this machine, at
-micro-batches of 1 and 2 sequences of the preset's length (each in a process of its own, on a
+micro-batches of 2 and 3 sequences of the preset's length (each in a process of its own, on a
 small dataset of Python's documentation made on the spot), and read at --micro
 (benchmarks/anatomy.py says why that is exact). Decode: one compiled call of the KV-cache
 sampler in bf16 (the call trainer/sample.py replays as a CUDA graph on a GPU; the shapes of
@@ -146,7 +146,7 @@ def training_kernels(args: argparse.Namespace) -> list:
     with tempfile.TemporaryDirectory(prefix="aogpt_anatomy_") as scratch:
         data = make_data(Path(scratch), seq_len(args.preset))
         recorded = []
-        for micro in (1, 2):
+        for micro in anatomy.RECORDED_MICRO_BATCHES:
             out = Path(scratch) / f"kernels_{micro}.json"
             record_child(args, micro, data, out)
             recorded.append(anatomy.from_json(json.loads(out.read_text())))

@@ -43,11 +43,11 @@ def test_the_counted_matmul_and_attention_flops_per_token_are_the_models_arithme
     every token (a step projects the block_size target codes once per micro-batch,
     AOGPT.adaln_tables: 1/8 of the tokens here), and one it leaves out: flash attention's
     backward computes the scores again (torch counts it as 2.5 forwards, as FlashAttention-2's
-    benchmarks do; 12 L d T as 2), 2 L d T more. Read at 8 sequences from 1 and 2."""
+    benchmarks do; 12 L d T as 2), 2 L d T more. Read at 8 sequences from 2 and 3."""
     torch.manual_seed(0)
     model = AOGPT(SMALL_VOCAB)
     micro = 8
-    kernels = anatomy.extrapolate(eager_step_kernels(model, 1), eager_step_kernels(model, 2),
+    kernels = anatomy.extrapolate(eager_step_kernels(model, 2), eager_step_kernels(model, 3),
                                   micro)
     counted = anatomy.matmul_attention_flops(kernels) / (micro * SEQ)
     params = dict(model.named_parameters())
@@ -61,11 +61,11 @@ def test_the_counted_matmul_and_attention_flops_per_token_are_the_models_arithme
     assert abs(counted / model.flops_per_token(SEQ) - 1) > 0.02  # the corrections matter here
 
 
-def test_a_step_read_at_four_sequences_from_one_and_two_is_the_step_recorded_at_four():
+def test_a_step_read_at_five_sequences_from_two_and_three_is_the_step_recorded_at_five():
     torch.manual_seed(0)
     model = AOGPT(SMALL_VOCAB)
-    read = anatomy.extrapolate(eager_step_kernels(model, 1), eager_step_kernels(model, 2), 4)
-    recorded = eager_step_kernels(model, 4)
+    read = anatomy.extrapolate(eager_step_kernels(model, 2), eager_step_kernels(model, 3), 5)
+    recorded = eager_step_kernels(model, 5)
     assert [k.name for k in read] == [k.name for k in recorded]
     assert [(k.flops, k.bytes) for k in read] == [(k.flops, k.bytes) for k in recorded]
 
@@ -73,7 +73,7 @@ def test_a_step_read_at_four_sequences_from_one_and_two_is_the_step_recorded_at_
 def test_recordings_that_list_different_kernels_are_not_extrapolated():
     one = [Kernel("mm", "forward", False, 1.0, 1.0, ("mm",))]
     two = [Kernel("addmm", "forward", False, 2.0, 2.0, ("addmm",))]
-    with pytest.raises(RuntimeError, match="differ between micro-batches 1 and 2"):
+    with pytest.raises(RuntimeError, match="differ between its two recordings"):
         anatomy.extrapolate(one, two, 16)
 
 
