@@ -29,7 +29,6 @@ from aogpt.trainer.dist_env import all_reduce_sum, setup_distributed_env
 from aogpt.trainer.ds_config import zero_stage
 from aogpt.trainer.loop import Trainer
 from aogpt.trainer.main import preflight
-from aogpt.trainer.metrics import peak_flops
 
 NEEDED_RATIO = 10.0
 
@@ -126,9 +125,9 @@ def main(argv: list[str] | None = None) -> int:
     if not dist_env.is_main:
         return 0
     device = trainer.device
-    peak = peak_flops(torch.cuda.get_device_name(device)) if device.type == "cuda" else None
-    mfu = (f"{trainer.flops_per_token * step_tokens / (peak * world):.1%}" if peak
-           else "n/a (no GPU peak known)")
+    mfu = trainer.mfu(step_tokens)
+    mfu = (f"{mfu['mfu']:.1%} (causal attention halved: {mfu['mfu_causal']:.1%})"
+           if mfu["mfu"] is not None else "n/a (no GPU peak known)")
     print(f"config: {args.config} {' '.join(user_overrides)}".rstrip())
     compiled = ", compiled" if cfg.train.compile else ""
     print(f"setup: {cfg.model.n_layer} layers x {cfg.model.n_embd} "
@@ -155,7 +154,7 @@ def main(argv: list[str] | None = None) -> int:
             "params": trainer.num_params, "tokens_per_s": step_tokens,
             "tokens_per_s_per_device": step_tokens / world, "step_s": step_seconds / args.steps,
             "data_wait_fraction": data_wait / step_seconds,
-            "mfu": trainer.flops_per_token * step_tokens / (peak * world) if peak else None,
+            **trainer.mfu(step_tokens),
             "peak_memory_gib": memory, "loader_ratio": ratio}, args.json)
     return 0
 

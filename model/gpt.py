@@ -295,8 +295,11 @@ class AOGPT(nn.Module):
             {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0},
         ]
 
-    def flops_per_token(self, seq_len: int) -> float:
-        """Training FLOPs per token, 6N + 12 L d T (forward + backward), for MFU.
+    def flops_per_token(self, seq_len: int, causal: bool = False) -> float:
+        """Training FLOPs per token, 6N + 12 L d T (forward + backward), for MFU: attention
+        counted whole, as nanoGPT and PaLM count it. causal=True halves the attention term,
+        6N + 6 L d T, as Megatron and MaxText now count causal attention (a causal kernel
+        computes half the scores).
 
         N counts the parameters used in matmuls: embedding tables are lookups, except wte when the
         head is tied to it. (The paper's script counted the untied wte too, which overstates MFU.)
@@ -308,7 +311,7 @@ class AOGPT(nn.Module):
             lookups.append(self.transformer.wte)
         n = self.num_params() - sum(m.weight.numel() for m in lookups)
         c = self.config
-        return 6 * n + 12 * c.n_layer * c.n_embd * seq_len
+        return 6 * n + (6 if causal else 12) * c.n_layer * c.n_embd * seq_len
 
     # ---- the network -----------------------------------------------------------------------------
 

@@ -93,6 +93,7 @@ class Trainer:
                 print(f"model.init_from: started from the {started_from}", flush=True)
         self.num_params = model.num_params()
         self.flops_per_token = model.flops_per_token(cfg.model.block_size)
+        self.flops_per_token_causal = model.flops_per_token(cfg.model.block_size, causal=True)
         self.attention_backend = model.attention_backend
         self.peak_flops = (peak_flops(torch.cuda.get_device_name(self.device))
                            if self.device.type == "cuda" else None)  # for the MFU
@@ -270,13 +271,20 @@ class Trainer:
             "tokens_seen": self.progress.tokens_seen,
             "step_time": seconds / window.steps,
             "data_wait": window.data_wait / window.steps,
-            "mfu": (self.flops_per_token * tokens_per_s / (self.peak_flops * self.env.world_size)
-                    if self.peak_flops else None),
+            **self.mfu(tokens_per_s),
             "memory_gb": (torch.cuda.max_memory_allocated(self.device) / 2**30
                           if self.device.type == "cuda" else None),
             **({"skipped_samples": self.skipped_now, "rollbacks": len(self.recovery.rollbacks)}
                if self.skipped_now else {}),
         }
+
+
+    def mfu(self, tokens_per_s: float) -> dict:
+        """MFU both ways: "mfu" counts attention whole (6N + 12 L d T per token), "mfu_causal"
+        halves it for causal attention (6N + 6 L d T, Megatron's and MaxText's count)."""
+        peak = self.peak_flops * self.env.world_size if self.peak_flops else None
+        return {"mfu": self.flops_per_token * tokens_per_s / peak if peak else None,
+                "mfu_causal": self.flops_per_token_causal * tokens_per_s / peak if peak else None}
 
 
 def quiet_third_party_logs() -> None:
