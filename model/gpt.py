@@ -426,7 +426,7 @@ class AOGPT(nn.Module):
         tokens, positions, target_positions, targets = self.training_stream(idx, orders)
         return self.forward_stream(tokens, positions, target_positions), targets
 
-    def compile_for_training(self, scope: str = "block") -> None:
+    def compile_for_training(self, scope: str = "block", mode: str | None = None) -> None:
         """torch.compile the network and the loss's per-chunk softmax (model/loss.py).
 
         scope "block": each block's forward is compiled, not its module call, so that hooks
@@ -434,13 +434,14 @@ class AOGPT(nn.Module):
         "network": forward_stream as one graph (embeddings, AdaLN tables, blocks, final layer),
         so inductor also fuses across block boundaries (a residual add with the next norm); it
         compiles for longer and holds no hooks. Shapes are static either way: a run compiles
-        once per sequence shape and never again.
+        once per sequence shape and never again. mode: torch.compile's ("reduce-overhead": the
+        graphs replayed as CUDA graphs).
         """
         if scope == "network":
-            self.forward_stream = torch.compile(self.forward_stream, dynamic=False)
+            self.forward_stream = torch.compile(self.forward_stream, dynamic=False, mode=mode)
         else:
             for block in self.transformer.h:
-                block.forward = torch.compile(block.forward, dynamic=False)
+                block.forward = torch.compile(block.forward, dynamic=False, mode=mode)
         compile_chunk_math()
 
     def token_nll(self, idx: torch.Tensor, orders: torch.Tensor | None = None) -> torch.Tensor:

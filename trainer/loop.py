@@ -41,6 +41,7 @@ from aogpt.model import AOGPT, OrderSampler
 from aogpt.model.gpt import Block
 from aogpt.model.orders import ANY_ORDER, LEFT_TO_RIGHT
 from aogpt.model.warm_start import warm_start
+from aogpt.trainer import speed
 from aogpt.trainer.checkpoint import Checkpointer, Progress
 from aogpt.trainer.config import RunConfig, config_to_dict
 from aogpt.trainer.data import TrainBatches, training_locations
@@ -97,21 +98,20 @@ class Trainer:
         self.attention_backend = model.attention_backend
         self.peak_flops = (peak_flops(torch.cuda.get_device_name(self.device))
                            if self.device.type == "cuda" else None)  # for the MFU
-        if cfg.train.compile:
-            model.compile_for_training(cfg.train.compile_scope)
-        optimizer = torch.optim.AdamW(
-            model.param_groups(cfg.optim.weight_decay), lr=cfg.optim.lr,
-            betas=(cfg.optim.beta1, cfg.optim.beta2), eps=cfg.optim.eps,
-            fused=True,  # one kernel per step, and its step count stays on the device (no .item())
-        )
+        speed.compile_model(model, cfg, self.device)
+        optimizer = speed.adamw(model, cfg)
         if zero_stage(self.ds_config) == 3:
             # each block's weights gathered once, around the whole block, not around each of its
             # layers: with a hook on every layer, a compiled block broke its graph at each one and
             # dynamo compiled DeepSpeed's hook code too (28 graphs for a 2-layer model, not 5)
             set_z3_leaf_modules(model, [Block])
-        self.engine, _, _, _ = deepspeed.initialize(model=model, optimizer=optimizer,
-                                                    config=self.ds_config)
+        self.engine, _, _, _ = deepspeed.initialize(
+            model=model, optimizer=optimizer,
+            config=speed.engine_ds_config(self.ds_config, cfg, self.device))
+        speed.compile_engine(self.engine, cfg, self.device)
         self.ema = ShardedEMA(self.engine, cfg.ema.decay) if cfg.ema.enabled else None
+        speed.fuse_ema(self.engine, self.ema, cfg)
+        self.reduction = speed.Reduction(self.engine, cfg.speed.coalesce_grad_reduction)
         self.sampler = OrderSampler(cfg.order, cfg.model.block_size, cfg.train.seed)
         if cfg.train.compile:
             self.sampler.compile()
@@ -174,31 +174,31 @@ class Trainer:
         float64 vector of 4, on the device, not yet reduced) and the seconds spent waiting for data.
         """
         self.lr = learning_rate(update, self.cfg.optim) * self.recovery.lr_factor(update + 1)
-        for group in self.engine.optimizer.param_groups:
-            group["lr"] = self.lr
+        speed.set_lr(self.engine.optimizer, self.lr)
         self.skipped_now = self.recovery.skip_bad_data(update + 1)
         # changed by the last step: cast them once for this one
         self.engine.module.lm_head.weights_changed()
         sums = torch.zeros(4, dtype=torch.float64, device=self.device)
         data_wait = 0.0
-        for _ in range(self.accum):
-            start = time.perf_counter()
-            idx, sample_ids = next(self.batches)  # (micro, t), (micro,)
-            data_wait += time.perf_counter() - start
-            # Orders key on (step, the sample's index in the dataset): they never depend on the
-            # rank or micro-batch a sample lands in, whatever the world size.
-            orders, is_l2r = self.sampler(update, sample_ids)
-            nll, loss = self.engine(idx, orders, return_mean=True)  # (micro, t), scalar
-            if self.recovery.poison is not None:  # a test's bad data
-                nll, loss = self.recovery.poison(nll, sample_ids)
-            self.engine.backward(loss)
-            self.engine.step()  # DeepSpeed steps the optimizer on the last micro-step only
-            with torch.no_grad():
-                per_sample = nll.detach().double().sum(dim=1)  # (micro,)
-                tokens = is_l2r.double() * nll.shape[1]
-                sums += torch.stack([(per_sample * is_l2r).sum(), tokens.sum(),
-                                     (per_sample * ~is_l2r).sum(),
-                                     nll.shape[1] * idx.shape[0] - tokens.sum()])
+        with self.reduction.micro_steps():
+            for _ in range(self.accum):
+                start = time.perf_counter()
+                idx, sample_ids = next(self.batches)  # (micro, t), (micro,)
+                data_wait += time.perf_counter() - start
+                # Orders key on (step, the sample's index in the dataset): they never depend on
+                # the rank or micro-batch a sample lands in, whatever the world size.
+                orders, is_l2r = self.sampler(update, sample_ids)
+                nll, loss = self.engine(idx, orders, return_mean=True)  # (micro, t), scalar
+                if self.recovery.poison is not None:  # a test's bad data
+                    nll, loss = self.recovery.poison(nll, sample_ids)
+                self.engine.backward(loss)
+                self.reduction.after_backward()
+                with torch.no_grad():
+                    per_sample = nll.detach().double().sum(dim=1)  # (micro,)
+                    tokens = is_l2r.double() * nll.shape[1]
+                    sums += torch.stack([(per_sample * is_l2r).sum(), tokens.sum(),
+                                         (per_sample * ~is_l2r).sum(),
+                                         nll.shape[1] * idx.shape[0] - tokens.sum()])
         self.recovery.note(update + 1, sums, self.engine.get_global_grad_norm())
         if self.ema is not None:
             self.ema.update()

@@ -26,7 +26,7 @@ from aogpt import RunFailure, UsageError, cli_entry
 from aogpt.data_prep.tokenizer import load_gpt2
 from aogpt.model.run_folder import RunFolder, step_of
 from aogpt.model.warm_start import check_source
-from aogpt.trainer import training_samples, zero_shot
+from aogpt.trainer import speed, training_samples, zero_shot
 from aogpt.trainer.checkpoint import check_resumable, read_run_state
 from aogpt.trainer.config import RunConfig, load_config, record_config, resolve_device_choices
 from aogpt.trainer.data import check_data
@@ -89,7 +89,8 @@ def preflight(args: argparse.Namespace, dist_env: DistEnv) -> Plan:
     if tag is None and not args.start_over:
         check_fresh_start(run_folder)
     if dist_env.is_main:
-        for line in filter(None, [*sync_warnings(ds_config), warning, *unused_settings(cfg)]):
+        for line in filter(None, [*sync_warnings(ds_config), warning, *unused_settings(cfg),
+                                  *speed.unavailable(cfg, dist_env.device)]):
             print(f"warning: {line}", file=sys.stderr, flush=True)
     elastic = False
     if tag is not None:
