@@ -46,6 +46,7 @@ import torch
 import torch._inductor.config
 from decode_state import sampler_at_step, step_shape
 from results import ResultsFile
+from roofline import measured_classes
 from torch.autograd import DeviceType
 from torch.profiler import ProfilerActivity, profile
 
@@ -112,17 +113,24 @@ def _is_view(name: str) -> bool:
     return packet is not None and any(getattr(packet, o).is_view for o in packet.overloads())
 
 
-def kernels(run, device: torch.device) -> int:
-    """What one run launches. On a GPU: the kernels the device ran (those of a graph's replay
-    too), copies and memsets left out. On a CPU: the top-level aten ops (not inside another aten
-    op) that are not views, and the kernels inductor generated (recorded by name)."""
+def kernels(run, device: torch.device) -> tuple[int, dict | None]:
+    """What one run launches, and on a GPU the kernels' time per class of
+    benchmarks/step_anatomy.py (roofline.measured_classes). On a GPU: the kernels the device ran
+    (those of a graph's replay too), copies and memsets left out. On a CPU: the top-level aten
+    ops (not inside another aten op) that are not views, and the kernels inductor generated
+    (recorded by name)."""
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
     with profile(activities=activities) as prof:
         run()
         synchronize(device)
     if device.type == "cuda":
         return sum(1 for event in prof.events() if event.device_type == DeviceType.CUDA
-                   and not event.name.startswith(("Memcpy", "Memset", "[memory]")))
+                   and not event.name.startswith(("Memcpy", "Memset", "[memory]"))), \
+            measured_classes(prof.events(), runs=1)
+    return _cpu_operations(prof), None
+
+
+def _cpu_operations(prof) -> int:
     count = 0
     for event in prof.events():
         inside_op = event.cpu_parent is not None and event.cpu_parent.name.startswith("aten::")
@@ -153,7 +161,7 @@ def measure(model: AOGPT, args: argparse.Namespace, compiled: bool, graphs: bool
         drawn = sampler.ordered.gather(1, target_slots.clamp(max=args.seq_len - 1)).clone()
         logits = logits.clone()
         reset()
-        launched = kernels(step, args.device)
+        launched, classes = kernels(step, args.device)
         best = float("inf")
         for _ in range(args.repeats):
             reset()
@@ -164,7 +172,8 @@ def measure(model: AOGPT, args: argparse.Namespace, compiled: bool, graphs: bool
     # the configuration that ran: a compiler or capture that failed left the sampler eager
     fell_back = (sampler.compiled, sampler.cuda_graphs) != (compiled, graphs)
     return {"compiled": sampler.compiled, "cuda_graphs": sampler.cuda_graphs,
-            "fell_back": fell_back, "kernels": launched, "step_ms": best * 1e3,
+            "fell_back": fell_back, "kernels": launched, "classes": classes,
+            "step_ms": best * 1e3,
             "warm_up_s": warm_up_s, "logits": logits, "drawn": drawn}
 
 

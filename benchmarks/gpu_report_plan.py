@@ -1,5 +1,5 @@
 """The GPU report's plan (benchmarks/gpu_report.py): its items in order of value, each with an
-estimate of its seconds on an H100, fitted to the budget of one device call; what does not fit
+estimate of its seconds on a GPU, fitted to the budget of one device call; what does not fit
 is named for a second call, and a plan that would drop a promised item is refused."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import gpu_report_run as run
-from gpu_report_run import REPO, SETTING, Report
+from gpu_report_run import LEVERS, REPO, SETTING, Report, setting_of
 
 from aogpt import UsageError
 
@@ -23,13 +23,14 @@ PARTS = ("checks", "train", "decode", "paper", "generation", "e2e")
 # its first H200 run lost its training rows to a missing orjson)
 NEEDED_MODULES = ("deepspeed", "streaming", "orjson", "xxhash", "zstd", "yaml", "tiktoken",
                   "transformers", "pytest")
-# Seconds on one H100, compilation included: the first report's runs (data 30, a training row
-# 45, e2e 94, generation 150, the 8 GPU tests 44) and, for what is new since, the parts they are
-# made of (a trainer launch ~30 s with its compilation, an inductor compile of a decode step or
-# of the order sampler ~10-30 s, the paper's compiled model ~40 s): the new checks ~105 s more.
-# The report shows each item's real seconds beside its estimate: update these from it.
-ESTIMATE_S = {"checks": 150, "data": 30, "train": 45, "decode": 70, "paper train": 90,
-              "paper generation": 130, "generation": 150, "e2e": 100}
+# Seconds on one GPU, compilation included: the H200 report's items as they took (docs/
+# gpu-report.md, "The call": checks 177, data 1, training rows 27-39, decode 48, the paper's
+# trainer 116 and sampler 116), rounded up; generation and e2e from the first H100 report (150,
+# 94). A training row's profile of 2 more steps (the anatomy's classes) and a lever's row are
+# training rows. The report shows each item's real seconds beside its estimate: update these
+# from it.
+ESTIMATE_S = {"checks": 180, "data": 10, "train": 40, "decode": 50, "paper train": 120,
+              "paper generation": 120, "generation": 150, "e2e": 100}
 
 
 def paper_problem(folder: Path) -> str | None:
@@ -57,21 +58,27 @@ class Item:
 
 def train_grid(smoke: bool) -> list[dict]:
     """The training configurations measured, most important first: the default recipe for small
-    and medium, then one change at a time from small's."""
+    (its kernels profiled per class of the anatomy) and medium, each speed lever against small's
+    default, then one other change at a time from it."""
     if smoke:
         return [{"preset": "tiny", "zero": 1, "precision": "fp32", "compile": False, "attn": "sdpa",
-                 "scope": "block", "micro": 4, "workers": 2}]
+                 "scope": "block", "micro": 4, "workers": 2, "lever": "", "profile": True}]
     from aogpt.model.attention import flash_attn_func
 
     default = {"zero": 1, "precision": "autocast_bf16", "compile": True, "attn": "sdpa",
-               "scope": "block", "micro": 16, "workers": 2}
-    changes = [{"zero": 2}, {"precision": "bf16"}, {"scope": "network"}, {"micro": 32},
-               {"workers": 8}, {"compile": False}]
+               "scope": "block", "micro": 16, "workers": 2, "lever": ""}
+    levers = [{"lever": lever} for lever in LEVERS]
     if flash_attn_func is not None:
-        changes.insert(1, {"attn": "flash_attn"})
-    grid = [{"preset": "small", **default}, {"preset": "medium", **default}]
-    grid += [{"preset": "small", **default, **change} for change in changes]
+        levers.append({"attn": "flash_attn"})
+    changes = [{"zero": 2, "lever": "coalesce_grad_reduction"}, {"zero": 2},
+               {"precision": "bf16"}, {"scope": "network"}, {"micro": 32}, {"workers": 8},
+               {"compile": False}]
+    grid = [{"preset": "small", **default, "profile": True}, {"preset": "medium", **default}]
+    grid += [{"preset": "small", **default, **change} for change in levers + changes]
     return grid + [{"preset": "medium", **default, "zero": 2}]
+
+
+LEVER_ROWS = len(LEVERS)  # after the two default rows: each lever against small's default
 
 
 def selected(grid: list[dict], filters: list[str]) -> list[dict]:
@@ -80,13 +87,14 @@ def selected(grid: list[dict], filters: list[str]) -> list[dict]:
     bad = [f for f, w in zip(filters, wanted, strict=True) if len(w) != 2 or w[0] not in SETTING]
     if bad:
         raise UsageError(f"--train-filter {bad[0]}: use KEY=VALUE with KEY in {', '.join(SETTING)}")
-    return [row for row in grid if all(str(row[k]) == v for k, v in wanted)]
+    return [row for row in grid if all(str(setting_of(row, k)) == v for k, v in wanted)]
 
 
 def describe(setting: dict) -> str:
     """A training row's name: what it changes from small's default recipe."""
     default = train_grid(False)[0]
     changed = [f"{k} {setting[k]}" for k in SETTING[1:] if setting[k] != default[k]]
+    changed = [change.removeprefix("lever ") for change in changed]
     return f"train {setting['preset']}" + (f" ({', '.join(changed)})" if changed
                                            else " (default recipe)")
 
@@ -96,8 +104,8 @@ def _holds(part: str) -> Callable[[dict], bool]:
 
 
 def _holds_row(setting: dict) -> Callable[[dict], bool]:
-    return lambda report: any(all(row.get(k) == setting[k] for k in SETTING) and "error" not in row
-                              for row in report.get("train", []))
+    return lambda report: any(all(setting_of(row, k) == setting[k] for k in SETTING)
+                              and "error" not in row for row in report.get("train", []))
 
 
 def _holds_paper(part: str) -> Callable[[dict], bool]:
@@ -122,15 +130,15 @@ def plan(args: argparse.Namespace, existing: dict) -> list[Item]:
 
 
 def all_items(args: argparse.Namespace) -> list[Item]:
-    """The checks; small's training, the decode step, the paper side and medium's training
-    (promised: the plan must fit them); then the rest. With --only, every item of the parts
-    named is promised but the training grid beyond the two default rows (its rows are measured
-    as the budget allows and the rest named for a --merge call: `--only train` runs, where
-    refusing it would cost a device call), and with --train-filter every training row it
-    selects."""
+    """The checks; small's training (its kernels profiled per class), the decode step (the
+    same), medium's training and each speed lever against small's default (promised: the plan
+    must fit them); then the paper side and the rest. With --only, every item of the parts
+    named is promised but the training grid beyond those rows (its rows are measured as the
+    budget allows and the rest named for a --merge call: `--only train` runs, where refusing it
+    would cost a device call), and with --train-filter every training row it selects."""
     chosen, filtered = args.only is not None, bool(args.train_filter)
     grid = selected(train_grid(args.smoke), args.train_filter)
-    defaults = 1 if args.smoke else 2
+    promised = 1 if args.smoke else 2 + LEVER_ROWS
 
     def train(settings: list[dict], promised: bool) -> list[Item]:
         return [Item("train", describe(s), ESTIMATE_S["train"], promised or filtered,
@@ -141,19 +149,21 @@ def all_items(args: argparse.Namespace) -> list[Item]:
             *train(grid[:1], True),
             Item("decode", "decode: one step as sample.py runs it, and the others",
                  ESTIMATE_S["decode"], True, run.decode, _holds("decode")),
-            *paper_items(), *train(grid[1:defaults], True),
+            *train(grid[1:promised], True), *paper_items(chosen),
             Item("generation", "generation: decoder vs encoder, S = 64 and 1024",
                  ESTIMATE_S["generation"], chosen, run.generation, _holds("generation")),
             Item("e2e", "e2e: trainer/main.py, 30 steps in two launches", ESTIMATE_S["e2e"],
                  chosen, run.end_to_end, lambda report: report.get("e2e", {}).get("ok", False)),
-            *train(grid[defaults:], False)]
+            *train(grid[promised:], False)]
 
 
-def paper_items() -> list[Item]:
+def paper_items(promised: bool) -> list[Item]:
+    """The paper's trainer and sampler beside ours: measured once on the H200 (docs/
+    gpu-report.md) and kept by --merge, so promised only when named with --only."""
     return [Item("paper", "paper: both trainers' bare steps, compiled", ESTIMATE_S["paper train"],
-                 True, run.paper_part("train"), _holds_paper("train")),
+                 promised, run.paper_part("train"), _holds_paper("train")),
             Item("paper", "paper: both samplers, fresh processes (32 x 1024 tokens, S = 1024)",
-                 ESTIMATE_S["paper generation"], True, run.paper_part("generation"),
+                 ESTIMATE_S["paper generation"], promised, run.paper_part("generation"),
                  _holds_paper("generation"))]
 
 
@@ -174,7 +184,7 @@ def plan_lines(items: list[Item], kept: list[Item], left: list[Item], budget: fl
     is left for a second call."""
     total = sum(item.estimate_s for item in kept)
     lines = [f"plan: {len(kept)} items, ~{total:.0f} s of a {budget:.0f} s budget "
-             "(estimates: seconds on one H100, compilation included)",
+             "(estimates: seconds on one GPU, compilation included)",
              f"  {'s':>5} {'by':>5}  item"]
     elapsed = 0.0
     for item in kept:

@@ -3,8 +3,10 @@ items and their seconds, then each item's table."""
 
 from __future__ import annotations
 
+import json
+
 from gpu_report_plan import PARTS, train_grid
-from gpu_report_run import ACCUMULATION, SETTING, percent
+from gpu_report_run import ACCUMULATION, REPO, SETTING, percent, setting_of
 
 GOALS = {"small": 0.45, "medium": 0.50}  # MFU on one H100 (llm-foundry reaches 43-50% on A100)
 GENERATION_GOAL = 65.0  # encoder / decoder time at S = n = 1024 (Eso-LMs' claim over MDMs)
@@ -19,7 +21,7 @@ def _default_row(report: dict, preset: str) -> dict | None:
     """The measured row of the default recipe for a preset (train_grid's first two)."""
     default = train_grid(False)[0 if preset == "small" else 1]
     for row in report.get("train", []):
-        if all(row.get(k) == default[k] for k in SETTING) and "error" not in row:
+        if all(setting_of(row, k) == default[k] for k in SETTING) and "error" not in row:
             return row
     return None
 
@@ -100,6 +102,7 @@ def markdown(report: dict) -> str:
         lines += call_lines(report)
     if "checks" in report:
         lines += checks_lines(report["checks"])
+    lines += anatomy_lines(report)
     if "train" in report:
         lines += train_lines(report["train"])
     for part, title, body in SECTIONS:
@@ -110,6 +113,47 @@ def markdown(report: dict) -> str:
     if "e2e" in report:
         lines += e2e_lines(report["e2e"])
     return "\n".join(lines)
+
+
+ANATOMIES = {"training step": "step-anatomy.json", "decode call": "step-anatomy-decode.json"}
+
+
+def anatomy_lines(report: dict) -> list[str]:
+    """Where the time goes, per kernel class: the anatomy's prediction for this GPU (the
+    committed docs/step-anatomy*.json, counted on a CPU by benchmarks/step_anatomy.py) beside
+    what the profiler measured here (small's default step, the decode call as sample.py runs
+    it)."""
+    row, step = _default_row(report, "small"), _as_sample_py(report)
+    measured = {"training step": row and row.get("classes"),
+                "decode call": step and step.get("classes")}
+    lines = []
+    for what, name in ANATOMIES.items():
+        anatomy = _anatomy(name, report["environment"]["device"])
+        if measured[what] and anatomy:
+            lines += class_table(what, anatomy, measured[what])
+    return (["## Where the time goes: the anatomy's prediction and the profiler's measurement",
+             ""] + lines) if lines else []
+
+
+def _anatomy(name: str, device: str) -> dict | None:
+    """The committed anatomy's prediction per class on this GPU (None for another GPU)."""
+    path = REPO / "docs" / name
+    data = json.loads(path.read_text()) if path.is_file() else {}
+    return next((classes for gpu, classes in data.get("by_gpu", {}).items() if gpu in device),
+                None)
+
+
+def class_table(what: str, predicted: dict, measured: dict) -> list[str]:
+    """One anatomy's classes: kernels and milliseconds predicted and measured."""
+    lines = [f"{what} (milliseconds per {'optimizer step' if 'step' in what else 'call'}):", "",
+             "| class | kernels predicted | kernels measured | ms predicted | ms measured | "
+             "measured / predicted |", "|---|---|---|---|---|---|"]
+    for name, row in predicted.items():
+        got = measured.get(name, {"kernels": 0, "measured_s": 0.0})
+        ratio = (f"{got['measured_s'] / row['predicted_s']:.2f}" if row["predicted_s"] else "")
+        lines.append(f"| {name} | {row['kernels']} | {got['kernels']:.0f} | "
+                     f"{row['predicted_s'] * 1e3:.3f} | {got['measured_s'] * 1e3:.3f} | {ratio} |")
+    return lines + [""]
 
 
 def call_lines(report: dict) -> list[str]:
@@ -144,24 +188,28 @@ def train_lines(rows: list[dict]) -> list[str]:
     lines = [f"## Training throughput (one GPU, seq 1024, {16 * ACCUMULATION} sequences per "
              "step, the real trainer with EMA)", "",
              "| model | ZeRO | precision | compiled | scope | attention | micro | workers | "
-             "tokens/s | MFU | goal | MFU / goal | peak memory GiB | step s | loader / step |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+             "lever | tokens/s | MFU | goal | MFU / goal | peak memory GiB | step s | "
+             "loader / step |", "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         goal = GOALS.get(r["preset"])
         settings = (f"| {r['preset']} | {r['zero']} | {r['precision']} | {r['compile']} | "
                     f"{r.get('scope', 'block')} | {r.get('attention', r['attn'])} | "
-                    f"{r.get('micro', r.get('micro_batch_size', 16))} | {r.get('workers', 2)} |")
+                    f"{r.get('micro', r.get('micro_batch_size', 16))} | {r.get('workers', 2)} | "
+                    f"{r.get('lever') or 'none'} |")
         if "error" in r:
             lines.append(f"{settings} failed: {r['error']} | | | | | | |")
             continue
         ratio = f"{r['mfu'] / goal:.2f}" if goal and r.get("mfu") else "n/a"
         memory = f"{r['peak_memory_gib']:.1f}" if r.get("peak_memory_gib") else "n/a"
         loader = f"{r['loader_ratio']:.1f}x" if r.get("loader_ratio") else "n/a"
-        lines.append(f"{settings} {r['tokens_per_s']:,.0f} | {percent(r.get('mfu'))} | "
+        causal = f" ({percent(r['mfu_causal'])})" if r.get("mfu_causal") else ""
+        lines.append(f"{settings} {r['tokens_per_s']:,.0f} | {percent(r.get('mfu'))}{causal} | "
                      f"{percent(goal)} | {ratio} | {memory} | {r['step_s']:.3f} | {loader} |")
     return lines + ["", "MFU counts 6N + 12 L d T FLOPs per token (N without the embedding "
-                    "lookups) against the device's dense bf16 peak. loader / step: the loader "
-                    "alone against what a step consumes (>= 10x needed).", ""]
+                    "lookups) against the device's dense bf16 peak; in brackets, with causal "
+                    "attention halved (6N + 6 L d T, Megatron's and MaxText's count). lever: a "
+                    "speed lever of trainer/speed.py (docs/performance.md). loader / step: the "
+                    "loader alone against what a step consumes (>= 10x needed).", ""]
 
 
 def decode_lines(d: dict) -> list[str]:

@@ -32,7 +32,18 @@ REPO = Path(__file__).resolve().parent.parent
 ACCUMULATION = 8  # micro-steps per optimizer step in the throughput runs
 CHECK_FILES = ("tests/model/test_gpu_checks.py", "tests/trainer/test_gpu_syncs.py")
 POLL_S = 1.0  # how often a running item's rows are read back
-SETTING = ("preset", "zero", "precision", "compile", "attn", "scope", "micro", "workers")
+SETTING = ("preset", "zero", "precision", "compile", "attn", "scope", "micro", "workers", "lever")
+# A speed lever of trainer/speed.py (RunConfig.speed) by its row's name: its setting
+LEVERS = {"coalesce_grad_reduction": "speed.coalesce_grad_reduction=true",
+          "fused_optimizer_ema": "speed.fused_optimizer_ema=true",
+          "compiled_autograd": "speed.engine_compile=compiled_autograd",
+          "deepcompile": "speed.engine_compile=deepcompile",
+          "cuda_graphs": "speed.cuda_graphs=true"}
+
+
+def setting_of(row: dict, key: str):
+    """A row's setting (rows measured before the levers have none: "")."""
+    return row.get(key, "" if key == "lever" else None)
 
 
 def run(command: list[str], timeout: float, env: dict | None = None,
@@ -119,7 +130,7 @@ class Report:
 
 def merged_rows(kept: list[dict], new: list[dict]) -> list[dict]:
     """The kept rows, each replaced by a new measurement of the same setting; new ones appended."""
-    key = lambda row: tuple(row.get(k) for k in SETTING)  # noqa: E731
+    key = lambda row: tuple(setting_of(row, k) for k in SETTING)  # noqa: E731
     fresh = {key(row): row for row in new}
     rows = [fresh.pop(key(row), row) for row in kept]
     return rows + list(fresh.values())
@@ -186,9 +197,13 @@ def train_row(setting: dict, name: str) -> Callable[[Report, float], None]:
 
 
 def train_throughput(setting: dict, data: Path, report: Report, timeout: float) -> dict:
+    """One training row: benchmarks/train_throughput.py with the setting; a row marked
+    `profile` also has its kernels' GPU time per class (the anatomy's, measured)."""
     args = report.args
     result = report.scratch / f"train_{len(list(report.scratch.glob('train_*.json')))}.json"
     seq = 128 if args.smoke else 1024
+    profile = ["--profile", str(result.with_suffix(".txt"))] if setting.get("profile") else []
+    lever = [LEVERS[setting["lever"]]] if setting.get("lever") else []
     preset = setting["preset"]
     config = "configs/tiny.yaml" if preset == "tiny" else f"configs/ao_gpt_{preset}.yaml"
     ds_config = "ds_configs/cpu.json" if args.smoke else f"ds_configs/zero{setting['zero']}.json"
@@ -205,7 +220,8 @@ def train_throughput(setting: dict, data: Path, report: Report, timeout: float) 
                f"train.precision={setting['precision']}",
                f"train.compile={str(setting['compile']).lower()}",
                f"train.compile_scope={setting['scope']}",
-               f"model.attn_impl={setting['attn']}", f"data.num_workers={setting['workers']}"]
+               f"model.attn_impl={setting['attn']}", f"data.num_workers={setting['workers']}",
+               *lever, *profile]
     code, output, seconds = run(command, timeout)
     if code == 0 and result.is_file():
         return {**json.loads(result.read_text()), "seconds": seconds}

@@ -158,3 +158,47 @@ def sequence_seconds(kernels: list[Kernel], gpu: GPU, causal: bool, in_graph: bo
                 device = max(device, host) + seconds
         ends.append(device)
     return ends[1] - ends[0]
+
+
+# What a GPU profile's kernel names say of their class (the census's classes, for the profiler's
+# measured time beside the prediction): library kernels by their vendors' names, inductor's
+# Triton kernels by the ops their names list (triton_per_fused_add_mean_mul_pow_rsqrt_0)
+LIBRARY_KERNELS = (("attention", ("flash", "fmha", "attention", "attn")),
+                   ("matmul", ("gemm", "xmma", "cutlass", "cublas", "splitkreduce", "wgmma")),
+                   ("optimizer + EMA", ("multi_tensor_apply", "adam", "lerp")),
+                   ("orders/gathers", ("index", "gather", "scatter", "embedding", "sort", "radix")),
+                   ("copies", ("memcpy", "memset", "copy", "cat", "fill")))
+LOSS_OPS = {"logsumexp", "exp"}
+NAMED_OPS = COPY_OPS | NORM_OPS | AFFINE_OPS | GATHER_OPS | LOSS_OPS | {
+    "gelu", "gelu_backward", "erf", "softmax", "_softmax", "where", "bitwise_xor", "rshift"}
+
+
+def gpu_kernel_class(name: str, phase: str = "") -> str:
+    """The class of a kernel a GPU profile names (see LIBRARY_KERNELS)."""
+    lower = name.lower()
+    if lower.startswith("triton_"):
+        listed = f"_{lower.split('fused', 1)[-1]}_"
+        ops = {op for op in NAMED_OPS if f"_{op}_" in listed}
+        known = Kernel(name, phase, True, 0.0, 0.0, tuple(ops))
+        return "loss" if ops & LOSS_OPS else kernel_class(known)
+    if phase == "optimizer":
+        return "optimizer + EMA"
+    return next((cls for cls, words in LIBRARY_KERNELS if any(w in lower for w in words)),
+                "other")
+
+
+def measured_classes(events, runs: int) -> dict[str, dict]:
+    """Per class, the GPU kernels and their seconds per run in a torch.profiler's events of
+    `runs` runs (copies and memsets between host and device left out)."""
+    from torch.autograd import DeviceType
+
+    table = {name: {"kernels": 0, "measured_s": 0.0} for name in CLASSES}
+    for event in events:
+        if event.device_type != DeviceType.CUDA or event.name.startswith(
+                ("Memcpy", "Memset", "[memory]")):
+            continue
+        row = table[gpu_kernel_class(event.name)]
+        row["kernels"] += 1
+        row["measured_s"] += event.time_range.elapsed_us() * 1e-6
+    return {name: {"kernels": row["kernels"] / runs, "measured_s": row["measured_s"] / runs}
+            for name, row in table.items()}

@@ -68,6 +68,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--targets", type=int, default=1, help="decode: tokens drawn")
     parser.add_argument("overrides", nargs="*", metavar="key.sub=value",
                         help="training: run config settings (a lever's switch)")
+    parser.add_argument("--kernels", type=Path,
+                        help="a folder: the recorded kernels are kept there, or, if it holds "
+                             "them, read from there instead of recorded (a new prediction from "
+                             "the same recording)")
     parser.add_argument("--record", type=int, help=argparse.SUPPRESS)  # a child: this micro
     parser.add_argument("--record-to", type=Path, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
@@ -76,6 +80,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         raise UsageError(f"--accumulation must be at least 2, got {args.accumulation}")
     if args.json is not None and args.json.is_dir():
         raise UsageError(f"--json {args.json} is a folder: give a file name")
+    if args.kernels is not None and args.kernels.exists() and not args.kernels.is_dir():
+        raise UsageError(f"--kernels {args.kernels} is a file: give a folder")
     if args.decode and args.known + args.targets > args.seq_len:
         raise UsageError("--known plus --targets must not exceed --seq-len")
     return args
@@ -143,13 +149,15 @@ def record_child(args: argparse.Namespace, micro: int, data: Path, out: Path) ->
 
 def training_kernels(args: argparse.Namespace) -> list:
     """The kernels of one optimizer step at --micro and --accumulation."""
+    files = [f"kernels_{micro}.json" for micro in anatomy.RECORDED_MICRO_BATCHES]
     with tempfile.TemporaryDirectory(prefix="aogpt_anatomy_") as scratch:
-        data = make_data(Path(scratch), seq_len(args.preset))
-        recorded = []
-        for micro in anatomy.RECORDED_MICRO_BATCHES:
-            out = Path(scratch) / f"kernels_{micro}.json"
-            record_child(args, micro, data, out)
-            recorded.append(anatomy.from_json(json.loads(out.read_text())))
+        folder = args.kernels or Path(scratch)
+        if not all((folder / name).is_file() for name in files):
+            folder.mkdir(parents=True, exist_ok=True)
+            data = make_data(Path(scratch), seq_len(args.preset))
+            for micro, name in zip(anatomy.RECORDED_MICRO_BATCHES, files, strict=True):
+                record_child(args, micro, data, folder / name)
+        recorded = [anatomy.from_json(json.loads((folder / name).read_text())) for name in files]
     step = anatomy.extrapolate(*recorded, args.micro)
     return anatomy.optimizer_step(step, args.accumulation)
 
@@ -170,6 +178,7 @@ def training_anatomy(args: argparse.Namespace) -> dict:
     kernels = training_kernels(args)
     gpu = GPUS[args.gpu]
     result = anatomy.prediction(kernels, gpu, causal=True, in_graph=False)
+    result["by_gpu"] = by_gpu(kernels, causal=True)
     tokens = args.micro * args.accumulation * seq_len(args.preset)
     whole, causal = model_flops(args)
     step_s = result["predicted_s"]
@@ -187,6 +196,11 @@ def training_anatomy(args: argparse.Namespace) -> dict:
     return result
 
 
+def by_gpu(kernels: list, causal: bool) -> dict:
+    """Each GPU's prediction per class, for the GPU report to set beside what it measures."""
+    return {name: anatomy.classes(kernels, gpu, causal) for name, gpu in GPUS.items()}
+
+
 def measured_on(args: argparse.Namespace, measured: dict | None) -> dict | None:
     """A measurement of the report's GPU, if it is --gpu (and nothing was changed by a lever)."""
     if measured is None or args.overrides or args.gpu not in measured["source"]:
@@ -195,9 +209,16 @@ def measured_on(args: argparse.Namespace, measured: dict | None) -> dict | None:
 
 
 def decode_anatomy(args: argparse.Namespace) -> dict:
-    kernels = record_decode_call(args.preset, args.batch_size, args.seq_len, args.known,
-                                 args.targets)
+    kept = args.kernels / "kernels_decode.json" if args.kernels else None
+    if kept is not None and kept.is_file():
+        kernels = anatomy.from_json(json.loads(kept.read_text()))
+    else:
+        kernels = record_decode_call(args.preset, args.batch_size, args.seq_len, args.known,
+                                     args.targets)
+        if kept is not None:
+            write_json_atomic(anatomy.to_json(kernels), kept)
     result = anatomy.prediction(kernels, GPUS[args.gpu], causal=False, in_graph=True)
+    result["by_gpu"] = by_gpu(kernels, causal=False)
     result.update(what="decode call", configuration=configuration(args),
                   predicted_call_ms=result["predicted_s"] * 1e3,
                   kernels_per_call=result["kernels_per_step"])

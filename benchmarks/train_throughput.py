@@ -22,6 +22,7 @@ import time
 from pathlib import Path
 
 import torch
+from roofline import measured_classes
 
 from aogpt import cli_entry
 from aogpt.files import write_json_atomic
@@ -45,7 +46,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--json", type=Path, help="also write the results here (rank 0)")
     parser.add_argument("--profile", type=Path,
                         help="write a table of the GPU kernels of 2 more steps here "
-                             "(torch.profiler)")
+                             "(torch.profiler), and their time per kernel class of "
+                             "benchmarks/step_anatomy.py into --json")
     parser.add_argument("--local_rank", type=int, default=None, help=argparse.SUPPRESS)
     return parser.parse_args(argv)
 
@@ -67,8 +69,9 @@ def time_steps(trainer: Trainer, warmup: int, steps: int) -> tuple[float, float]
     return time.perf_counter() - start, data_wait
 
 
-def profile_steps(trainer: Trainer, first_update: int, path: Path) -> None:
-    """The kernels (and host ops) of 2 optimizer steps, most time first, as a text table."""
+def profile_steps(trainer: Trainer, first_update: int, path: Path) -> dict:
+    """The kernels (and host ops) of 2 optimizer steps, most time first, as a text table; returns
+    their GPU time per step by kernel class (roofline.measured_classes)."""
     from torch.profiler import ProfilerActivity, profile
     activities = [ProfilerActivity.CPU]
     if trainer.device.type == "cuda":
@@ -80,6 +83,7 @@ def profile_steps(trainer: Trainer, first_update: int, path: Path) -> None:
     sort = "cuda_time_total" if trainer.device.type == "cuda" else "cpu_time_total"
     table = prof.key_averages().table(sort_by=sort, row_limit=40, max_name_column_width=80)
     path.write_text(table)
+    return measured_classes(prof.events(), runs=2)
 
 
 def time_loader(trainer: Trainer, batches: int) -> float:
@@ -107,10 +111,11 @@ def main(argv: list[str] | None = None) -> int:
     args.start_over = False  # trainer/main.py's flag: the scratch out_dir is new anyway
     trainer = Trainer(preflight(args, dist_env), dist_env)
     cfg, world = trainer.cfg, dist_env.world_size
+    classes = None
     try:
         step_seconds, data_wait = time_steps(trainer, args.warmup, args.steps)
         if args.profile and dist_env.is_main:
-            profile_steps(trainer, args.warmup + args.steps, args.profile)
+            classes = profile_steps(trainer, args.warmup + args.steps, args.profile)
         loader_seconds = time_loader(trainer, args.loader_batches)
     finally:
         trainer.close()  # loader workers ignore SIGTERM: they would hold the exit
@@ -155,7 +160,7 @@ def main(argv: list[str] | None = None) -> int:
             "tokens_per_s_per_device": step_tokens / world, "step_s": step_seconds / args.steps,
             "data_wait_fraction": data_wait / step_seconds,
             **trainer.mfu(step_tokens),
-            "peak_memory_gib": memory, "loader_ratio": ratio}, args.json)
+            "peak_memory_gib": memory, "loader_ratio": ratio, "classes": classes}, args.json)
     return 0
 
 
