@@ -5,7 +5,7 @@
 
 What it reads (the hub's OpenWebText, or local .txt, .jsonl[.gz], .parquet and OpenWebText's
 archives), what it writes and how a re-run, --overwrite, --out s3://... and --slice I/N behave:
-README.md, "1. Data" (and docs/cluster.md for buckets and SLURM arrays). This command wires the
+docs/data.md (and docs/cluster.md for buckets and SLURM arrays). This command wires the
 pieces together; each says why it is built as it is:
     sources.py    the inputs, cut into chunks by the input alone (the hub's parquet export:
                   datasets >= 4 cannot run OpenWebText's loading script)

@@ -67,7 +67,7 @@ def reproducible_dtype(device: torch.device) -> torch.dtype:
 
     Unlike auto_dtype it reads no CPU flags: a CPU run (the demo, the tests, a config tried on a
     laptop) checks a recipe rather than racing, and its numbers are compared with ones made on
-    other CPUs (the demo's in the README came from an AVX2-only machine; trainer/sample.py
+    other CPUs (the demo's in README.md came from an AVX2-only machine; trainer/sample.py
     redraws the samples that training wrote, token for token), so its arithmetic must not
     depend on which CPU runs it.
     """

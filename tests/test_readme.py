@@ -1,4 +1,5 @@
-"""README.md's commands run as written in a fresh clone, one after another, in the README's order.
+"""The docs' commands run as written in a fresh clone, one after another: README.md's, then each
+page's of docs/README.md's list "Pages whose commands run", in that order.
 
 A command whose comment says what it needs ("# needs GPUs", "# needs the Hugging Face hub",
 "# needs SLURM", "# needs your lines.txt") needs more than a CPU and PyPI and is left out; so
@@ -16,6 +17,9 @@ import sys
 from pathlib import Path
 
 import pytest
+from docs_testing import Block, commands, page, walkthrough
+
+from aogpt.trainer.dist_env import free_port
 
 REPO = Path(__file__).resolve().parent.parent
 BIN = Path(sys.executable).parent
@@ -30,50 +34,25 @@ SHORTER = {  # documented flags that make a command quick (argparse: the last va
 SCRIPT_FOLDERS = ("configs", "data_prep", "ds_configs", "experiments", "slurm", "tools", "trainer")
 
 
-def code_blocks(markdown: str) -> list[list[str]]:
-    """The indented code blocks of a Markdown text, each a list of its lines (indent removed)."""
-    blocks, block, previous = [], None, ""
-    for line in markdown.splitlines():
-        if line.startswith("    ") and (block is not None or not previous.strip()):
-            block = block if block is not None else []
-            block.append(line[4:])
-        elif block is not None and not line.strip():
-            block.append("")
-        else:
-            if block is not None:
-                blocks.append(block)
-            block = None
-        previous = line
-    if block is not None:
-        blocks.append(block)
-    return [[line for line in "\n".join(b).strip("\n").split("\n")] for b in blocks]
-
-
-def shell_commands(block: list[str]) -> list[str] | None:
-    """The block's commands (a line ending in a backslash continues on the next), or None when it
-    is not a shell block."""
-    commands, pending = [], ""
-    for line in block:
-        pending += line.strip()
-        if pending.endswith("\\"):
-            pending = pending[:-1]
-            continue
-        if pending:
-            commands.append(pending)
-        pending = ""
+def shell_commands(block: Block) -> list[str] | None:
+    """A code block's commands, or None when it is not a shell block (a log, a table)."""
+    found = commands(block)
     first = [next((word for word in command.split() if not re.fullmatch(r"\w+=\S*", word)), "")
-             for command in commands]
-    return commands if commands and all(word in SHELL_WORDS for word in first) else None
+             for command in found]
+    return found if found and all(word in SHELL_WORDS for word in first) else None
 
 
-def readme_steps() -> list[tuple[str, str]]:
-    """("shell" | "python", code) for every README example, in order."""
+def walkthrough_steps() -> list[tuple[str, str]]:
+    """("shell" | "python", code) for every example of the pages that run, in order."""
     steps = []
-    for block in code_blocks((REPO / "README.md").read_text()):
-        if block[0].startswith(("import ", "from ")):
-            steps.append(("python", "\n".join(block)))
-        elif (commands := shell_commands(block)) is not None:
-            steps += [("shell", command) for command in commands]
+    for path in walkthrough():
+        for block in page(path).blocks:
+            if block.kind != "code" or not block.lines:
+                continue
+            if block.lines[0].startswith(("import ", "from ")):
+                steps.append(("python", "\n".join(block.lines)))
+            elif (found := shell_commands(block)) is not None:
+                steps += [("shell", command) for command in found]
     return steps
 
 
@@ -84,13 +63,19 @@ def runnable(command: str) -> bool:
 
 
 def shortened(command: str) -> str:
+    """The command with its documented shortening flags, and a launcher on a free port of its
+    own (the deepspeed launcher's default, 29500, may be another run's on a shared host)."""
     words = shlex.split(command, comments=True)
     extra = next((flags for script, flags in SHORTER.items() if script in words), None)
-    return shlex.join(words + extra) if extra else command
+    if words[0] == "deepspeed":
+        words[1:1] = ["--master_port", str(free_port())]
+    elif not extra:
+        return command
+    return shlex.join(words + (extra or []))
 
 
 def test_every_command_either_runs_here_or_says_what_it_needs():
-    steps = readme_steps()
+    steps = walkthrough_steps()
     commands = [code for kind, code in steps if kind == "shell"]
     assert sum(map(runnable, commands)) >= 15 and any(kind == "python" for kind, _ in steps)
     for command in commands:
@@ -102,23 +87,23 @@ def test_every_command_either_runs_here_or_says_what_it_needs():
 def test_the_installation_by_hand_is_what_make_install_does():
     makefile = (REPO / "Makefile").read_text()
     installs = re.findall(r"\$\(PY\) -m pip install -q (.+)", makefile)
-    by_hand = [part.strip() for _, code in readme_steps() for part in code.split("&&")
+    by_hand = [part.strip() for _, code in walkthrough_steps() for part in code.split("&&")
                if part.strip().startswith("pip install")]
     assert [line.removeprefix("pip install ") for line in by_hand] == [
         line for line in installs if line != "--upgrade pip"]
     assert "-m aogpt.data_prep.tokenizer fetch" in makefile
-    assert ("shell", "python -m aogpt.data_prep.tokenizer fetch") in readme_steps()
+    assert ("shell", "python -m aogpt.data_prep.tokenizer fetch") in walkthrough_steps()
 
 
 @pytest.mark.slow
-def test_the_readme_runs_as_written_in_a_fresh_clone(tmp_path):
+def test_the_docs_run_as_written_in_a_fresh_clone(tmp_path):
     """In a folder holding only the repository's scripts and configs (a fresh clone: no data,
     runs or exports), every runnable command and example, in order."""
     for name in SCRIPT_FOLDERS:
         (tmp_path / name).symlink_to(REPO / name)
     env = {**os.environ, "PATH": f"{BIN}{os.pathsep}{os.environ['PATH']}", "OMP_NUM_THREADS": "1"}
     done = []
-    for kind, code in readme_steps():
+    for kind, code in walkthrough_steps():
         if kind == "shell" and not runnable(code):
             continue
         argv = (["bash", "-c", shortened(code)] if kind == "shell"

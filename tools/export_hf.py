@@ -7,7 +7,7 @@
 DIR gets the weights, the modelling code (model/hf/remote_code.py copies it), GPT-2's tokenizer
 and aogpt_export.json, the export's provenance and the files it wrote. What the folder holds, how
 the model scores and generates (left to right, and in any order with the KV-cache sampler) and
-how lm-evaluation-harness reads it: README.md, "Hugging Face export".
+how lm-evaluation-harness reads it: docs/export.md, "Hugging Face export".
 
 The folder is written beside DIR and renamed into place: DIR is complete or absent. DIR may be
 new or empty; --force replaces an earlier export only (a folder holding aogpt_export.json and no

@@ -1,1 +1,1 @@
-"""Training, and the scoring and generation it runs too: why one folder, README.md's Layout."""
+"""Training, and the scoring and generation it runs too: why one folder, docs/extending.md."""

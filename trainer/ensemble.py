@@ -1,8 +1,9 @@
 """The paper's context-order ensemble (Finding 5), as mathematics over one model: for the i-th
 target of a base order σ, p_ens = mean over M members of p(x[σ_i] | the context σ_<i
 re-permuted), member 0 being σ itself. trainer/evaluation.py scores data folders with it
-(evaluate.py --ensemble, in-training evaluation) and trainer/lm_harness.py answers lm-eval's
-requests with it (order=ensemble:M): both call ensemble_member_nll, the one member loop.
+(evaluate.py --ensemble; evaluation while training scores no ensemble) and
+trainer/lm_harness.py answers lm-eval's requests with it (order=ensemble:M): both call
+ensemble_member_nll, the one member loop.
 
 The ensemble, cheaply. The paper's script runs, per batch of 4 sequences of n = 1024 tokens,
 1 + n (M-1) full forwards of n+1 slots with all logits. Causal attention makes the prediction of

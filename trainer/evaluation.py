@@ -18,12 +18,14 @@ For each sequence x of n tokens (a data folder's samples in order, split over ra
                asked for, each the average over the first M' members. Its mathematics, and how
                it is computed cheaply: trainer/ensemble.py.
 
-Evaluator.run is the one batch loop of every score: it takes any iterable of batches, a data
-folder's (score_data: evaluate.py, the zero-shot sets while training) or the training data's val
-loader (trainer/validator.py). Everything is token-weighted (sum of NLL over all ranks / sum of
-tokens), no sample is scored twice and the last partial batch counts. Every random choice is a
-counter-based hash of (seed, global sample index, ...), so results depend neither on the batch
-size nor on the number of ranks.
+Evaluator.run is the one batch loop of this module's scores: it takes any iterable of batches,
+a data folder's (score_data: evaluate.py, the zero-shot sets while training) or the training
+data's val loader (trainer/validator.py). lm-eval's requests (trainer/lm_harness.py) and the
+judge's samples (trainer/judge.py) are batched where they are made, by their own loops.
+Everything is token-weighted (sum of NLL over all ranks / sum of tokens), no sample is scored
+twice and the last partial batch counts. Every random choice is a counter-based hash of (seed,
+global sample index, ...), so results depend neither on the batch size nor on the number of
+ranks.
 
 Samples of a per-example data folder (LAMBADA's --packing per_example) carry a `length`: only
 their first `length` tokens are real, and every order reads them first, so that the EOS padding

@@ -2,7 +2,7 @@
 launched the way users launch them: `deepspeed --num_gpus 2 trainer/main.py ...` and torchrun. They
 train on the synthetic language (conftest.synthetic_data): what they check is how a run runs, and a
 head of its 128 ids instead of GPT-2's 50,257 leaves a step a sixth of the arithmetic (the demo and
-the README train on real text).
+the docs' commands train on real text).
 
 One uninterrupted reference run (the session's, conftest.reference_run, which the S3 tests share)
 is compared with: ZeRO-2 and ZeRO-3 runs (same first steps), and a run stopped by SIGTERM and re-run
