@@ -97,8 +97,13 @@ def classes(kernels: list[Kernel], gpu: GPU, causal: bool) -> dict[str, dict]:
         row["flops"] += k.flops
         row["bytes"] += k.bytes
         row["predicted_s"] += kernel_seconds(k, gpu, causal)
+    total = sum(row["predicted_s"] for row in table.values()) or 1.0
     for row in table.values():  # what the class loses against its FLOPs at the peak
         row["lost_s"] = row["predicted_s"] - row["flops"] / gpu.peak_flops
+        # as tables write them (docs/performance.md quotes these)
+        row.update(gflop=row["flops"] / 1e9, gb=row["bytes"] / 1e9,
+                   predicted_ms=row["predicted_s"] * 1e3, lost_ms=row["lost_s"] * 1e3,
+                   share=row["predicted_s"] / total)
     return table
 
 
