@@ -21,7 +21,6 @@ in bf16 as CUDA's do.
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import tempfile
 from collections.abc import Iterator
@@ -114,12 +113,20 @@ def gpu_loss_path(census: KernelCensus) -> Iterator[None]:
         loss.cache_fitted_chunk, loss._add_weight_grad = chunk, add
 
 
-def trainer_args(config: str, ds_config: str, overrides: list[str], out_dir: Path
-                 ) -> argparse.Namespace:
-    """trainer/main.py's arguments for a throwaway run (no evaluation, nothing resumed)."""
-    return argparse.Namespace(config=config, ds_config=ds_config, start_over=False, overrides=[
-        *overrides, f"out_dir={out_dir}", "eval.every=0", "eval.sets=[]", "logging.wandb='off'",
-        "train.log_every=1000000"])
+def trainer_plan(config: str, ds_config: str, overrides: list[str], out_dir: Path, dist_env):
+    """What trainer/main.py's pre-flight hands the Trainer, for a throwaway run: no evaluation,
+    no checkpoint to resume, nothing logged to wandb."""
+    from aogpt.trainer.config import load_config, resolve_device_choices
+    from aogpt.trainer.data import check_data
+    from aogpt.trainer.ds_config import load_ds_config, resolve_ds_config
+    from aogpt.trainer.loop import Plan
+
+    cfg = load_config(config, [*overrides, f"out_dir={out_dir}", "eval.every=0", "eval.sets=[]",
+                               "logging.wandb='off'", "train.log_every=1000000"])
+    resolve_device_choices(cfg, dist_env.device.type)
+    cfg.validate(world_size=dist_env.world_size)
+    resolved = resolve_ds_config(load_ds_config(ds_config), cfg, dist_env.world_size)
+    return Plan(cfg, resolved, check_data(cfg, dist_env), resume_tag=None)
 
 
 def record_training_step(config: str, ds_config: str, overrides: list[str]) -> list[Kernel]:
@@ -127,13 +134,12 @@ def record_training_step(config: str, ds_config: str, overrides: list[str]) -> l
     device, each marked with its phase and micro-step."""
     from aogpt.trainer.dist_env import setup_distributed_env
     from aogpt.trainer.loop import Trainer
-    from aogpt.trainer.main import preflight
 
     census = KernelCensus()
     with tempfile.TemporaryDirectory(prefix="aogpt_anatomy_") as scratch:
         dist_env = setup_distributed_env()
-        args = trainer_args(config, ds_config, overrides, Path(scratch) / "run")
-        trainer = Trainer(preflight(args, dist_env), dist_env)
+        plan = trainer_plan(config, ds_config, overrides, Path(scratch) / "run", dist_env)
+        trainer = Trainer(plan, dist_env)
         try:
             mark_trainer(trainer, census)
             with census.compiling(), gpu_loss_path(census):

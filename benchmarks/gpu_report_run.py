@@ -23,7 +23,6 @@ from pathlib import Path
 import torch
 from results import EXCEPTION_LINE, why
 
-from aogpt.data_prep.corpora import python_docs
 from aogpt.files import write_json_atomic, write_text_atomic
 from aogpt.model.run_folder import RunFolder
 from aogpt.trainer.metrics import read_metrics
@@ -166,9 +165,10 @@ def checks(report: Report, timeout: float) -> None:
 
 
 def make_data(report: Report, timeout: float) -> None:
-    """A pretraining folder (train + val) of Python's documentation, tokenized by owt_to_mds.py."""
+    """A pretraining folder (train + val) of Python's documentation (three times over, to fill
+    the training rows' batches), tokenized by owt_to_mds.py."""
     seq_len = 128 if report.args.smoke else 1024
-    source = python_docs(report.scratch, copies=3)
+    source = python_docs_corpus(report.scratch, copies=3)
     out = report.scratch / f"data_{seq_len}"
     code, output, seconds = run([sys.executable, "data_prep/owt_to_mds.py", "--out", str(out),
                                  "--source", str(source), "--seq-len", str(seq_len),
@@ -177,6 +177,16 @@ def make_data(report: Report, timeout: float) -> None:
     report.data["data"] = ({"path": str(out), "seconds": seconds} if code == 0 else
                            {"error": f"data_prep/owt_to_mds.py failed: {failure(output)}",
                             "seconds": seconds})
+
+
+def python_docs_corpus(folder: Path, copies: int = 1) -> Path:
+    """folder/python_docs.jsonl, written by the corpora command (python -m
+    aogpt.data_prep.corpora python-docs), its documents repeated `copies` times."""
+    subprocess.run([sys.executable, "-m", "aogpt.data_prep.corpora", "python-docs", "--out",
+                    str(folder)], check=True, capture_output=True)
+    source = folder / "python_docs.jsonl"
+    source.write_text(source.read_text() * copies)
+    return source
 
 
 def train_row(setting: dict, name: str) -> Callable[[Report, float], None]:

@@ -40,6 +40,7 @@ from pathlib import Path
 import anatomy
 import torch
 from anatomy_record import record_decode_call, record_training_step
+from gpu_report_run import python_docs_corpus
 from roofline import GPUS
 
 from aogpt import UsageError, check_counts, cli_entry
@@ -122,11 +123,9 @@ def preset_files(args: argparse.Namespace) -> tuple[str, str]:
 
 def make_data(folder: Path, length: int) -> Path:
     """A pretraining folder of Python's documentation at `length` tokens per sequence."""
-    from aogpt.data_prep.corpora import python_docs
-
     out = folder / "data"
     done = subprocess.run([sys.executable, "data_prep/owt_to_mds.py", "--out", str(out),
-                           "--source", str(python_docs(folder)), "--seq-len", str(length),
+                           "--source", str(python_docs_corpus(folder)), "--seq-len", str(length),
                            "--val-fraction", "0.05", "--workers", "1"], cwd=anatomy.REPO,
                           capture_output=True, text=True)
     if done.returncode:
