@@ -35,6 +35,25 @@ RECORDED_MICRO_STEPS = 3  # first, middle and last micro-step of an optimizer st
 RECORDED_MICRO_BATCHES = (2, 3)  # sequences per micro-batch of the two recordings
 
 
+# Where the recording's kernels are a CPU's and not a GPU's (benchmarks/anatomy_record.py says
+# where it takes the GPU's path instead), in the JSON for whoever reads its numbers
+CPU_VS_GPU = [
+    "matmuls are library calls on both (inductor keeps mm/addmm/bmm extern without max-autotune)",
+    "attention is one library call each way on both: the CPU's flash attention where a GPU runs "
+    "FlashAttention-2 (torch's SDPA) or the efficient kernel (a masked decode call); a GPU's "
+    "backward launches 2-3 kernels (counted as one)",
+    "inductor's scheduler fuses alike (the same pass before code generation), but Triton splits "
+    "a reduction of few outputs over many values in two kernels (roofline.launches adds them) "
+    "where a CPU's C++ kernel does not, and a CPU puts several fused nodes in one C++ function "
+    "(counted apart, as a GPU's kernels)",
+    "the chunked loss runs the preset's chunks (a CPU's are cache-sized) and the head's weight "
+    "gradient is one fp32-accumulating matmul (a CPU makes three kernels of it)",
+    "autocast follows the CPU's op lists: matmuls and attention in bf16 as CUDA's; eager ops a "
+    "GPU runs as several kernels (fused AdamW's multi-tensor launches) count as one",
+    "a host-to-device copy of each batch is not recorded (a CPU has none)",
+]
+
+
 def to_json(kernels: list[Kernel]) -> list[dict]:
     return [asdict(k) for k in kernels]
 
@@ -130,6 +149,7 @@ def prediction(kernels: list[Kernel], gpu: GPU, causal: bool, in_graph: bool) ->
                 row["kernels"] for row in table.values()),
             "launch_s_in_graph" if in_graph else "launch_s": KERNEL_S,
             "most_lost": max(table, key=lambda name: table[name]["lost_s"]),
+            "cpu_vs_gpu": CPU_VS_GPU,
             "classes": table, "kernels": distinct_kernels(kernels, gpu, causal)}
 
 

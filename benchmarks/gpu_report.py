@@ -6,8 +6,8 @@
     python benchmarks/gpu_report.py --smoke [--out /tmp/report.md]      (CPU, minutes: what CI runs)
 
 One GPU, one device call of 10 minutes: the report is a plan of items in order of value, each
-with an estimate of its seconds on an H100, and it must fit --budget (560 s: the call's 600 less
-the wheels' install and the interpreter's start). In order:
+with an estimate of its seconds on a GPU (the H200 call's own), and it must fit --budget (560 s:
+the call's 600 less the wheels' install and the interpreter's start). In order:
 
   checks      `pytest -m gpu`, the correctness checks first (tests/model/test_gpu_checks.py:
               the order hash and the shuffle bitwise as on a CPU, eager and compiled; the
@@ -15,35 +15,43 @@ the wheels' install and the interpreter's start). In order:
               float64; the compiled sampler replayed as CUDA graphs against eager steps;
               tests/trainer/test_gpu_syncs.py: training steps 2..k under
               torch.cuda.set_sync_debug_mode("error") in autocast_bf16 and bf16), then every
-              other GPU test
-  train small training tokens/s, MFU and peak memory of AO-GPT small at seq 1024 with the default
-              recipe (ZeRO-1, autocast_bf16, compiled per block) through the real trainer
-              (benchmarks/train_throughput.py: DeepSpeed engine, streaming loader, EMA), on data
-              made on the spot from Python's own documentation (real English, data_prep)
+              other GPU test (the speed levers' CUDA-only ones among them)
+  train small training tokens/s, MFU (both ways) and peak memory of AO-GPT small at seq 1024 with
+              the default recipe (ZeRO-1, autocast_bf16, compiled per block) through the real
+              trainer (benchmarks/train_throughput.py: DeepSpeed engine, streaming loader, EMA),
+              on data made on the spot from Python's own documentation (real English,
+              data_prep); 2 more steps profiled, their GPU time per kernel class beside
+              benchmarks/step_anatomy.py's prediction (docs/step-anatomy.json)
   decode      one decoder step as trainer/sample.py runs it (replayed as a CUDA graph, and
               compiled too for long runs) beside eager and compiled steps
               (benchmarks/decode_step.py): kernels per step and ms, the numbers that decide
-              sample.py's --compile auto
+              sample.py's --compile auto; its kernels' time per class beside the anatomy's
+              prediction (docs/step-anatomy-decode.json)
+  train medium  the default recipe for medium
+  levers      each speed lever against small's default recipe, one training row each: those of
+              trainer/speed.py (one reduction per step, optimizer and EMA in one pass, compiled
+              autograd, DeepCompile, CUDA graphs) and one compiled graph for the network (norm,
+              AdaLN and residual fused across blocks)
+and then, where the budget leaves room, the rest, named in the plan when it does not fit:
   paper       the paper's own trainer and sampler beside ours (benchmarks/paper_baseline.py), its
               code read from --paper (by default the git-ignored .paper/ of this checkout: its
               repository has no licence): both bare training steps compiled (each side's fastest
               on a GPU), and one generation of 32 x 1024 tokens at S = 1024 by each in a fresh
-              process, compilation apart
-  train medium  the default recipe for medium
-and then, where the budget leaves room, the rest, named in the plan when it does not fit:
+              process, compilation apart (measured on the H200; --merge keeps them)
   generation  the KV-cache decoder against the encoder baseline (benchmarks/generation_speed.py),
               batch 32, n = 1024, S = 64 and 1024, eager/eager and compiled/compiled
   e2e         `trainer/main.py` with the small recipe for 30 steps in two launches (the loss falls,
               a checkpoint is written, the second launch resumes from it)
-  train ...   one change at a time from small's default recipe (ZeRO-2, DeepSpeed's bf16, one
-              graph for the network, micro-batch 32, 8 loader workers, eager), medium with ZeRO-2
+  train ...   one change at a time from small's default recipe (flash-attn where installed,
+              ZeRO-2 with one reduction per step, ZeRO-2, DeepSpeed's bf16, micro-batch 32, 8
+              loader workers, eager), medium with ZeRO-2
 
 --dry-run prints the plan with its estimates and refuses one that would drop a promised item
-(the checks, small, decode, the paper side, medium; with --only, every item named) or that has no
-paper checkout to read; the items it leaves to a second call are named with the command that
-measures them (--only ... --merge). A run checks the same before it starts. While it runs, an
-item whose estimate no longer fits what is left of the budget is skipped and named, and no item
-may run past the budget (its process is ended there).
+(the checks, small, decode, medium, the levers; with --only, every item named) or that has no
+paper checkout to read when it plans the paper's side; the items it leaves to a second call are
+named with the command that measures them (--only ... --merge). A run checks the same before it
+starts. While it runs, an item whose estimate no longer fits what is left of the budget is
+skipped and named, and no item may run past the budget (its process is ended there).
 
 Every row is written the moment it is measured: the report (markdown, and the same numbers as
 JSON next to it) is rewritten after each item, and while a benchmark runs its rows are read from

@@ -274,7 +274,7 @@ def _scheduled_kernel(node, names: dict[str, str]) -> Kernel | None:
                for origin in member.node.get_origins()
                if isinstance(origin.target, torch._ops.OpOverload)}
     ops = tuple(sorted({str(origin.target).removeprefix("aten.") for origin in origins}))
-    moved = float(node.get_read_write_buffers_sizes())
+    moved = float(_bytes_moved(node, members))
     if node.is_extern():
         kernel = getattr(node.node, "python_kernel_name", None) or node.get_name()
         name = kernel.removeprefix("extern_kernels.").removeprefix("torch.ops.aten.")
@@ -287,6 +287,23 @@ def _scheduled_kernel(node, names: dict[str, str]) -> Kernel | None:
     numel, reduced = (_count(part) for part in node.group[1])  # (outputs, reduced each)
     return Kernel(name, "", True, 0.0, moved, ops,
                   reduction=(numel, reduced) if reduced > 1 else None)
+
+
+def _bytes_moved(node, members: list) -> int:
+    """The bytes a kernel reads and writes: inductor's count for the fused node (each buffer
+    once, those that live only inside the kernel left out), each buffer capped at what its
+    members' own counts give. Inductor counts a fused node's every buffer whole, which for a
+    scatter into a big buffer (a KV cache's new rows) is the whole cache where the members' count
+    is the rows written."""
+    fused = node.get_read_write_buffer_accesses(include_reads=True, include_writes=True)
+    if len(members) == 1:
+        return sum(fused.values())
+    own: dict[str, int] = {}
+    for member in members:
+        for name, size in member.get_read_write_buffer_accesses(
+                include_reads=True, include_writes=True).items():
+            own[name] = own.get(name, 0) + size
+    return sum(min(size, own.get(name, size)) for name, size in fused.items())
 
 
 def _count(sizes) -> int:

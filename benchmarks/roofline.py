@@ -129,13 +129,15 @@ def roofline_seconds(kernel: Kernel, gpu: GPU, causal: bool) -> float:
 
 
 def launches(kernel: Kernel, gpu: GPU) -> int:
-    """GPU kernels the kernel is: a reduction of few outputs over many values is split in two by
-    Triton (inductor splits when the outputs are fewer than 64 per SM: ir.Reduction.num_splits);
-    the CPU's C++ kernels never split."""
+    """GPU kernels the kernel is: Triton splits a reduction of few outputs over many values in
+    two kernels, the CPU's C++ kernels never do. Inductor's thresholds
+    (ir.Reduction.num_splits, choices.reduction_split_factor): more than 8,192 values reduced
+    per output, and fewer output blocks of 128 than SMs (a gradient's column sums over the
+    tokens: split; a norm over 768 features: not)."""
     if kernel.reduction is None:
         return 1
     outputs, reduced = kernel.reduction
-    return 2 if outputs < 64 * gpu.sms and reduced > 32 else 1
+    return 2 if reduced > 8192 and outputs < 128 * gpu.sms else 1
 
 
 def kernel_seconds(kernel: Kernel, gpu: GPU, causal: bool) -> float:

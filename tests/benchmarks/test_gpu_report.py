@@ -22,7 +22,8 @@ from results import STOP_VARIABLE  # noqa: E402
 
 STANDIN = REPO / "tests" / "benchmarks" / "paper_standin"
 PROMISED = ["checks: pytest -m gpu", "train small (default recipe)", "decode: one step",
-            "train medium (default recipe)", *(f"train small ({lever})" for lever in LEVERS)]
+            "train medium (default recipe)", *(f"train small ({lever})" for lever in LEVERS),
+            "train small (scope network)"]
 
 
 def plan_of(stdout: str) -> list[tuple[float, float, str]]:
