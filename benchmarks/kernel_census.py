@@ -274,7 +274,7 @@ def _scheduled_kernel(node, names: dict[str, str]) -> Kernel | None:
                for origin in member.node.get_origins()
                if isinstance(origin.target, torch._ops.OpOverload)}
     ops = tuple(sorted({str(origin.target).removeprefix("aten.") for origin in origins}))
-    moved = float(_bytes_moved(node, members))
+    moved = float(_extern_bytes(node) if node.is_extern() else _bytes_moved(node, members))
     if node.is_extern():
         kernel = getattr(node.node, "python_kernel_name", None) or node.get_name()
         name = kernel.removeprefix("extern_kernels.").removeprefix("torch.ops.aten.")
@@ -304,6 +304,19 @@ def _bytes_moved(node, members: list) -> int:
                 include_reads=True, include_writes=True).items():
             own[name] = own.get(name, 0) + size
     return sum(min(size, own.get(name, size)) for name, size in fused.items())
+
+
+def _extern_bytes(node) -> int:
+    """A library call's bytes: its inputs as it sees them (views: the visible slots of a KV
+    cache, not the whole cache inductor would count) and the buffers it writes."""
+    from torch._inductor.utils import get_dtype_size, sympy_product
+    from torch._inductor.virtualized import V
+
+    read = sum(V.graph.sizevars.optimization_hint(sympy_product(i.get_size()), fallback=0)
+               * get_dtype_size(i.get_dtype())
+               for i in node.node.inputs if hasattr(i, "get_size") and hasattr(i, "get_dtype"))
+    written = node.get_read_write_buffer_accesses(include_reads=False, include_writes=True)
+    return read + sum(written.values())
 
 
 def _count(sizes) -> int:
