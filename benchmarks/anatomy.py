@@ -81,15 +81,41 @@ def _line(one, two, at: int):
 
 
 def extrapolate(one: list[Kernel], two: list[Kernel], micro: int) -> list[Kernel]:
-    """The kernels of a step at micro-batch `micro` from its two recordings."""
-    if [k.name for k in one] != [k.name for k in two]:
-        at = next((n for n, (a, b) in enumerate(zip(one, two, strict=False)) if a.name != b.name),
-                  min(len(one), len(two)))
-        raise RuntimeError(f"the step's kernels differ between its two recordings (kernel "
-                           f"{at} of {len(one)} and {len(two)}): nothing to extrapolate")
+    """The kernels of a step at micro-batch `micro` from its two recordings, each kernel paired
+    with its namesake (pair_kernels)."""
     return [replace(a, flops=_line(a.flops, b.flops, micro), bytes=_line(a.bytes, b.bytes, micro),
                     reduction=_line(a.reduction, b.reduction, micro),
-                    matmul=_line(a.matmul, b.matmul, micro)) for a, b in zip(one, two, strict=True)]
+                    matmul=_line(a.matmul, b.matmul, micro)) for a, b in pair_kernels(one, two)]
+
+
+def pair_kernels(one: list[Kernel], two: list[Kernel]) -> list[tuple[Kernel, Kernel]]:
+    """Each kernel of `one` with the same kernel of `two`: in order, and where inductor ordered
+    a part of the step otherwise at the other size, the n-th kernel of a name with the n-th of
+    that name within the same part (phase and micro-step). Two recordings that do not hold the
+    same kernels in each part are refused."""
+    parts_one, parts_two = _parts(one), _parts(two)
+    if [p for p, _ in parts_one] != [p for p, _ in parts_two] or any(
+            sorted(k.name for k in a) != sorted(k.name for k in b)
+            for (_, a), (_, b) in zip(parts_one, parts_two, strict=True)):
+        raise RuntimeError(f"the step's kernels differ between its two recordings ({len(one)} "
+                           f"and {len(two)} kernels): nothing to extrapolate")
+    pairs = []
+    for (_, a), (_, b) in zip(parts_one, parts_two, strict=True):
+        seen: dict[str, list[Kernel]] = {}
+        for kernel in b:
+            seen.setdefault(kernel.name, []).append(kernel)
+        pairs += [(kernel, seen[kernel.name].pop(0)) for kernel in a]
+    return pairs
+
+
+def _parts(kernels: list[Kernel]) -> list[tuple[tuple[str, int], list[Kernel]]]:
+    """The kernels in runs of the same (phase, micro-step)."""
+    parts: list[tuple[tuple[str, int], list[Kernel]]] = []
+    for kernel in kernels:
+        if not parts or parts[-1][0] != (kernel.phase, kernel.micro):
+            parts.append(((kernel.phase, kernel.micro), []))
+        parts[-1][1].append(kernel)
+    return parts
 
 
 def optimizer_step(kernels: list[Kernel], accumulation: int) -> list[Kernel]:

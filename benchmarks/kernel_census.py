@@ -153,8 +153,11 @@ class KernelCensus(TorchDispatchMode):
     @staticmethod
     @contextlib.contextmanager
     def compiling() -> Iterator[None]:
-        """Inductor writes every graph compiled inside (no cached graph skips its scheduler)."""
-        with (torch._inductor.config.patch(fx_graph_cache=False, autotune_local_cache=False),
+        """Inductor writes every graph compiled inside (no cached graph skips its scheduler),
+        its kernels in the order of the graph rather than reordered by buffer sizes for peak
+        memory (so that the kernels of one step at two sizes come in the same order)."""
+        with (torch._inductor.config.patch(fx_graph_cache=False, autotune_local_cache=False,
+                                           reorder_for_peak_memory=False),
               torch._functorch.config.patch(enable_autograd_cache=False)):
             yield
 
@@ -205,9 +208,9 @@ class KernelCensus(TorchDispatchMode):
 
 
 class _InductorHooks:
-    """Wraps three of inductor's methods, once per process: the scheduler's code generation
-    (each kernel's nodes, bytes and FLOPs), the C++ backend's kernel naming, and a compiled
-    graph's construction and call (its kernels, listed in the active census at each call)."""
+    """Wraps inductor's methods, once per process: the scheduler's code generation (each
+    kernel's nodes, bytes and FLOPs), and a compiled graph's construction and call (its kernels,
+    listed in the active census at each call)."""
 
     active: list[KernelCensus] = []
     installed = False
@@ -216,12 +219,10 @@ class _InductorHooks:
     def install(cls) -> None:
         if cls.installed:
             return
-        from torch._inductor.codegen import cpp
         from torch._inductor.output_code import CompiledFxGraph
         from torch._inductor.scheduler import Scheduler
 
         cls._wrap(Scheduler, "_codegen", _record_scheduled)
-        cls._wrap(cpp.CppScheduling, "define_kernel", _record_kernel_name)
         cls._wrap(CompiledFxGraph, "__init__", _keep_graph_kernels)
         cls._wrap(CompiledFxGraph, "__call__", _list_graph_kernels)
         cls.installed = True
@@ -242,29 +243,18 @@ def _record_scheduled(original, scheduler, nodes):
     from torch._inductor.virtualized import V
 
     graph = V.graph  # a graph split in partitions comes here once per partition, in order
-    if not hasattr(graph, "_census_names"):
-        graph._census_names, graph._census_kernels = {}, []  # names: the backend's, as it names
-    result = original(scheduler, nodes)
-    kernels = (_scheduled_kernel(node, graph._census_names) for node in nodes)
+    if not hasattr(graph, "_census_kernels"):
+        graph._census_kernels = []
+    kernels = (_scheduled_kernel(node) for node in nodes)
     graph._census_kernels += [kernel for kernel in kernels if kernel is not None]
-    return result
+    return original(scheduler, nodes)
 
 
-def _record_kernel_name(original, backend, src_code, nodes, *args, **kwargs):
-    from torch._inductor.virtualized import V
-
-    name = original(backend, src_code, nodes, *args, **kwargs)
-    names = getattr(V.graph, "_census_names", None)
-    if names is not None:
-        for node in nodes:
-            names[node.get_name()] = name
-    return name
-
-
-def _scheduled_kernel(node, names: dict[str, str]) -> Kernel | None:
+def _scheduled_kernel(node) -> Kernel | None:
     from torch._inductor import ir
     from torch._inductor.fx_utils import count_flops_fx, countable_fx
     from torch._inductor.scheduler import NopKernelSchedulerNode
+    from torch._inductor.utils import get_fused_kernel_name
     from torch._inductor.virtualized import V
 
     if isinstance(node, NopKernelSchedulerNode) or isinstance(node.node, ir.MultiOutput):
@@ -283,7 +273,9 @@ def _scheduled_kernel(node, names: dict[str, str]) -> Kernel | None:
                   for i in node.node.inputs if hasattr(i, "get_size")]
         return Kernel(name, "", True, float(flops), moved, ops, extern=True,
                       matmul=matmul_shape(name, shapes))
-    name = next((names[m.get_name()] for m in members if m.get_name() in names), node.get_name())
+    # named as a GPU's Triton kernel is, by the aten ops it fuses (the C++ function the CPU
+    # writes may hold several such kernels, grouped by sizes)
+    name = "fused_" + get_fused_kernel_name(members, "original_aten")
     numel, reduced = (_count(part) for part in node.group[1])  # (outputs, reduced each)
     return Kernel(name, "", True, 0.0, moved, ops,
                   reduction=(numel, reduced) if reduced > 1 else None)
