@@ -187,7 +187,8 @@ class KernelCensus(TorchDispatchMode):
     def substituted(self, kernel: Kernel) -> Iterator[None]:
         """What runs inside is recorded as `kernel` (what a GPU runs where a CPU takes another
         path to the same numbers)."""
-        self.kernels.append(replace(kernel, phase=self._phase, micro=self.micro))
+        if self in _InductorHooks.active:  # recording (not a warm-up outside `with census`)
+            self.kernels.append(replace(kernel, phase=self._phase, micro=self.micro))
         self._inside_graph += 1
         try:
             yield
@@ -275,7 +276,7 @@ def _scheduled_kernel(node) -> Kernel | None:
                       matmul=matmul_shape(name, shapes))
     # named as a GPU's Triton kernel is, by the aten ops it fuses (the C++ function the CPU
     # writes may hold several such kernels, grouped by sizes)
-    name = "fused_" + get_fused_kernel_name(members, "original_aten")
+    name = get_fused_kernel_name(members, "original_aten")
     numel, reduced = (_count(part) for part in node.group[1])  # (outputs, reduced each)
     return Kernel(name, "", True, 0.0, moved, ops,
                   reduction=(numel, reduced) if reduced > 1 else None)

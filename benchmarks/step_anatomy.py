@@ -183,7 +183,8 @@ def training_anatomy(args: argparse.Namespace) -> dict:
     step_s = result["predicted_s"]
     result.update(
         what="training step", configuration=configuration(args), tokens_per_step=tokens,
-        predicted_step_s=step_s, predicted_tokens_per_s=tokens / step_s,
+        predicted_step_s=step_s, predicted_step_ms=step_s * 1e3,
+        predicted_tokens_per_s=tokens / step_s,
         predicted_mfu=whole * tokens / step_s / gpu.peak_flops,
         predicted_mfu_causal=causal * tokens / step_s / gpu.peak_flops,
         flops_per_token={"counted": anatomy.matmul_attention_flops(kernels) / tokens,

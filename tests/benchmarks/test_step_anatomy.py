@@ -3,6 +3,7 @@ arithmetic says a step does, a step read at a larger micro-batch from two small 
 step recorded there, the roofline's model of a GPU behaves as its constants say, and the
 committed anatomies (docs/step-anatomy*.json) hold what the issue asks of them."""
 
+import json
 import sys
 from dataclasses import replace
 
@@ -19,6 +20,8 @@ import roofline  # noqa: E402
 from kernel_census import Kernel, KernelCensus  # noqa: E402
 
 SEQ = 128  # tiny's block size
+# the committed anatomies (made by step_anatomy.py on a CPU: minutes each, not a test's)
+ANATOMIES = ["step-anatomy.json", "step-anatomy-decode.json"]
 # tiny with a vocabulary of 512, so that the head does not outweigh the blocks' FLOPs (with
 # GPT-2's 50K it is 97% of them, and a miscounted block would hide within 2%)
 SMALL_VOCAB = replace(tiny(), vocab_size=512)
@@ -104,3 +107,23 @@ def test_kernels_shorter_than_a_launch_leave_the_device_waiting_for_the_host():
     graph = roofline.sequence_seconds([tiny_kernel] * 100, gpu, causal=False, in_graph=True)
     assert eager == pytest.approx(100 * roofline.HOST_LAUNCH_S)
     assert graph == pytest.approx(100 * roofline.kernel_seconds(tiny_kernel, gpu, False))
+
+
+@pytest.mark.parametrize("name", ANATOMIES)
+def test_the_committed_anatomies_hold_the_prediction_its_classes_and_kernels(name):
+    """What the issue asks of the anatomy's JSON (benchmarks/step_anatomy.py --json), in the
+    files docs/performance.md quotes; each with the validation against the GPU report."""
+    data = json.loads((REPO / "docs" / name).read_text())
+    decode = data["what"] == "decode call"
+    headline = ["predicted_call_ms", "kernels_per_call"] if decode else [
+        "predicted_mfu", "predicted_mfu_causal", "predicted_step_s"]
+    assert all(data[key] > 0 for key in headline)
+    assert set(data["classes"]) == set(roofline.CLASSES)
+    for row in data["classes"].values():
+        assert set(row) >= {"kernels", "flops", "bytes", "predicted_s"}
+    assert sum(row["kernels"] for row in data["classes"].values()) == data["kernels_per_step"]
+    assert all(set(k) >= {"name", "class", "flops", "bytes", "predicted_s"}
+               for k in data["kernels"])
+    assert set(data["validation"]) >= {"configuration", "predicted", "measured", "source"}
+    assert data["validation"]["measured"] > 0  # the H200 report measured each of these
+    assert set(data["by_gpu"]) == set(roofline.GPUS)  # what a GPU report sets beside its own
