@@ -145,7 +145,7 @@ def _anatomy(name: str, device: str) -> dict | None:
 
 def class_table(what: str, predicted: dict, measured: dict) -> list[str]:
     """One anatomy's classes: kernels and milliseconds predicted and measured."""
-    lines = [f"{what} (milliseconds per {'optimizer step' if 'step' in what else 'call'}):", "",
+    lines = [f"{what} (ms per {'optimizer step' if 'step' in what else 'call'}):", "",
              "| class | kernels predicted | kernels measured | ms predicted | ms measured | "
              "measured / predicted |", "|---|---|---|---|---|---|"]
     for name, row in predicted.items():
