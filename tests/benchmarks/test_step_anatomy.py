@@ -30,8 +30,9 @@ SMALL_VOCAB = replace(tiny(), vocab_size=512)
 def eager_step_kernels(model: AOGPT, micro: int) -> list[Kernel]:
     """The kernels of one forward and backward of `micro` sequences, as the trainer runs them."""
     generator = torch.Generator().manual_seed(micro)
-    idx = torch.randint(0, model.config.vocab_size, (micro, SEQ), generator=generator)
-    orders = torch.rand(micro, SEQ, generator=generator).argsort(dim=1)
+    seq = model.config.block_size
+    idx = torch.randint(0, model.config.vocab_size, (micro, seq), generator=generator)
+    orders = torch.rand(micro, seq, generator=generator).argsort(dim=1)
     census = KernelCensus()
     with census:
         _, loss = model(idx, orders, return_mean=True)
@@ -66,7 +67,7 @@ def test_the_counted_matmul_and_attention_flops_per_token_are_the_models_arithme
 
 def test_a_step_read_at_five_sequences_from_two_and_three_is_the_step_recorded_at_five():
     torch.manual_seed(0)
-    model = AOGPT(SMALL_VOCAB)
+    model = AOGPT(replace(SMALL_VOCAB, n_layer=1, block_size=32, vocab_size=64))
     read = anatomy.extrapolate(eager_step_kernels(model, 2), eager_step_kernels(model, 3), 5)
     recorded = eager_step_kernels(model, 5)
     assert [k.name for k in read] == [k.name for k in recorded]

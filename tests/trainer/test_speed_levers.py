@@ -84,7 +84,7 @@ def assert_same_training(lever: tuple, default: tuple, loss_rtol: float, atol: f
         torch.testing.assert_close(ema[name], ema0[name], rtol=0, atol=atol, msg=name)
 
 
-@pytest.mark.parametrize("stage", [1, 2])
+@pytest.mark.parametrize("stage", [1, pytest.param(2, marks=pytest.mark.slow)])  # ~4 s each
 def test_one_reduction_per_step_trains_as_a_reduction_per_micro_step(stage):
     """Coalesced, the two micro-steps' fp32 gradients are summed before the (one-rank)
     reduction instead of after it: the same two terms, so the same sums to an ulp; an ulp of a
