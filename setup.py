@@ -10,10 +10,12 @@ from setuptools import setup
 
 PACKAGES = {"aogpt": "aogpt", "aogpt.model": "model", "aogpt.model.hf": "model/hf",
             "aogpt.model.sampler": "model/sampler",
-            "aogpt.trainer": "trainer", "aogpt.data_prep": "data_prep",
-            # a library whose maintenance command is its __main__.py (python -m aogpt.data_prep.X)
+            "aogpt.trainer": "trainer", "aogpt.trainer.replay": "trainer/replay",
+            "aogpt.data_prep": "data_prep",
+            # libraries whose command is their __main__.py (python -m aogpt.data_prep.X)
             "aogpt.data_prep.tokenizer": "data_prep/tokenizer",
-            "aogpt.data_prep.shared_memory": "data_prep/shared_memory"}
+            "aogpt.data_prep.shared_memory": "data_prep/shared_memory",
+            "aogpt.data_prep.corpora": "data_prep/corpora"}
 
 setup(
     name="aogpt",
@@ -22,6 +24,8 @@ setup(
     python_requires=">=3.10",
     packages=list(PACKAGES),
     package_dir=PACKAGES,
+    # the replay page's template, style and script, read at run time (aogpt.trainer.replay)
+    package_data={"aogpt.trainer.replay": ["*.html", "*.css", "*.js"]},
     install_requires=[
         "torch>=2.4,<3",  # F.rms_norm
         "deepspeed>=0.19.8,<0.20",
@@ -40,7 +44,8 @@ setup(
         "transformers>=4.40,<5",  # the exported model (tools/export_hf.py), the judge (genppl.py)
     ],
     extras_require={
-        "test": ["pytest>=8", "pytest-xdist>=3.5", "ruff>=0.6"],
+        # playwright: the browser tests drive the system's Chromium (.ci/run installs it)
+        "test": ["pytest>=8", "pytest-xdist>=3.5", "ruff>=0.6", "playwright>=1.45,<2"],
         "gpu": ["flash-attn>=2.6"],
         "cloud": ["boto3>=1.21,<2"],
         # the lm-evaluation-harness model (aogpt.trainer.lm_harness); nothing else imports it.

@@ -4,8 +4,11 @@ The code lives in the top-level folders model/, data_prep/ and trainer/, install
 `aogpt.model`, `aogpt.data_prep` and `aogpt.trainer` (see setup.py). This root holds only what
 all of them share: the version; the error types that commands print as one line, with cli_entry
 that prints them and the checks of a command's input (check_counts, check_input_file);
-`aogpt.files`, through which every file is written (complete or absent); `aogpt.progress`,
-how long work shows how far it is; and the CPU allocator's setting for large tensors.
+`aogpt.files`, through which every file is written (complete or absent); the layouts every
+floor reads, `aogpt.run_folder` (a training run's out_dir) and `aogpt.data_folder` (how a data
+folder is recognised); `aogpt.progress`, how long work shows how far it is; and the CPU
+allocator's setting for large tensors. Nothing here imports model/, data_prep/ or trainer/
+(tests/test_import_layers.py).
 """
 
 import functools
@@ -51,6 +54,15 @@ def check_counts(args: Any, *names: str) -> None:
         value = getattr(args, name)
         if value is not None and value < 1:
             raise UsageError(f"--{name.replace('_', '-')} must be at least 1, got {value}")
+
+
+def check_unique(values: list | tuple, flag: str, text: str) -> None:
+    """Refuses a list flag (`text` as given) that names a value twice: each is run once, and a
+    value given twice would be run twice or counted once, neither what was asked."""
+    twice = next((value for index, value in enumerate(values) if value in values[:index]), None)
+    if twice is not None:
+        raise UsageError(f"{flag} {text}: {twice} is given twice (each is run once): give each "
+                         f"once")
 
 
 def check_input_file(path: str | os.PathLike, flag: str, expected: str) -> Path:

@@ -23,6 +23,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import shutil
 import subprocess
 import tempfile
@@ -31,6 +32,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from aogpt import UsageError, __version__
+from aogpt.data_folder import describe_dataset_file
+from aogpt.run_folder import describe_run_file
 
 
 def write_atomic(path: str | os.PathLike, write: Callable[[Path], object],
@@ -149,7 +152,7 @@ def check_output_file(path: str | os.PathLike, flag: str, force: bool,
         raise UsageError(f"{flag} {path}: {output.made_by} writes its {output.what} as "
                          f"{' or '.join(output.suffixes)}: name the file "
                          f"{path.with_suffix(output.suffixes[0]).name}")
-    trainers = _run_files(path)  # a new file too: the trainer replaces those folders whole
+    trainers = describe_run_file(path)  # a new file too: the trainer replaces those folders whole
     if trainers:
         raise UsageError(f"{flag} {path} would be {trainers}: choose a name outside the "
                          "trainer's files")
@@ -160,7 +163,7 @@ def check_output_file(path: str | os.PathLike, flag: str, force: bool,
 def describe_file(path: Path, output: OutputFile) -> str:
     """What the file at `path` is, for a refusal: a training run's or a dataset's own file, an
     output of another command of this project, or just a file `output`'s command did not write."""
-    found = _run_files(path) or _dataset_files(path)
+    found = describe_run_file(path) or describe_dataset_file(path)
     if found:
         return found
     record = file_record(path)
@@ -168,20 +171,6 @@ def describe_file(path: Path, output: OutputFile) -> str:
     if isinstance(origin, dict) and origin.get("made_by"):
         return f"an output of {origin['made_by']}"
     return f"a file that {output.made_by} did not write"
-
-
-def _run_files(path: Path) -> str | None:
-    # The layouts are their owners': imported here only once a file is found where an output
-    # goes (this module is imported by data_prep, which imports no torch).
-    from aogpt.model.run_folder import describe_run_file
-
-    return describe_run_file(path)
-
-
-def _dataset_files(path: Path) -> str | None:
-    from aogpt.data_prep.manifest import describe_dataset_file
-
-    return describe_dataset_file(path)
 
 
 # ---- provenance recorded in files ----------------------------------------------------------------
@@ -197,6 +186,7 @@ def file_record(path: str | os.PathLike) -> dict | None:
         JSON object         the object (evaluate.py's and genppl.py's reports)
         JSON Lines          its first line's object (sample.py's samples)
         PNG                 {"provenance": its "provenance" text chunk, JSON} (plot_metrics.py)
+        HTML                {"provenance": its "provenance" JSON script element} (a replay page)
         safetensors         the JSON header stored in its metadata (a consolidated checkpoint)
     """
     path = Path(path)
@@ -207,6 +197,8 @@ def file_record(path: str | os.PathLike) -> dict | None:
                 return _png_record(path)
             if path.suffix == ".safetensors":
                 return _safetensors_record(file, int.from_bytes(start, "little"))
+            if path.suffix == ".html":
+                return _html_record(path)
             if not start.lstrip().startswith(b"{") or path.stat().st_size > READ_AT_MOST:
                 return None
             file.seek(0)
@@ -245,6 +237,26 @@ def _png_record(path: Path) -> dict | None:
         return None
 
 
+HTML_PROVENANCE = re.compile(r'<script type="application/json" id="provenance">(.*?)</script>',
+                             re.DOTALL)
+
+
+def html_provenance(record: dict) -> str:
+    """The element that makes `record` an HTML page's provenance (JSON that cannot close it)."""
+    text = json.dumps(record, default=str).replace("<", "\\u003c")
+    return f'<script type="application/json" id="provenance">{text}</script>'
+
+
+def _html_record(path: Path) -> dict | None:
+    if path.stat().st_size > READ_AT_MOST:
+        return None
+    found = HTML_PROVENANCE.search(path.read_text(encoding="utf-8", errors="replace"))
+    try:
+        return {PROVENANCE: json.loads(found[1])} if found else None
+    except json.JSONDecodeError:
+        return None
+
+
 def _safetensors_record(file, header_size: int) -> dict | None:
     if not 0 < header_size < READ_AT_MOST:
         return None
@@ -260,9 +272,18 @@ def _safetensors_record(file, header_size: int) -> dict | None:
     return None
 
 
+# A URL given where a local path is written ("s3://b/x", which a Path cuts to "s3:/b/x") would
+# become a folder named "s3:": refused instead
+URL_LIKE = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*:/")
+
+
 def check_writable_folder(folder: str | os.PathLike, what: str) -> None:
     """UsageError naming `what` unless `folder` exists or can be made, and a file can be created in
-    it (tried: permission bits say nothing to root, nor about a read-only filesystem)."""
+    it (tried: permission bits say nothing to root, nor about a read-only filesystem); and
+    unless it begins like a URL, which would be made as a local folder named after its scheme."""
+    if URL_LIKE.match(str(folder)):
+        raise UsageError(f"{what}: {folder} begins like a URL ({str(folder).split('/')[0]}), and "
+                         f"this writes local files: give a local path")
     folder = Path(folder)
     existing = folder
     while not existing.exists():  # the nearest folder that exists decides whether it can be made

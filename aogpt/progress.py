@@ -32,7 +32,7 @@ def on_terminal() -> bool:
 
 
 def duration(seconds: float) -> str:
-    """'42 s', '3 min 05 s', '2 h 07 min': for ETAs and wall times in log lines."""
+    """'42 s', '3 min 05 s', '2 h 07 min', '3 d 04 h': for ETAs and wall times in log lines."""
     seconds = max(0, round(seconds))
     if seconds < 60:
         return f"{seconds} s"
@@ -40,7 +40,10 @@ def duration(seconds: float) -> str:
     if minutes < 60:
         return f"{minutes} min {seconds:02d} s"
     hours, minutes = divmod(minutes, 60)
-    return f"{hours} h {minutes:02d} min"
+    if hours < 24:
+        return f"{hours} h {minutes:02d} min"
+    days, hours = divmod(hours, 24)
+    return f"{days} d {hours:02d} h"
 
 
 class PlainProgress:

@@ -114,19 +114,13 @@ def gpu_loss_path(census: KernelCensus) -> Iterator[None]:
 
 
 def trainer_plan(config: str, ds_config: str, overrides: list[str], out_dir: Path, dist_env):
-    """What trainer/main.py's pre-flight hands the Trainer, for a throwaway run: no evaluation,
-    no checkpoint to resume, nothing logged to wandb."""
-    from aogpt.trainer.config import load_config, resolve_device_choices
-    from aogpt.trainer.data import check_data
-    from aogpt.trainer.ds_config import load_ds_config, resolve_ds_config
-    from aogpt.trainer.loop import Plan
+    """The pre-flight's plan (trainer/preflight.py) of a throwaway run: no evaluation, no
+    checkpoint to resume, nothing logged to wandb."""
+    from aogpt.trainer.preflight import preflight
 
-    cfg = load_config(config, [*overrides, f"out_dir={out_dir}", "eval.every=0", "eval.sets=[]",
-                               "logging.wandb='off'", "train.log_every=1000000"])
-    resolve_device_choices(cfg, dist_env.device.type)
-    cfg.validate(world_size=dist_env.world_size)
-    resolved = resolve_ds_config(load_ds_config(ds_config), cfg, dist_env.world_size)
-    return Plan(cfg, resolved, check_data(cfg, dist_env), resume_tag=None)
+    return preflight(config, ds_config, [*overrides, f"out_dir={out_dir}", "eval.every=0",
+                                         "eval.sets=[]", "logging.wandb='off'",
+                                         "train.log_every=1000000"], dist_env)
 
 
 def record_training_step(config: str, ds_config: str, overrides: list[str]) -> list[Kernel]:

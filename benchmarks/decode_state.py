@@ -7,7 +7,8 @@ import torch
 
 from aogpt.model import AOGPT
 from aogpt.model.sampler import KVCacheSampler, SamplingConfig
-from aogpt.model.sampler.parallel import KEY_BLOCK, WHOLE_CACHE_ROWS
+from aogpt.model.sampler.parallel import WHOLE_CACHE_ROWS
+from aogpt.model.sampler.strategy import bucket, bucket_keys
 
 
 def sampler_at_step(model: AOGPT, batch: int, seq_len: int, known: int, targets: int,
@@ -29,8 +30,7 @@ def step_shape(seq_len: int, known: int, targets: int, on_gpu: bool) -> tuple[in
     """(rows, targets, keys) as the sampler's bucketed plan gives them on a GPU or a CPU
     (model/sampler/parallel.py)."""
     rows = max(targets, 1)
-    keys = min(-(-(known + rows) // KEY_BLOCK) * KEY_BLOCK, seq_len)
+    keys = bucket_keys(known + rows, seq_len)
     if not on_gpu and rows <= WHOLE_CACHE_ROWS:
         keys = seq_len + 1
-    bucket = lambda size: min(1 << (size - 1).bit_length(), seq_len)  # noqa: E731
-    return bucket(rows), bucket(targets), keys
+    return bucket(rows, seq_len), bucket(targets, seq_len), keys

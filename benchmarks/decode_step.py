@@ -177,41 +177,58 @@ def measure(model: AOGPT, args: argparse.Namespace, compiled: bool, graphs: bool
             "warm_up_s": warm_up_s, "logits": logits, "drawn": drawn}
 
 
+def results_file(args: argparse.Namespace, dtype: torch.dtype) -> ResultsFile:
+    """The --json file's header (the setting and the step's shape), also said."""
+    name = torch.cuda.get_device_name(args.device) if args.device.type == "cuda" else "cpu"
+    rows, targets, keys = call_shape(args)
+    print(f"{args.preset} on {name} ({dtype}), {torch.get_num_threads()} threads: batch "
+          f"{args.batch_size}, n = {args.seq_len}, {args.known} known, {args.targets} drawn "
+          f"(step shape: {rows} rows, {targets} targets, {keys} keys), best of {args.repeats}")
+    return ResultsFile(args.json, {
+        "preset": args.preset, "device": name, "dtype": str(dtype), "batch_size": args.batch_size,
+        "seq_len": args.seq_len, "known": args.known, "targets": args.targets,
+        "step_shape": [rows, targets, keys],
+        "kernels_are": "GPU kernels" if args.device.type == "cuda" else "CPU operations",
+        "results": []})
+
+
+def against_eager(row_name: str, row: dict, eager: dict, device: torch.device) -> dict:
+    """A configuration's record: what `measure` found, its logits and tokens against eager's."""
+    return {"name": row_name, **{k: v for k, v in row.items() if k not in ("logits", "drawn")},
+            "max_logit_difference": (row["logits"] - eager["logits"]).abs().max().item(),
+            "same_tokens": torch.equal(row["drawn"], eager["drawn"]),
+            "as_sample_py": as_sample_py(row_name, device)}
+
+
+def table_header(device: torch.device) -> str:
+    return (f"{'':>18}{'kernels' if device.type == 'cuda' else 'operations':>12}"
+            f"{'ms/step':>10}{'warm-up s':>11}{'logits vs eager':>17}{'same tokens':>13}")
+
+
+def table_row(record: dict) -> str:
+    return (f"{record['name']:>18}{record['kernels']:>12}{record['step_ms']:>10.3f}"
+            f"{record['warm_up_s']:>11.1f}{record['max_logit_difference']:>17.2e}"
+            f"{str(record['same_tokens']):>13}"
+            + ("  (fell back to eager: see the warning)" if record["fell_back"] else ""))
+
+
 @cli_entry
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     torch.manual_seed(0)
     dtype = auto_dtype(args.device)
     model = AOGPT(PRESETS[args.preset]()).to(device=args.device, dtype=dtype).eval()
-    name = torch.cuda.get_device_name(args.device) if args.device.type == "cuda" else "cpu"
-    rows, targets, keys = call_shape(args)
-    print(f"{args.preset} on {name} ({dtype}), {torch.get_num_threads()} threads: batch "
-          f"{args.batch_size}, n = {args.seq_len}, {args.known} known, {args.targets} drawn "
-          f"(step shape: {rows} rows, {targets} targets, {keys} keys), best of {args.repeats}")
-    results = ResultsFile(args.json, {
-        "preset": args.preset, "device": name, "dtype": str(dtype), "batch_size": args.batch_size,
-        "seq_len": args.seq_len, "known": args.known, "targets": args.targets,
-        "step_shape": [rows, targets, keys],
-        "kernels_are": "GPU kernels" if args.device.type == "cuda" else "CPU operations",
-        "results": []})
-    print(f"{'':>18}{'kernels' if args.device.type == 'cuda' else 'operations':>12}"
-          f"{'ms/step':>10}{'warm-up s':>11}{'logits vs eager':>17}{'same tokens':>13}")
+    results = results_file(args, dtype)
+    print(table_header(args.device))
     eager = None
     for row_name, compiled, graphs in ROWS:
         if graphs and args.device.type != "cuda":
             continue
         row = measure(model, args, compiled, graphs)
         eager = eager or row
-        difference = (row["logits"] - eager["logits"]).abs().max().item()
-        same_tokens = torch.equal(row["drawn"], eager["drawn"])
-        print(f"{row_name:>18}{row['kernels']:>12}{row['step_ms']:>10.3f}{row['warm_up_s']:>11.1f}"
-              f"{difference:>17.2e}{str(same_tokens):>13}"
-              + ("  (fell back to eager: see the warning)" if row["fell_back"] else ""),
-              flush=True)
-        results.data["results"].append({
-            "name": row_name, **{k: v for k, v in row.items() if k not in ("logits", "drawn")},
-            "max_logit_difference": difference, "same_tokens": same_tokens,
-            "as_sample_py": as_sample_py(row_name, args.device)})
+        record = against_eager(row_name, row, eager, args.device)
+        print(table_row(record), flush=True)
+        results.data["results"].append(record)
         results.row_done()
     first, last = results.data["results"][0], results.data["results"][-1]
     print(f"{last['name']} / eager: {first['kernels'] / last['kernels']:.1f}x fewer kernels, "

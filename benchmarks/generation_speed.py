@@ -42,12 +42,13 @@ from results import ResultsFile
 from aogpt import UsageError, check_counts, cli_entry
 from aogpt.model import AOGPT
 from aogpt.model.attention import BIDIRECTIONAL
-from aogpt.model.config import medium, small, tiny
+from aogpt.model.config import ModelConfig, medium, small, tiny
 from aogpt.model.precision import auto_dtype, resolve_device
 from aogpt.model.sampler import KVCacheSampler, SamplingConfig, sample_from_logits
 from aogpt.model.sampler.draw import position_uniforms
 from aogpt.model.sampler.engine import draw_orders
-from aogpt.model.sampler.parallel import KEY_BLOCK, reveal_counts
+from aogpt.model.sampler.parallel import reveal_counts
+from aogpt.model.sampler.strategy import KEY_BLOCK
 from aogpt.trainer.metrics import peak_memory_bandwidth
 
 PRESETS = {"tiny": tiny, "small": small, "medium": medium}
@@ -197,10 +198,9 @@ def floor_bytes_per_call(model: AOGPT, batch_size: int, seq_len: int) -> float:
     return weight_bytes + kv_bytes
 
 
-@cli_entry
-def main(argv: list[str] | None = None) -> int:
-    args = parse_args(argv)
-    device = resolve_device(args.device)
+def check_sizes(args: argparse.Namespace, device: torch.device) -> tuple[ModelConfig, list[int]]:
+    """The --preset's config and the step counts to time; the sizes left out take the device's
+    defaults (args.batch_size, args.seq_len)."""
     check_counts(args, "batch_size", "seq_len", "repeats")
     defaults = GPU_DEFAULTS if device.type == "cuda" else CPU_DEFAULTS
     args.batch_size = args.batch_size or defaults["batch_size"]
@@ -215,35 +215,56 @@ def main(argv: list[str] | None = None) -> int:
     if args.seq_len > config.block_size:
         raise UsageError(f"--seq-len {args.seq_len} exceeds the {args.preset} block size "
                          f"{config.block_size}")
-    torch.manual_seed(0)
-    dtype = (auto_dtype(device) if args.dtype == "auto"
-             else torch.bfloat16 if args.dtype == "bf16" else torch.float32)
-    model = AOGPT(config).to(device=device, dtype=dtype).eval()
+    return config, steps
+
+
+def results_file(model: AOGPT, args: argparse.Namespace, device: torch.device,
+                 dtype: torch.dtype) -> ResultsFile:
+    """The --json file's header (the setting and the decoder call's memory floor), also said."""
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
-    modes = {"auto": [False, True] if device.type == "cuda" else [False], "on": [True],
-             "off": [False], "both": [False, True]}[args.compile]
     bandwidth = peak_memory_bandwidth(name) if device.type == "cuda" else None
     floor_ms = (floor_bytes_per_call(model, args.batch_size, args.seq_len) / bandwidth * 1e3
                 if bandwidth else None)
     print(f"{args.preset}: {model.num_params() / 1e6:.1f}M params on {name} ({dtype}), batch "
           f"{args.batch_size}, n = {args.seq_len}, best of {args.repeats}"
           + (f"; memory floor {floor_ms:.3f} ms per decoder call" if floor_ms else ""))
-    results = ResultsFile(args.json, {
+    return ResultsFile(args.json, {
         "preset": args.preset, "device": name, "dtype": str(dtype), "batch_size": args.batch_size,
         "seq_len": args.seq_len, "memory_bandwidth": bandwidth, "hbm_floor_ms": floor_ms,
         "key_block": KEY_BLOCK, "results": []})
-    print(f"{'steps':>6}{'compiled':>10}{'decoder s':>11}{'encoder s':>11}{'ratio':>8}"
-          f"{'ms/call':>9}{'decoder rows':>14}{'encoder rows':>14}{'warm-up s':>11}")
+
+
+TABLE_HEADER = (f"{'steps':>6}{'compiled':>10}{'decoder s':>11}{'encoder s':>11}{'ratio':>8}"
+                f"{'ms/call':>9}{'decoder rows':>14}{'encoder rows':>14}{'warm-up s':>11}")
+
+
+def table_row(row: dict) -> str:
+    return (f"{row['steps']:>6}{'yes' if row['compiled'] else 'no':>10}{row['decoder_s']:>11.3f}"
+            f"{row['encoder_s']:>11.3f}{row['ratio']:>7.1f}x"
+            f"{row['decoder_ms_per_call']:>9.3f}{row['decoder_rows']:>14}"
+            f"{row['encoder_rows']:>14}{row['decoder_warm_up_s']:>11.1f}")
+
+
+@cli_entry
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    device = resolve_device(args.device)
+    config, steps = check_sizes(args, device)
+    torch.manual_seed(0)
+    dtype = (auto_dtype(device) if args.dtype == "auto"
+             else torch.bfloat16 if args.dtype == "bf16" else torch.float32)
+    model = AOGPT(config).to(device=device, dtype=dtype).eval()
+    modes = {"auto": [False, True] if device.type == "cuda" else [False], "on": [True],
+             "off": [False], "both": [False, True]}[args.compile]
+    results = results_file(model, args, device, dtype)
+    print(TABLE_HEADER)
     # The process's first generations run slower (allocator, kernel set-up: the first step count
     # measured ~2x its later time on one CPU thread) even after each sampler's own warm-up.
     measure(model, steps[0], argparse.Namespace(**vars(args) | {"repeats": 1}), device, modes[0])
     for compiled in modes:
         for s in steps:
             row = measure(model, s, args, device, compiled)
-            print(f"{s:>6}{'yes' if compiled else 'no':>10}{row['decoder_s']:>11.3f}"
-                  f"{row['encoder_s']:>11.3f}{row['ratio']:>7.1f}x"
-                  f"{row['decoder_ms_per_call']:>9.3f}{row['decoder_rows']:>14}"
-                  f"{row['encoder_rows']:>14}{row['decoder_warm_up_s']:>11.1f}", flush=True)
+            print(table_row(row), flush=True)
             results.data["results"].append(row)
             results.row_done()
     results.finish()

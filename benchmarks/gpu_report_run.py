@@ -24,7 +24,7 @@ import torch
 from results import EXCEPTION_LINE, why
 
 from aogpt.files import write_json_atomic, write_text_atomic
-from aogpt.model.run_folder import RunFolder
+from aogpt.run_folder import RunFolder
 from aogpt.trainer.metrics import read_metrics
 
 REPO = Path(__file__).resolve().parent.parent

@@ -26,9 +26,9 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from sampler_pareto import sampling_model
+from sampling_model import sampling_model
 
-from aogpt import UsageError, check_counts, cli_entry
+from aogpt import UsageError, check_counts, check_unique, cli_entry
 from aogpt.data_prep.synthetic import load_language
 from aogpt.files import OutputFile, check_output_file, write_json_atomic, write_text_atomic
 from aogpt.model.precision import device_name
@@ -51,14 +51,15 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     add("--ckpt", required=True, help="out_dir, checkpoint folder or model.safetensors")
     add("--judge", required=True, help="the synthetic language's data folder")
     add("--weights", choices=("ema", "raw"), default="ema")
-    add("--blocks", type=int, default=4, help="the long texts' length in blocks (default 4)")
+    add("--blocks", type=int, default=4,
+        help="the long texts' length in blocks, at least 2 (default 4)")
     add("--windows", default="16,64", help="window sizes W, comma list (default 16,64)")
     add("--num-samples", type=int, default=64, help="texts per setting (default 64)")
     add("--batch-size", type=int, default=32)
     add("--sampler", choices=SAMPLERS, default="speculative",
         help="speculative (default: exact, fewer calls) or parallel (S = n per chunk, exact)")
     add("--seam-tokens", type=int, default=16, help="positions after a seam that count as its "
-        "own (default 16)")
+        "own, fewer than a chunk generates (default 16)")
     add("--seed", type=int, default=0)
     add("--device", default="auto")
     add("--json", type=Path)
@@ -66,16 +67,30 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     add("--force", action="store_true", help="replace --json and --table if they exist")
     args = parser.parse_args(argv)
     check_counts(args, "blocks", "num_samples", "batch_size", "seam_tokens")
+    if args.blocks < 2:
+        raise UsageError(f"--blocks {args.blocks}: a text of one block has no seam to judge: "
+                         f"give --blocks 2 or more")
     try:
-        args.windows = [int(w) for w in args.windows.split(",")]
+        windows = [int(w) for w in args.windows.split(",")]
     except ValueError:
         raise UsageError(f"--windows takes a comma list of whole numbers, got "
                          f"{args.windows!r}") from None
+    check_unique(windows, "--windows", args.windows)
+    args.windows = windows
     for flag in ("json", "table"):
         if getattr(args, flag) is not None:
             check_output_file(getattr(args, flag), f"--{flag}", args.force,
                               OUTPUTS[flag])
     return args
+
+
+def check_seams(block: int, window: int, seam_tokens: int) -> None:
+    """Refuses seams that would take a whole chunk: nothing would be left to compare them with."""
+    if seam_tokens >= block - window:
+        raise UsageError(f"--seam-tokens {seam_tokens}: a chunk of window {window} generates "
+                         f"{block - window} tokens (block {block} less the window), all of them "
+                         f"at its seam: give --seam-tokens below {block - window}, or smaller "
+                         f"--windows")
 
 
 def texts(model, config: SamplingConfig, args, length: int, window: int) -> tuple[list, int]:
@@ -144,6 +159,7 @@ def main(argv: list[str] | None = None) -> int:
     language = load_language(args.judge, "--judge")
     for window in args.windows:
         check_window(model.config.block_size, window)
+        check_seams(model.config.block_size, window, args.seam_tokens)
     header = {"device": device_name(device), "block_size": model.config.block_size,
               "blocks": args.blocks, "num_samples": args.num_samples, "sampler": args.sampler,
               "seam_tokens": args.seam_tokens,

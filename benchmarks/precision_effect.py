@@ -42,7 +42,7 @@ from aogpt.data_prep.corpora import python_docs
 from aogpt.files import write_json_atomic
 from aogpt.model import AOGPT
 from aogpt.model.config import small
-from aogpt.model.run_folder import RunFolder
+from aogpt.run_folder import RunFolder
 from aogpt.trainer.metrics import read_metrics
 
 REPO = Path(__file__).resolve().parent.parent

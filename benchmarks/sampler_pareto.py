@@ -37,8 +37,9 @@ from dataclasses import asdict
 from pathlib import Path
 
 import torch
+from sampling_model import sampling_model
 
-from aogpt import UsageError, check_counts, cli_entry
+from aogpt import UsageError, check_counts, check_unique, cli_entry
 from aogpt.files import (
     OutputFile,
     check_output_file,
@@ -46,11 +47,10 @@ from aogpt.files import (
     write_json_atomic,
     write_text_atomic,
 )
-from aogpt.model import load_checkpoint
-from aogpt.model.checkpoint import locate_checkpoint, provenance
 from aogpt.model.orders import LEFT_TO_RIGHT
-from aogpt.model.precision import device_name, reproducible_dtype, resolve_device
-from aogpt.model.sampler import PLANNERS, KVCacheSampler, SamplingConfig
+from aogpt.model.precision import device_name
+from aogpt.model.sampler import KVCacheSampler, SamplingConfig
+from aogpt.model.sampler.ways import REVEAL, reading
 from aogpt.trainer.judge import Judge, check_judge_matches, diversity, generative_perplexity
 
 # its outputs: --force replaces only what this benchmark wrote (a table can carry no record:
@@ -59,6 +59,9 @@ JSON = OutputFile("benchmarks/sampler_pareto.py", "rows", (".json",))
 TABLE = OutputFile("benchmarks/sampler_pareto.py", "table", (".md",))
 PLOT = OutputFile("benchmarks/sampler_pareto.py", "plot", (".png",))
 OUTPUTS = {"json": JSON, "table": TABLE, "plot": PLOT}
+DEFAULT_DRAFTS = (1, 2, 4, 8, 16)  # those below n
+# --planners: the planners that reveal one position per call (--reveal)
+ONE_BY_ONE = tuple(way.name for way in reading(REVEAL))
 
 
 
@@ -72,9 +75,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     add("--num-samples", type=int, default=256, help="samples judged per setting (default 256)")
     add("--batch-sizes", default="1,32", help="batch sizes timed (default 1,32)")
     add("--timed-batches", type=int, default=2, help="batches timed per batch size (default 2)")
-    add("--steps", help="the parallel sampler's network calls (default n/16, n/8, n/4, n/2, n)")
-    add("--drafts", default="1,2,4,8,16",
-        help="the speculative sampler's K (default 1,2,4,8,16; '' none)")
+    add("--steps", help="the parallel sampler's network calls, each at most n (default n/16, "
+        "n/8, n/4, n/2, n)")
+    add("--drafts", help="the speculative sampler's K, each below n (default those of "
+        "1,2,4,8,16 below n; '' none)")
     add("--planners", default="confidence,margin,entropy",
         help="planners at one position per call (default confidence,margin,entropy; '' none)")
     add("--thresholds", default="0.9,0.7,0.5,0.3",
@@ -89,13 +93,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     args = parser.parse_args(argv)
     check_counts(args, "num_samples", "timed_batches", "seq_len")
     args.batch_sizes = numbers(args.batch_sizes, "--batch-sizes")
-    args.drafts = numbers(args.drafts, "--drafts") if args.drafts else []
+    args.drafts = numbers(args.drafts, "--drafts") if args.drafts else args.drafts
     args.steps = numbers(args.steps, "--steps") if args.steps else None
     args.planners = [p for p in args.planners.split(",") if p]
-    unknown = sorted(set(args.planners) - set(PLANNERS) - {"threshold", "order"})
-    if unknown or "order" in args.planners or "threshold" in args.planners:
-        raise UsageError(f"--planners takes {', '.join(p for p in PLANNERS[1:-1])}, got "
-                         f"{args.planners}: the threshold planner's rows come from --thresholds")
+    if set(args.planners) - set(ONE_BY_ONE):
+        raise UsageError(f"--planners takes {', '.join(ONE_BY_ONE)}, got {args.planners}: the "
+                         "threshold planner's rows come from --thresholds")
     args.thresholds = fractions(args.thresholds, "--thresholds")
     for flag in ("json", "plot", "table"):
         if getattr(args, flag) is not None:
@@ -111,7 +114,27 @@ def numbers(text: str, flag: str) -> list[int]:
         raise UsageError(f"{flag} takes a comma list of whole numbers, got {text!r}") from None
     if not values or min(values) < 1:
         raise UsageError(f"{flag} values must be >= 1, got {text!r}")
+    check_unique(values, flag, text)
     return values
+
+
+def sample_length(args: argparse.Namespace, block: int) -> int:
+    """n, the tokens per sample, with the settings that must fit in it checked."""
+    n = args.seq_len or block
+    if not 2 <= n <= block:
+        raise UsageError(f"--seq-len must be in 2..{block}, got {n}")
+    check_within(args.steps, n, "--steps", n)
+    check_within(args.drafts, n - 1, "--drafts", n)
+    return n
+
+
+def check_within(values: list[int] | None, most: int, flag: str, n: int) -> None:
+    """Refuses a value that a row could not take (rather than dropping or clamping it)."""
+    beyond = [value for value in values or [] if value > most]
+    if beyond:
+        raise UsageError(f"{flag} {','.join(map(str, values))}: {beyond[0]} is more than a "
+                         f"sample of n = {n} tokens allows ({most} at most): give values up to "
+                         f"{most}, or a longer --seq-len")
 
 
 def fractions(text: str, flag: str) -> list[float]:
@@ -124,17 +147,17 @@ def fractions(text: str, flag: str) -> list[float]:
     return values
 
 
-def settings(n: int, steps: list[int] | None, drafts: list[int], planners: list[str] = (),
+def settings(n: int, steps: list[int] | None, drafts: list[int] | None, planners: list[str] = (),
              thresholds: list[float] = ()) -> list[tuple[str, dict]]:
     """(label, SamplingConfig fields) of every sampler measured; S = n first, the reference."""
-    steps = sorted({s for s in steps or [n // 16, n // 8, n // 4, n // 2, n] if 1 <= s <= n},
+    steps = sorted(steps or {s for s in [n // 16, n // 8, n // 4, n // 2, n] if s >= 1},
                    reverse=True)
     rows = [(f"parallel S={s}", {"sampler": "parallel", "steps": s, "counts": "deterministic"})
             for s in steps]
     rows += [(f"parallel binomial S={s}", {"sampler": "parallel", "steps": s, "counts": "binomial"})
              for s in steps if s < n]
-    rows += [(f"speculative K={k}", {"sampler": "speculative", "draft": min(k, n - 1)})
-             for k in drafts]
+    rows += [(f"speculative K={k}", {"sampler": "speculative", "draft": k})
+             for k in (DEFAULT_DRAFTS if drafts is None else drafts) if k < n]
     if planners or thresholds:
         rows.append((f"{LEFT_TO_RIGHT.word} S=n", {"sampler": "parallel", "steps": n,
                                                      "order": LEFT_TO_RIGHT.word}))
@@ -239,9 +262,11 @@ def plot(rows: list[dict], header: dict, path: Path) -> None:
                 "planner threshold": ("threshold planner (not the joint)", "v-"),
                 "planner ": ("confidence, margin, entropy planners (not the joint)", "^"),
                 f"{LEFT_TO_RIGHT.word} S=n": ("left to right, S = n", "x")}
+    def family(row: dict) -> str:  # the first prefix of the label's ("planner threshold" first)
+        return next(prefix for prefix in families if row["label"].startswith(prefix))
+
     for prefix, (name, style) in families.items():
-        members = [row for row in rows if row["label"].startswith(prefix)
-                   and not (prefix == "planner " and "threshold" in row["label"])]
+        members = [row for row in rows if family(row) == prefix]
         if not members:
             continue
         x = [row["calls_per_token"] for row in members]
@@ -262,23 +287,11 @@ def plot(rows: list[dict], header: dict, path: Path) -> None:
     figure.savefig(path, dpi=120, metadata=png_provenance(header["provenance"]))
 
 
-def sampling_model(args: argparse.Namespace, made_by: str) -> tuple:
-    """(model, device, provenance) for a sampler benchmark: --ckpt's --weights on --device, in
-    the dtype sample.py samples in, with the provenance its outputs record."""
-    device = resolve_device(args.device)
-    source = locate_checkpoint(args.ckpt)
-    model = load_checkpoint(source.file, weights=args.weights, map_location=device)
-    model = model.to(reproducible_dtype(device)).eval()
-    return model, device, provenance(source, args.weights, vars(args), made_by=made_by)
-
-
 @cli_entry
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     model, device, origin = sampling_model(args, JSON.made_by)
-    n = args.seq_len or model.config.block_size
-    if not 2 <= n <= model.config.block_size:
-        raise UsageError(f"--seq-len must be in 2..{model.config.block_size}, got {n}")
+    n = sample_length(args, model.config.block_size)
     judge = None
     if args.judge:
         check_judge_matches(args.judge, origin)

@@ -52,11 +52,12 @@ from aogpt.model.checkpoint import locate_checkpoint, provenance  # noqa: E402
 from aogpt.model.orders import ANY_ORDER, LEFT_TO_RIGHT  # noqa: E402
 from aogpt.model.precision import device_name, reproducible_dtype, resolve_device  # noqa: E402
 from aogpt.model.sampler import KVCacheSampler, SamplingConfig  # noqa: E402
+from aogpt.model.sampler.ways import THRESHOLD, WAYS, named  # noqa: E402
 from aogpt.progress import duration  # noqa: E402
 
 RANDOM_ORDER, LEFT_TO_RIGHT_ORDER = "random order", LEFT_TO_RIGHT.label  # orders drawn up front
 FIXED_ORDERS = {RANDOM_ORDER: ANY_ORDER.word, LEFT_TO_RIGHT_ORDER: LEFT_TO_RIGHT.word}
-METHODS = (RANDOM_ORDER, LEFT_TO_RIGHT_ORDER, "confidence", "margin", "entropy", "threshold")
+METHODS = (RANDOM_ORDER, LEFT_TO_RIGHT_ORDER, *named("planner"))
 BUDGETS = ("1 call per blank", "1 call per 2 blanks", "threshold's own")
 SMOKE_PUZZLES = 3  # per givens count
 # its outputs: --force replaces only what this benchmark wrote (a table carries no record: it is
@@ -106,14 +107,14 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 def method_fields(method: str, budget: str, blanks: int, threshold: float) -> dict | None:
     """SamplingConfig fields of a method at a budget for puzzles of `blanks` blanks (None: the
     method does not run at that budget)."""
-    if (method == "threshold") != (budget == BUDGETS[2]):
+    by_threshold = method in WAYS and WAYS[method].reads(THRESHOLD)  # its own number of calls
+    if by_threshold != (budget == BUDGETS[2]):
         return None
-    if method == "threshold":
-        return {"planner": "threshold", "threshold": threshold}
+    if by_threshold:
+        return {"planner": method, "threshold": threshold}
     per_call = 1 if budget == BUDGETS[0] else 2
     if method in FIXED_ORDERS:
-        return {"planner": "order", "order": FIXED_ORDERS[method],
-                "steps": math.ceil(blanks / per_call)}
+        return {"order": FIXED_ORDERS[method], "steps": math.ceil(blanks / per_call)}
     return {"planner": method, "reveal": per_call}
 
 

@@ -19,6 +19,7 @@ import shutil
 import sys
 import tempfile
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -26,10 +27,10 @@ from roofline import measured_classes
 
 from aogpt import cli_entry
 from aogpt.files import write_json_atomic
-from aogpt.trainer.dist_env import all_reduce_sum, setup_distributed_env
+from aogpt.trainer.dist_env import DistEnv, all_reduce_sum, setup_distributed_env
 from aogpt.trainer.ds_config import zero_stage
 from aogpt.trainer.loop import Trainer
-from aogpt.trainer.main import preflight
+from aogpt.trainer.preflight import Plan, preflight
 
 NEEDED_RATIO = 10.0
 
@@ -98,69 +99,97 @@ def time_loader(trainer: Trainer, batches: int) -> float:
     return time.perf_counter() - start
 
 
+def scratch_plan(args: argparse.Namespace, dist_env: DistEnv) -> Plan:
+    """The run --config and the overrides describe, checked as trainer/main.py checks it, in a
+    scratch out_dir (nothing to resume) with no evaluation (none of the zero-shot sets a preset
+    names needs to exist)."""
+    scratch = Path(tempfile.gettempdir()) / "aogpt_train_throughput"
+    if dist_env.is_main:
+        shutil.rmtree(scratch, ignore_errors=True)
+    overrides = [*args.overrides, f"out_dir={scratch}", "eval.every=0", "eval.sets=[]"]
+    return preflight(args.config, args.ds_config, overrides, dist_env)
+
+
+@dataclass
+class Timing:
+    """The timed steps and loader batches, each in seconds averaged over the ranks."""
+
+    step_seconds: float
+    data_wait: float  # of step_seconds
+    loader_seconds: float
+    classes: dict | None = None  # the profiled steps' GPU time per kernel class (--profile)
+
+    @classmethod
+    def of(cls, trainer: Trainer, args: argparse.Namespace) -> Timing:
+        """Times the steps (and profiles 2 more with --profile), then the loader (collective)."""
+        classes = None
+        try:
+            step_seconds, data_wait = time_steps(trainer, args.warmup, args.steps)
+            if args.profile and trainer.env.is_main:
+                classes = profile_steps(trainer, args.warmup + args.steps, args.profile)
+            loader_seconds = time_loader(trainer, args.loader_batches)
+        finally:
+            trainer.close()  # loader workers ignore SIGTERM: they would hold the exit
+        totals = all_reduce_sum([step_seconds, data_wait, loader_seconds], trainer.device)
+        return cls(*(float(t) / trainer.env.world_size for t in totals), classes=classes)
+
+
+def report(trainer: Trainer, args: argparse.Namespace, timing: Timing) -> tuple[list[str], dict]:
+    """The lines printed and the --json record."""
+    cfg, world, device = trainer.cfg, trainer.env.world_size, trainer.device
+    step_tokens = args.steps * cfg.train.tokens_per_step / timing.step_seconds  # all ranks
+    loader_tokens = (args.loader_batches * cfg.train.micro_batch_size * cfg.model.block_size
+                     / timing.loader_seconds)
+    # per rank: what one loader gives vs one rank eats
+    ratio = loader_tokens / (step_tokens / world)
+    mfu = trainer.mfu(step_tokens)
+    mfu_line = (f"{mfu['mfu']:.1%} (causal attention halved: {mfu['mfu_causal']:.1%})"
+                if mfu["mfu"] is not None else "n/a (no GPU peak known)")
+    compiled = ", compiled" if cfg.train.compile else ""
+    verdict = "ok" if ratio >= NEEDED_RATIO else f"TOO SLOW: needs >= {NEEDED_RATIO:.0f}x"
+    lines = [
+        f"config: {args.config} {' '.join(args.overrides)}".rstrip(),
+        f"setup: {cfg.model.n_layer} layers x {cfg.model.n_embd} "
+        f"({trainer.num_params / 1e6:.1f}M parameters), seq {cfg.model.block_size}, "
+        f"{cfg.sequences_per_step} sequences/step, "
+        f"ZeRO-{zero_stage(trainer.ds_config)} {cfg.train.precision}{compiled}, world {world}, "
+        f"{torch.cuda.get_device_name(device) if device.type == 'cuda' else 'cpu'}, "
+        f"attention {trainer.attention_backend}",
+        f"training step: {step_tokens:,.0f} tokens/s ({step_tokens / world:,.0f} per device), "
+        f"{timing.step_seconds / args.steps:.3f} s/step, data wait "
+        f"{timing.data_wait / timing.step_seconds:.1%}, "
+        f"MFU {mfu_line}",
+        f"data loader alone: {loader_tokens:,.0f} tokens/s per rank "
+        f"({args.loader_batches} micro-batches of {cfg.train.micro_batch_size}, "
+        f"{cfg.data.num_workers} workers)",
+        f"loader / step: {ratio:,.1f}x ({verdict})"]
+    record = {
+        "config": args.config, "overrides": args.overrides, "world_size": world,
+        "zero_stage": zero_stage(trainer.ds_config), "precision": cfg.train.precision,
+        "compile": cfg.train.compile, "attention": trainer.attention_backend,
+        "micro_batch_size": cfg.train.micro_batch_size, "seq_len": cfg.model.block_size,
+        "params": trainer.num_params, "tokens_per_s": step_tokens,
+        "tokens_per_s_per_device": step_tokens / world,
+        "step_s": timing.step_seconds / args.steps,
+        "data_wait_fraction": timing.data_wait / timing.step_seconds, **mfu,
+        "peak_memory_gib": (torch.cuda.max_memory_allocated(device) / 2**30
+                            if device.type == "cuda" else None),
+        "loader_ratio": ratio, "classes": timing.classes}
+    return lines, record
+
+
 @cli_entry
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     dist_env = setup_distributed_env()
-    scratch = Path(tempfile.gettempdir()) / "aogpt_train_throughput"
-    if dist_env.is_main:
-        shutil.rmtree(scratch, ignore_errors=True)  # no checkpoint to resume from
-    user_overrides = args.overrides
-    # no evaluation, so none of the zero-shot sets a preset names needs to exist
-    args.overrides = [*user_overrides, f"out_dir={scratch}", "eval.every=0", "eval.sets=[]"]
-    args.start_over = False  # trainer/main.py's flag: the scratch out_dir is new anyway
-    trainer = Trainer(preflight(args, dist_env), dist_env)
-    cfg, world = trainer.cfg, dist_env.world_size
-    classes = None
-    try:
-        step_seconds, data_wait = time_steps(trainer, args.warmup, args.steps)
-        if args.profile and dist_env.is_main:
-            classes = profile_steps(trainer, args.warmup + args.steps, args.profile)
-        loader_seconds = time_loader(trainer, args.loader_batches)
-    finally:
-        trainer.close()  # loader workers ignore SIGTERM: they would hold the exit
-    totals = all_reduce_sum([step_seconds, data_wait, loader_seconds], trainer.device)
-    step_seconds, data_wait, loader_seconds = (float(t) / world for t in totals)  # rank means
-
-    step_tokens = args.steps * cfg.train.tokens_per_step / step_seconds  # all ranks together
-    loader_tokens = (args.loader_batches * cfg.train.micro_batch_size * cfg.model.block_size
-                     / loader_seconds)
-    # per rank: what one loader gives vs one rank eats
-    ratio = loader_tokens / (step_tokens / world)
+    trainer = Trainer(scratch_plan(args, dist_env), dist_env)
+    timing = Timing.of(trainer, args)
     if not dist_env.is_main:
         return 0
-    device = trainer.device
-    mfu = trainer.mfu(step_tokens)
-    mfu = (f"{mfu['mfu']:.1%} (causal attention halved: {mfu['mfu_causal']:.1%})"
-           if mfu["mfu"] is not None else "n/a (no GPU peak known)")
-    print(f"config: {args.config} {' '.join(user_overrides)}".rstrip())
-    compiled = ", compiled" if cfg.train.compile else ""
-    print(f"setup: {cfg.model.n_layer} layers x {cfg.model.n_embd} "
-          f"({trainer.num_params / 1e6:.1f}M parameters), seq {cfg.model.block_size}, "
-          f"{cfg.sequences_per_step} sequences/step, "
-          f"ZeRO-{zero_stage(trainer.ds_config)} {cfg.train.precision}{compiled}, world {world}, "
-          f"{torch.cuda.get_device_name(device) if device.type == 'cuda' else 'cpu'}, "
-          f"attention {trainer.attention_backend}")
-    print(f"training step: {step_tokens:,.0f} tokens/s ({step_tokens / world:,.0f} per device), "
-          f"{step_seconds / args.steps:.3f} s/step, data wait {data_wait / step_seconds:.1%}, "
-          f"MFU {mfu}")
-    print(f"data loader alone: {loader_tokens:,.0f} tokens/s per rank "
-          f"({args.loader_batches} micro-batches of {cfg.train.micro_batch_size}, "
-          f"{cfg.data.num_workers} workers)")
-    verdict = "ok" if ratio >= NEEDED_RATIO else f"TOO SLOW: needs >= {NEEDED_RATIO:.0f}x"
-    print(f"loader / step: {ratio:,.1f}x ({verdict})")
+    lines, record = report(trainer, args, timing)
+    print(*lines, sep="\n")
     if args.json:
-        memory = torch.cuda.max_memory_allocated(device) / 2**30 if device.type == "cuda" else None
-        write_json_atomic({
-            "config": args.config, "overrides": user_overrides, "world_size": world,
-            "zero_stage": zero_stage(trainer.ds_config), "precision": cfg.train.precision,
-            "compile": cfg.train.compile, "attention": trainer.attention_backend,
-            "micro_batch_size": cfg.train.micro_batch_size, "seq_len": cfg.model.block_size,
-            "params": trainer.num_params, "tokens_per_s": step_tokens,
-            "tokens_per_s_per_device": step_tokens / world, "step_s": step_seconds / args.steps,
-            "data_wait_fraction": data_wait / step_seconds,
-            **trainer.mfu(step_tokens),
-            "peak_memory_gib": memory, "loader_ratio": ratio, "classes": classes}, args.json)
+        write_json_atomic(record, args.json)
     return 0
 
 

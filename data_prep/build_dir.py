@@ -11,7 +11,15 @@ A run never leaves a mixed or duplicated dataset behind:
 A run only ever deletes what this tool wrote: manifest.json, .partial, .slices (the slices a
 merge was built from, once it is published), and in each MDS folder (train/ and val/, or an eval
 set's DIR itself) index.json and the shard files it lists. Anything else there is refused,
-before anything is deleted.
+before anything is deleted. "This tool" is the builder (settings["tool"]: owt_to_mds,
+eval_to_mds, synthetic_to_mds, sudoku_to_mds): a dataset, or an unfinished build, that another
+builder made is refused even with --overwrite, and so is an MDS folder without a manifest (its
+builder is unknown); the refusal names the builder and says to choose another folder.
+
+A remote --out is built in a staging folder (StagingDir): one the tool made, or an empty one it
+was given, marked as the tool's own (.aogpt-staging.json, with the URL it stages) before anything
+else is written there. A folder that holds anything else, a finished dataset above all, is
+refused: it is never taken for a staged build, uploaded or deleted.
 """
 
 import json
@@ -22,12 +30,24 @@ from typing import NoReturn
 
 from aogpt import UsageError
 from aogpt.data_prep import mds
-from aogpt.data_prep.manifest import FILENAME, FORMAT, write_manifest
+from aogpt.data_prep.manifest import (
+    FILENAME,
+    FORMAT,
+    builder_of,
+    describe_builder,
+    write_manifest,
+)
+from aogpt.files import write_text_atomic
 
 PARTIAL = ".partial"
 SETTINGS = "settings.json"
 INDEX = "index.json"
 SLICES = ".slices"  # the slices of a build across many tasks (data_prep/slices.py)
+
+
+def join_split(split: str) -> str:
+    """How a message names an MDS folder: "train/", or an eval set's index.json in DIR."""
+    return INDEX if split == "." else f"{split}/"
 
 
 def _remove(path: Path) -> None:
@@ -41,6 +61,8 @@ class OutputDir:
     """DIR and its DIR/.partial; `splits` names DIR's MDS folders ("train", "val"; "." for an
     eval set, whose one split is DIR itself)."""
 
+    OWN = (FILENAME, PARTIAL, SLICES)  # DIR's entries that are this tool's besides the splits
+
     def __init__(self, root: str | Path, splits: tuple[str, ...]):
         self.root = Path(root)
         self.partial = self.root / PARTIAL
@@ -48,29 +70,32 @@ class OutputDir:
         self.out = self.partial / "out"  # what publish() moves into DIR
         self.splits = splits
         self.built = False  # a local build always builds (a remote --out may have it staged)
+        self.builder: str | None = None  # settings["tool"], from start()
         self._created_root = False
 
     def start(self, settings: dict, overwrite: bool) -> bool:
         """Makes .partial ready for a build with `settings`; False when DIR holds that build.
 
-        `settings` is everything the output depends on (inputs, options, tool version).
+        `settings` is everything the output depends on (inputs, options, settings["tool"]: the
+        builder, and its version).
         """
         settings = json.loads(json.dumps(settings))  # the form it has when read back
+        self.builder = settings["tool"]
         entries = self._entries()
-        if FILENAME in entries and PARTIAL in entries:  # a crash in publishing's very last step
-            shutil.rmtree(self.partial)
+        if FILENAME in entries and PARTIAL in entries and self._published():
+            shutil.rmtree(self.partial)  # a crash in publishing's very last step
             entries.remove(PARTIAL)
         has_manifest, has_partial = FILENAME in entries, PARTIAL in entries
-        ours = [name for name in entries if name not in (FILENAME, PARTIAL, SLICES)]
         if has_partial and not overwrite and self._saved_settings() == settings:
             if (self.partial / FILENAME).is_file():
                 print(f"finishing the interrupted publishing of {self.root}", flush=True)
                 self._publish()
                 return False
             print(f"resuming the interrupted build in {self.partial}", flush=True)
+            self._clear_dataset()  # an earlier dataset that this build replaces
             return True
         if has_manifest and not has_partial and not overwrite:
-            if json.loads((self.root / FILENAME).read_text()).get("settings") != settings:
+            if self.finished_manifest().get("settings") != settings:
                 raise UsageError(f"{self.root} holds a finished dataset built with other "
                                  f"settings or inputs: pass --overwrite to rebuild it, or choose "
                                  f"another folder")
@@ -78,24 +103,21 @@ class OutputDir:
         if has_partial:
             print(f"starting over: {self.partial} was made by a run with other settings"
                   if not overwrite else f"--overwrite: removing {self.partial}", flush=True)
-        elif ours and not has_manifest and not overwrite:
-            raise UsageError(
-                f"output folder {self.root} holds {ours[0]!r} but no {FILENAME} (an unfinished "
-                f"build of another tool or version?): pass --overwrite to rebuild it there"
-            )
-        self._clear()
+            shutil.rmtree(self.partial)
         self.work.mkdir(parents=True)
         self.out.mkdir()
-        (self.partial / SETTINGS).write_text(json.dumps(settings, indent=2) + "\n")
+        write_text_atomic(self.partial / SETTINGS, json.dumps(settings, indent=2) + "\n")
+        self._clear_dataset()  # after .partial names this build: a crash here resumes it
         return True
 
     def publish(self, manifest: dict) -> dict:
         """Moves the finished datasets into DIR and writes DIR/manifest.json last; returns it.
 
         The manifest keeps the build's settings, so that a later run can tell "already done"
-        from "asked for something else".
+        from "asked for something else", and its builder, which alone may replace it.
         """
-        manifest = {**manifest, "settings": self._saved_settings()}
+        settings = self._saved_settings()
+        manifest = {**manifest, "builder": settings["tool"], "settings": settings}
         write_manifest(self.partial / FILENAME, manifest)
         self._publish()
         return manifest
@@ -106,6 +128,10 @@ class OutputDir:
     @property
     def staging_root(self) -> Path:
         """Where the build happens: DIR itself."""
+        return self.root
+
+    def slices_root(self) -> Path:
+        """Where --slice writes its slice (in .slices): DIR itself."""
         return self.root
 
     def holds(self, settings: dict) -> bool:
@@ -122,10 +148,11 @@ class OutputDir:
 
     def remove(self) -> None:
         """Deletes the dataset this tool wrote in DIR (a staging copy, once uploaded) and the
-        slices it was merged from, and DIR when nothing else is left in it."""
-        self._entries()  # refuses a DIR that holds anything else
-        self._clear()
-        shutil.rmtree(self.root / SLICES, ignore_errors=True)
+        slices it was merged from, and DIR when nothing else is left in it and this tool made
+        it. Anything else in DIR stays where it is."""
+        self._clear_dataset()
+        for own in (self.partial, self.root / SLICES):
+            shutil.rmtree(own, ignore_errors=True)
         if not any(self.root.iterdir()):
             self.root.rmdir()
 
@@ -141,7 +168,7 @@ class OutputDir:
 
     def _entries(self) -> list[str]:
         """DIR's entries, after checking that everything in DIR and in its MDS folders is this
-        tool's (DIR is created if missing)."""
+        builder's (DIR is created if missing)."""
         if self.root.exists() and not self.root.is_dir():
             raise UsageError(f"output {self.root} is a file, not a folder: choose a folder path")
         if not self.root.exists():
@@ -151,7 +178,9 @@ class OutputDir:
         if FILENAME in entries and not self._is_our_manifest(self.root / FILENAME):
             raise UsageError(f"output folder {self.root} holds a {FILENAME} that is not an aogpt "
                              f"data manifest: choose an empty or new folder")
-        ours = {FILENAME, PARTIAL, SLICES, *self.splits}
+        if self.builder is not None:
+            self._check_builder(entries)
+        ours = {*self.OWN, *self.splits}
         for split in self.splits:
             if split == ".":
                 ours |= self._written(self.root)
@@ -161,6 +190,32 @@ class OutputDir:
         if foreign:
             self._refuse(foreign[0], "which this tool did not write")
         return entries
+
+    def _check_builder(self, entries: list[str]) -> None:
+        """Refuses what another builder made (a dataset, an unfinished build), and MDS folders
+        whose builder no manifest names: never this builder's to replace, --overwrite or not."""
+        this = describe_builder(self.builder)
+        if FILENAME in entries:
+            manifest = self.finished_manifest()
+            theirs = builder_of(manifest)
+            if theirs != self.builder:
+                raise UsageError(
+                    f"output folder {self.root} holds a dataset that {describe_builder(theirs)} "
+                    f"built ({manifest.get('dataset')}), and {this} replaces only its own, even "
+                    f"with --overwrite: choose another --out (nothing was deleted)")
+        saved = self._saved_settings() if PARTIAL in entries else None
+        if saved is not None and saved.get("tool") != self.builder:
+            raise UsageError(
+                f"output folder {self.root} holds an unfinished build of "
+                f"{describe_builder(saved.get('tool'))} ({PARTIAL}), which {this} does not "
+                f"replace: finish it with that command, or choose another --out (nothing was "
+                f"deleted)")
+        unnamed = [split for split in self.splits if self._written(self.root / split)]
+        if unnamed and FILENAME not in entries and PARTIAL not in entries:
+            raise UsageError(
+                f"output folder {self.root} holds {join_split(unnamed[0])} but no {FILENAME}, "
+                f"so which tool wrote it is unknown, and {this} does not replace it, even with "
+                f"--overwrite: move it elsewhere or choose another --out (nothing was deleted)")
 
     def _check_mds_folder(self, split: str) -> None:
         folder = self.root / split
@@ -190,19 +245,24 @@ class OutputDir:
         raise UsageError(f"output folder {self.root} holds {name!r}, {why}: move it elsewhere or "
                          f"choose another --out (nothing was deleted)")
 
-    def _clear(self) -> None:
-        """Deletes what _entries found to be this tool's: the manifest first (DIR stops claiming
-        to be complete), each index after its shards (what is left stays listed), .partial last."""
+    def _clear_dataset(self) -> None:
+        """Deletes the dataset _entries found to be this builder's: the manifest first (DIR stops
+        claiming to be complete), each index after its shards (what is left stays listed)."""
         (self.root / FILENAME).unlink(missing_ok=True)
         for split in self.splits:
             folder = self.root / split
             if folder.is_dir():
                 for name in sorted(self._written(folder), key=lambda name: name == INDEX):
                     (folder / name).unlink(missing_ok=True)
-                if split != ".":
+                if split != "." and not any(folder.iterdir()):
                     folder.rmdir()
-        if self.partial.exists():
-            shutil.rmtree(self.partial)
+
+    def _published(self) -> bool:
+        """Whether .partial is what a publishing left after its last move: its manifest is DIR's."""
+        try:
+            return (self.partial / FILENAME).read_bytes() == (self.root / FILENAME).read_bytes()
+        except OSError:
+            return False
 
     def _saved_settings(self) -> dict | None:
         try:
@@ -216,3 +276,88 @@ class OutputDir:
             return json.loads(path.read_text()).get("format") == FORMAT
         except (OSError, ValueError, AttributeError):
             return False
+
+
+STAGING_MARK = ".aogpt-staging.json"
+
+
+class StagingDir(OutputDir):
+    """The local folder that a remote --out (`url`) is built in before its upload. It is the
+    tool's own: a folder it made, or an empty one it was given, marked so (STAGING_MARK, with the
+    URL) before anything else is written there; `default` is a folder of the tool's own namespace
+    (one per URL under $TMPDIR), its own whatever it holds. After the upload only the staged
+    files go, and the folder itself when the tool made it."""
+
+    OWN = (*OutputDir.OWN, STAGING_MARK)
+
+    def __init__(self, root: str | Path, splits: tuple[str, ...], url: str, default: bool):
+        super().__init__(root, splits)
+        self.url, self.default = url, default
+
+    def check(self) -> None:
+        """Refuses, writing nothing, a --staging folder that is neither new, nor empty, nor this
+        URL's staging folder."""
+        if self.default or not self.root.exists():
+            return
+        if not self.root.is_dir():
+            raise UsageError(f"--staging {self.root} is a file, not a folder: give a new or "
+                             f"empty folder")
+        mark = self._mark()
+        if mark is not None and mark.get("url") != self.url:
+            raise UsageError(f"--staging {self.root} is the staging folder of an upload to "
+                             f"{mark.get('url')}: finish that one with its command, or give "
+                             f"another --staging (nothing was deleted)")
+        entries = sorted(os.listdir(self.root))
+        if mark is None and entries:
+            raise UsageError(f"--staging {self.root} holds {self._describe(entries)}, and a "
+                             f"staging folder is this tool's alone (the build is uploaded, then "
+                             f"deleted): give a new or empty --staging (nothing was deleted)")
+
+    def claim(self) -> None:
+        """Makes the folder this tool's staging folder for `url` (checked first)."""
+        self.check()
+        created = self.default or not self.root.exists()
+        self.root.mkdir(parents=True, exist_ok=True)
+        if self._mark() is None:
+            write_text_atomic(self.root / STAGING_MARK, json.dumps(
+                {"format": "aogpt-staging", "url": self.url, "created": created}) + "\n")
+
+    def start(self, settings: dict, overwrite: bool) -> bool:
+        self.claim()
+        return super().start(settings, overwrite)
+
+    def discard(self) -> None:
+        shutil.rmtree(self.partial, ignore_errors=True)
+        if not set(os.listdir(self.root)) - {STAGING_MARK}:  # slices stay this tool's
+            self._release()
+
+    def remove(self) -> None:
+        self._clear_dataset()
+        for own in (self.partial, self.root / SLICES):
+            shutil.rmtree(own, ignore_errors=True)
+        self._release()
+
+    def _release(self) -> None:
+        """Unmarks the folder (its upload is done, or was never started), and deletes it when
+        the tool made it and nothing else is there."""
+        created = (self._mark() or {}).get("created")
+        (self.root / STAGING_MARK).unlink(missing_ok=True)
+        if created and not any(self.root.iterdir()):
+            self.root.rmdir()
+
+    def _mark(self) -> dict | None:
+        try:
+            mark = json.loads((self.root / STAGING_MARK).read_text())
+        except (OSError, ValueError):
+            return None
+        return mark if isinstance(mark, dict) and mark.get("format") == "aogpt-staging" else None
+
+    def _describe(self, entries: list[str]) -> str:
+        """What a folder holds, as a refusal names it: a dataset, a build, or its first entry."""
+        if FILENAME in entries and self._is_our_manifest(self.root / FILENAME):
+            manifest = self.finished_manifest()
+            return (f"a finished dataset ({manifest.get('dataset')}, built by "
+                    f"{describe_builder(builder_of(manifest))})")
+        if PARTIAL in entries:
+            return f"an unfinished build ({PARTIAL})"
+        return repr(entries[0])

@@ -4,18 +4,41 @@ as well in a log file as on a terminal."""
 
 from __future__ import annotations
 
+import argparse
+from collections.abc import Callable
 from pathlib import Path
 
 from aogpt import UsageError
 from aogpt.data_prep.build_dir import OutputDir
-from aogpt.data_prep.remote import check_url, is_remote, join
-from aogpt.files import check_writable_folder
+from aogpt.data_prep.remote import RemoteOutput, check_url, is_remote, join
+from aogpt.files import URL_LIKE, check_writable_folder
+
+
+def add_output_flags(parser: argparse.ArgumentParser, noun: str = "dataset") -> None:
+    """--out, --staging and --overwrite, as every builder takes them."""
+    add = parser.add_argument
+    add("--out", required=True,
+        help="output folder, or s3://BUCKET/PREFIX (built in --staging, then uploaded)")
+    add("--staging", type=Path, default=None,
+        help=f"with an s3:// --out: a new or empty local folder the {noun} is built in before "
+             f"the upload, then deleted (default: one per URL under $TMPDIR); on a disk that "
+             f"outlives the job, an interrupted run resumes its build too")
+    add("--overwrite", action="store_true",
+        help="rebuild OUT even when it is complete (only a dataset that this command built)")
 
 
 def check_out(out: str, staging: Path | None = None) -> None:
     """--out is, or can be made, a folder this process can write in (tried, so /proc, /sys and a
     read-only filesystem are found even by root); or a URL of a store the builders write to,
     whose --staging folder is such a folder. The bucket itself is checked when opened."""
+    for flag, path in (("--out", out), ("--staging", staging)):
+        if path is not None and not is_remote(path) and URL_LIKE.match(str(path)):
+            raise UsageError(f"{flag} {path} is neither a URL (write s3://BUCKET/PREFIX, with two "
+                             f"slashes) nor a folder name this command makes (it begins with a "
+                             f"scheme): give a URL or a local folder")
+    if staging is not None and is_remote(staging):
+        raise UsageError(f"--staging {staging}: the staging folder is a local folder, where the "
+                         f"build happens before the upload to --out")
     if is_remote(out):
         check_url(out, "--out", writing=True)
         if staging is not None:
@@ -30,14 +53,25 @@ def check_out(out: str, staging: Path | None = None) -> None:
         raise UsageError(f"{err}: choose another --out") from None
 
 
-def start_build(out: OutputDir, settings: dict, overwrite: bool, noun: str) -> bool:
-    """Starts (or resumes) a local build in `out`; when `out` holds this build already, says so
-    with its splits (what they hold of `noun`) and returns False: nothing to do."""
-    if out.start(settings, overwrite):
-        return True
-    print(f"{out.root} is complete already: nothing to do (--overwrite rebuilds it)")
-    print("\n".join(split_lines(out.root, out.finished_manifest(), noun)))
-    return False
+def build_output(out: OutputDir | RemoteOutput, location: str, settings: dict, overwrite: bool,
+                 noun: str, make: Callable[[], dict]) -> dict | None:
+    """A builder's life at its --out (a folder, or a bucket through its staging folder): started
+    or resumed; make() builds into out.out and returns the manifest, unless the staging folder
+    holds the finished build already (an upload was interrupted); published (uploaded). Returns
+    the manifest; None when `location` holds this build already, which is said with its splits
+    (what they hold of `noun`). Bad input in make() (a UsageError) leaves nothing behind."""
+    if not out.start(settings, overwrite):
+        print(f"{location} is complete already: nothing to do (--overwrite rebuilds it)")
+        print("\n".join(split_lines(location, out.finished_manifest(), noun)))
+        return None
+    if out.built:
+        return out.publish(None)
+    try:
+        manifest = make()
+    except UsageError:
+        out.discard()  # a re-run would fail the same way
+        raise
+    return out.publish(manifest)
 
 
 def replaced_bytes_note(splits: dict[str, dict]) -> str | None:

@@ -24,7 +24,13 @@ from pathlib import Path
 import aogpt
 from aogpt import UsageError, check_counts, cli_entry
 from aogpt.data_prep import packing
-from aogpt.data_prep.cli import check_out, replaced_bytes_note, split_lines
+from aogpt.data_prep.cli import (
+    add_output_flags,
+    build_output,
+    check_out,
+    replaced_bytes_note,
+    split_lines,
+)
 from aogpt.data_prep.eval_sets import (
     EVAL_SETS,
     REFERENCE_GROUP,
@@ -49,12 +55,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                     "(one split), with OUT/manifest.json, following the paper's protocol.",
     )
     parser.add_argument("--dataset", required=True, choices=sorted(EVAL_SETS))
-    parser.add_argument("--out", required=True,
-                        help="output folder, or s3://BUCKET/PREFIX (built in --staging, then "
-                             "uploaded)")
-    parser.add_argument("--staging", type=Path, default=None,
-                        help="with an s3:// --out: the local folder the set is built in before "
-                             "the upload (default: one per URL under $TMPDIR)")
+    add_output_flags(parser, "set")
     parser.add_argument("--source", nargs="+", action="extend", metavar="PATH",
                         help="local files/folders instead of the hub (.txt/.raw/.tokens lines, "
                              ".jsonl[.gz] field text, .parquet)")
@@ -72,8 +73,6 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--workers", type=int, default=packing.available_cores(),
                         help="worker processes (default: all available cores)")
     parser.add_argument("--tokenizer-file", default=None, help="GPT-2 ranks file (gpt2.tiktoken)")
-    parser.add_argument("--overwrite", action="store_true",
-                        help="rebuild OUT even when it is complete")
     args = parser.parse_args(argv)
     check_counts(args, "seq_len", "workers")
     if args.packing == "per_example" and not EVAL_SETS[args.dataset].last_word:
@@ -108,32 +107,25 @@ def main(argv: list[str] | None = None) -> int:
                 "seq_len": args.seq_len,
                 "packing": args.packing, "reference_packing": args.reference_packing,
                 "tokenizer": describe(encoding)}
-    if not out.start(settings, args.overwrite):
-        print(f"{args.out} is complete already: nothing to do (--overwrite rebuilds it)")
-        print("\n".join(split_lines(args.out, out.finished_manifest(), "examples")))
+    manifest = build_output(out, args.out, settings, args.overwrite, "examples",
+                            lambda: _build(args, eval_set, examples, description, encoding, out))
+    if manifest is None:
         return 0
-    manifest = out.publish(None if out.built else _build(args, eval_set, examples,
-                                                          description, encoding, out))
     _report(manifest, args, time.perf_counter() - wall_start)
     return 0
 
 
 def _build(args: argparse.Namespace, eval_set, examples: list, description: str, encoding,
            out) -> dict:
-    """Packs the examples into out's staging area; returns the manifest (bad input: nothing
-    is left)."""
-    try:
-        if args.packing == "per_example":
-            stats = pack_per_example(examples, eval_set, args.seq_len, out.out, encoding)
-        else:
-            stats = pack_concat(examples, eval_set, args.split, args.seq_len, out.out, out.work,
-                                encoding, args.workers, args.reference_packing)
-        if stats["samples"] == 0:
-            raise UsageError(f"{stats['tokens']} tokens are not enough for one sample of "
-                             f"--seq-len {args.seq_len}: lower --seq-len")
-    except UsageError:
-        out.discard()
-        raise
+    """Packs the examples into out's staging area; returns the manifest."""
+    if args.packing == "per_example":
+        stats = pack_per_example(examples, eval_set, args.seq_len, out.out, encoding)
+    else:
+        stats = pack_concat(examples, eval_set, args.split, args.seq_len, out.out, out.work,
+                            encoding, args.workers, args.reference_packing)
+    if stats["samples"] == 0:
+        raise UsageError(f"{stats['tokens']} tokens are not enough for one sample of "
+                         f"--seq-len {args.seq_len}: lower --seq-len")
     extra = {}
     if args.packing == "per_example":
         extra = {"columns": per_example_columns(args.seq_len), "pad_id": EOS}

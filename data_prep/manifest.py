@@ -9,7 +9,8 @@ column `tokens` = ndarray:uint16:<seq_len>: GPT-2 ids with EOS after each docume
 a vocabulary that is not text (the synthetic language's, Sudoku's digits). An eval set packed one
 example per sample (--packing per_example) adds each example's `length` and `last_word_start`.
 
-The builders write manifest.json last, so its presence means the folder is complete. Readers call
+The builders write manifest.json last, so its presence means the folder is complete; it names
+its builder ("builder"), the one tool that may replace the folder (--overwrite). Readers call
 read_manifest / split_path / check_compatible and get a one-line UsageError that says how to fix
 the folder instead of a failure deep inside streaming or the model.
 """
@@ -20,12 +21,12 @@ from pathlib import Path
 
 import aogpt
 from aogpt import UsageError
+from aogpt.data_folder import MANIFEST_FILE as FILENAME
 from aogpt.data_prep import mds, tokenizer
 from aogpt.files import write_text_atomic
 
 FORMAT = "aogpt-mds"
 VERSION = 1
-FILENAME = "manifest.json"
 COLUMN = "tokens"
 DTYPE = "uint16"
 KINDS = ("pretrain", "eval")
@@ -88,33 +89,22 @@ def read_manifest(data_dir: str | Path) -> dict:
     return manifest
 
 
-def dataset_folder(path: str | Path) -> Path | None:
-    """The data folder that `path` is or lies in (two levels at most: DIR/train/shard.00000.mds):
-    one holding manifest.json, or an MDS split (index.json) without one; None outside any."""
-    path = Path(path)
-    candidates = [path, *list(path.parents)[:2]]
-    for marker in (FILENAME, "index.json"):
-        for folder in candidates:
-            if (folder / marker).is_file():
-                return folder
-    return None
+def builder_of(manifest: dict) -> str | None:
+    """The data_prep tool that built a dataset (owt_to_mds, eval_to_mds, synthetic_to_mds,
+    sudoku_to_mds): its manifest's "builder", or the tool its settings name (a manifest written
+    before it recorded one); None when neither says."""
+    return manifest.get("builder") or (manifest.get("settings") or {}).get("tool")
 
 
-def describe_dataset_file(path: str | Path) -> str | None:
-    """What `path` is in a data folder ("the manifest of dataset data/owt", "a file of dataset
-    data/owt"); None outside one."""
-    path = Path(path)
-    folder = dataset_folder(path.parent)
-    if folder is None:
-        return None
-    return f"{'the manifest' if path == folder / FILENAME else 'a file'} of dataset {folder}"
+def describe_builder(builder: str | None) -> str:
+    return f"data_prep/{builder}.py" if builder else "an unknown tool"
 
 
 def rebuild_command(location: str, manifest: dict) -> str:
-    """The command that rebuilds a damaged dataset: the data_prep tool its manifest names
-    (owt_to_mds, eval_to_mds, synthetic_to_mds, sudoku_to_mds), into the same location."""
-    tool = (manifest.get("settings") or {}).get("tool", "owt_to_mds")
-    return f"`python data_prep/{tool}.py --out {location} --overwrite`"
+    """The command that rebuilds a damaged dataset: the data_prep tool that built it, into the
+    same location."""
+    tool = describe_builder(builder_of(manifest) or "owt_to_mds")
+    return f"`python {tool} --out {location} --overwrite`"
 
 
 def split_path(data_dir: str | Path, split: str) -> Path:

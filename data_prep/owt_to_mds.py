@@ -25,12 +25,17 @@ import itertools
 import math
 import sys
 import time
-from pathlib import Path
 
 import aogpt
 from aogpt import UsageError, check_counts, cli_entry
 from aogpt.data_prep import packing, slices, sources
-from aogpt.data_prep.cli import check_out, replaced_bytes_note, split_lines
+from aogpt.data_prep.cli import (
+    add_output_flags,
+    build_output,
+    check_out,
+    replaced_bytes_note,
+    split_lines,
+)
 from aogpt.data_prep.manifest import new_manifest
 from aogpt.data_prep.remote import is_remote, open_output
 from aogpt.data_prep.tokenizer import describe
@@ -48,12 +53,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                     "fixed-length MDS samples in OUT/train and OUT/val, with OUT/manifest.json.",
     )
     add = parser.add_argument
-    add("--out", required=True,
-        help="output folder, or s3://BUCKET/PREFIX (built in --staging, then uploaded)")
-    add("--staging", type=Path, default=None,
-        help="with an s3:// --out: the local folder the dataset is built in before the upload "
-             "(default: one per URL under $TMPDIR); on a disk that outlives the job, an "
-             "interrupted run resumes its tokenizing too")
+    add_output_flags(parser)
     add("--source", nargs="+", action="extend", metavar="SRC",
         help=f"Hugging Face dataset id (default: {sources.OPENWEBTEXT}) or local files/folders "
              f"({sources.SUPPORTED}); repeatable. A .txt file is one document (a folder of "
@@ -65,7 +65,6 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     add("--workers", type=int, default=packing.available_cores(),
         help="worker processes (default: all available cores); the output does not depend on it")
     add("--tokenizer-file", default=None, help="GPT-2 ranks file (gpt2.tiktoken) for offline use")
-    add("--overwrite", action="store_true", help="rebuild OUT even when it is complete")
     add("--compression", default="none",
         help="shard compression: none (default), or zstd[:level], gz, br, bz2, snappy. Compressed "
              "local shards are decompressed next to themselves when read, which races on shared "
@@ -151,40 +150,37 @@ def main(argv: list[str] | None = None) -> int:
         if out.holds(settings):
             print(f"{args.out} is complete already: nothing to do (--overwrite rebuilds it)")
             return 0
-        slices.run_slice(out.staging_root, *args.slice, inputs, settings, spec,
+        slices.run_slice(out.slices_root(), *args.slice, inputs, settings, spec,
                          args.docs_per_chunk, encoding, args.workers)
         return 0
-    if not out.start(settings, args.overwrite):
-        print(f"{args.out} is complete already: nothing to do (--overwrite rebuilds it)")
-        print("\n".join(split_lines(args.out, out.finished_manifest())))
+    built = []  # what this run tokenized (none: it uploaded a build staged by an earlier run)
+
+    def make() -> dict:
+        built.append(_build(args, inputs, spec, encoding, out, settings))
+        return _manifest(args, inputs, spec, encoding, built[0])
+
+    manifest = build_output(out, args.out, settings, args.overwrite, "documents", make)
+    if manifest is None:
         return 0
-    result = None if out.built else _build(args, inputs, spec, encoding, out, settings)
-    manifest = out.publish(None if result is None else
-                           _manifest(args, inputs, spec, encoding, result))
     slices.remove(out.staging_root)  # merged and published: the slices have served
-    _report(manifest, result, args, time.perf_counter() - wall_start)
+    _report(manifest, built[0] if built else None, args, time.perf_counter() - wall_start)
     return 0
 
 
 def _build(args: argparse.Namespace, inputs: list[sources.Source], spec: packing.PackSpec,
            encoding, out, settings: dict) -> packing.BuildResult:
-    """Tokenizes and packs the inputs (or merges their finished slices) into out's staging area;
-    bad input leaves nothing."""
-    is_owt = _is_openwebtext(inputs)
+    """Tokenizes and packs the inputs (or merges their finished slices) into out's staging
+    area."""
     split_dirs = {name: out.out / name for name in SPLITS}
-    try:
-        if args.merge_slices:
-            metas = slices.finished_metas(out.staging_root, args.merge_slices, settings)
-            result = packing.write(metas, spec, out.work, split_dirs, encoding, args.workers)
-        else:
-            chunks = itertools.chain.from_iterable(
-                source.chunks(args.docs_per_chunk) for source in inputs)
-            result = packing.build(chunks, spec, out.work, split_dirs, encoding, args.workers,
-                                   OPENWEBTEXT_DOCUMENTS if is_owt else None)
-        _check_result(result, args, _describe(inputs))
-    except UsageError:
-        out.discard()
-        raise
+    if args.merge_slices:
+        metas = slices.finished_metas(out.staging_root, args.merge_slices, settings)
+        result = packing.write(metas, spec, out.work, split_dirs, encoding, args.workers)
+    else:
+        chunks = itertools.chain.from_iterable(
+            source.chunks(args.docs_per_chunk) for source in inputs)
+        result = packing.build(chunks, spec, out.work, split_dirs, encoding, args.workers,
+                               OPENWEBTEXT_DOCUMENTS if _is_openwebtext(inputs) else None)
+    _check_result(result, args, _describe(inputs))
     return result
 
 

@@ -10,8 +10,8 @@ streaming's own S3 client reads: MinIO, Ceph, Cloudflare R2, and the S3-compatib
 GCS and OCI). The tests run them against a real S3 server on 127.0.0.1.
 
 How a remote build stays complete or absent, with no rename in object storage:
-- the dataset is built in a local staging folder exactly as a local build (build_dir.OutputDir:
-  resumable, bad input leaves nothing), then uploaded through streaming's S3 uploader;
+- the dataset is built in a local staging folder exactly as a local build (build_dir.StagingDir:
+  resumable, bad input leaves nothing), then uploaded;
 - before the first upload, PREFIX/.aogpt-upload.json records the build's settings and every object
   the upload writes; the shards go first, then each index.json, then manifest.json, and the record
   is deleted last. manifest.json in the bucket therefore means "complete";
@@ -20,23 +20,40 @@ How a remote build stays complete or absent, with no rename in object storage:
   --overwrite delete the old dataset's objects first (the manifest first, so it never claims a
   dataset that is half gone). Only objects that the record or the manifest's indexes list are ever
   deleted: anything else under PREFIX is refused before any work, and nothing is deleted.
+
+A store that does not answer is waited for within a budget (Patience): AOGPT_S3_TIMEOUT_S seconds
+per request, retries included (default 60), in tries of at most 10 s each (the last may end up to
+10 s after the budget), with a line every 30 s and then one line naming the endpoint and the
+setting; a store that refuses connections is said at once. The trainer's and evaluate.py's
+copies of shards come through the same client and waits (download_url, which trainer/data.py's
+CopiedStream calls for s3://).
 """
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
-import logging
+import math
 import os
+import shutil
+import sys
 import tempfile
+import time
 import urllib.parse
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from aogpt import UsageError
 from aogpt.data_prep import mds
-from aogpt.data_prep.build_dir import INDEX, OutputDir
-from aogpt.data_prep.manifest import FILENAME, FORMAT, read_manifest
+from aogpt.data_prep.build_dir import INDEX, OutputDir, StagingDir
+from aogpt.data_prep.manifest import (
+    FILENAME,
+    FORMAT,
+    builder_of,
+    describe_builder,
+    read_manifest,
+)
 from aogpt.progress import progress
 
 # Streaming's download schemes (streaming.base.storage.download): the trainer reads these.
@@ -78,25 +95,153 @@ def join(base: str, *parts: str) -> str:
     return "/".join(names + [part.strip("/") for part in parts if part not in ("", ".")])
 
 
+# How long object storage may leave a request unanswered, in all, before a command gives up
+TIMEOUT_SETTING = "AOGPT_S3_TIMEOUT_S"
+DEFAULT_TIMEOUT_S = 60.0
+ATTEMPT_S = 10.0  # connect and read timeout of one attempt: a budget is spent in tries of this
+SAY_EVERY_S = 30.0  # a line while a wait goes on
+
+
+def timeout_budget() -> float:
+    """AOGPT_S3_TIMEOUT_S: seconds (default 60) that one request may wait in all, retries
+    included."""
+    text = os.environ.get(TIMEOUT_SETTING, "")
+    try:
+        seconds = float(text) if text else DEFAULT_TIMEOUT_S
+    except ValueError:
+        seconds = float("nan")
+    if not math.isfinite(seconds) or seconds <= 0:
+        raise UsageError(f"{TIMEOUT_SETTING}={text!r}: give the seconds (> 0) a request to object "
+                         f"storage may wait in all, e.g. {TIMEOUT_SETTING}=60")
+    return seconds
+
+
+CLIENT_SETTINGS = ("S3_ENDPOINT_URL", "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_PROFILE")
+
+
+def _client(attempt_s: float):
+    """The process's S3 client, made as streaming makes its own: endpoint from S3_ENDPOINT_URL,
+    credentials from boto3's usual chain. It tries once; Patience retries."""
+    settings = tuple(os.environ.get(name) for name in CLIENT_SETTINGS)
+    return _new_client(os.getpid(), attempt_s, settings)
+
+
+@functools.lru_cache
+def _new_client(pid: int, attempt_s: float, settings: tuple):
+    """One per process (clients are thread-safe, not fork-safe) and per setting of the
+    environment that a client reads when it is made."""
+    import boto3
+    from botocore.config import Config
+
+    return boto3.session.Session().client(
+        "s3", endpoint_url=settings[0],
+        config=Config(connect_timeout=attempt_s, read_timeout=attempt_s,
+                      retries={"mode": "standard", "total_max_attempts": 1}))
+
+
+class Patience:
+    """A request to object storage that is retried while it goes unanswered (a timeout, a
+    dropped connection, a store that says it is busy), for AOGPT_S3_TIMEOUT_S in all: a line every
+    30 s while it waits, then one line naming the endpoint and the setting. An endpoint that
+    refuses connections is no wait: that is said at once."""
+
+    def __init__(self, what: str):
+        self.what, self.budget = what, timeout_budget()
+        self.attempt_s = min(ATTEMPT_S, self.budget)
+        self.client = _client(self.attempt_s)
+        self.endpoint = self.client.meta.endpoint_url
+        self._said_at = 0.0  # the waited time last said (shared by the threads of an upload)
+
+    def run(self, request, refused_too: bool = False):
+        """request() once it answers, retried as the class says (`refused_too`: a refused
+        connection as well, the store restarting under a run); UsageError when it never does."""
+        from botocore.exceptions import (
+            ClientError,
+            ConnectionClosedError,
+            ConnectTimeoutError,
+            EndpointConnectionError,
+            ReadTimeoutError,
+        )
+
+        waited, attempts = 0.0, 0
+        while True:
+            started = time.monotonic()
+            try:
+                return request()
+            except (ConnectTimeoutError, ReadTimeoutError, ConnectionClosedError,
+                    EndpointConnectionError, ClientError) as err:
+                if ((isinstance(err, ClientError) and _error_code(err) not in BUSY)
+                        or (type(err) is EndpointConnectionError and not refused_too)):
+                    raise
+                attempts += 1
+                if time.monotonic() - started < 1:  # failed at once: a pause, not a spin
+                    time.sleep(1.0)
+                waited += time.monotonic() - started
+                if waited >= self.budget:  # spent (the last try may end up to 10 s after it)
+                    tries = f"{attempts} {'try' if attempts == 1 else 'tries'}"
+                    raise UsageError(
+                        f"{self.what}: the S3 endpoint {self.endpoint} did not answer in "
+                        f"{waited:.0f} s ({tries}, the last: {type(err).__name__}; "
+                        f"{TIMEOUT_SETTING}={self.budget:g}): check S3_ENDPOINT_URL and the "
+                        f"network, or raise {TIMEOUT_SETTING} for a slow store") from None
+                if waited - self._said_at >= SAY_EVERY_S:
+                    self._said_at = waited
+                    print(f"waiting for the S3 endpoint {self.endpoint}: no answer for "
+                          f"{waited:.0f} s ({type(err).__name__}), trying again until "
+                          f"{self.budget:g} s ({TIMEOUT_SETTING})", file=sys.stderr, flush=True)
+
+
+# what a store answers when it is busy or briefly failing: tried again, as a timeout is
+BUSY = {"SlowDown", "Throttling", "ThrottlingException", "RequestTimeout", "ServiceUnavailable",
+        "InternalError", "500", "502", "503", "504"}
+
+
+def _error_code(err) -> str:
+    return str(err.response.get("Error", {}).get("Code"))
+
+
+def _get_to_file(client, bucket: str, key: str, local: Path) -> None:
+    """An object written to `local` whole or not at all (a partial download is never left there
+    under the shard's name)."""
+    body = client.get_object(Bucket=bucket, Key=key)["Body"]
+    partial = local.with_name(f".{local.name}.download")
+    try:
+        with open(partial, "wb") as file:
+            shutil.copyfileobj(body, file, 1 << 20)
+        os.replace(partial, local)
+    finally:
+        partial.unlink(missing_ok=True)
+
+
+def download_url(url: str, local: str | Path, what: str) -> None:
+    """s3://BUCKET/KEY -> local, with the bounded waits of Patience; FileNotFoundError when there
+    is no such object (as streaming's downloaders raise)."""
+    from botocore.exceptions import ClientError
+
+    parsed = urllib.parse.urlparse(url)
+    patience = Patience(what)
+    try:
+        patience.run(lambda: _get_to_file(patience.client, parsed.netloc, parsed.path.lstrip("/"),
+                                          Path(local)), refused_too=True)
+    except ClientError as err:
+        if _error_code(err) in ("404", "NoSuchKey"):
+            raise FileNotFoundError(f"{url} does not exist") from None
+        raise
+
+
 class S3Prefix:
-    """Objects under s3://BUCKET/PREFIX/, through one S3 client made as streaming makes its own
-    (endpoint from S3_ENDPOINT_URL, credentials from boto3's usual chain). Problems that stop a
-    command before its work (no bucket, no credentials, no endpoint) are one-line UsageErrors;
-    `what` names the URL's flag in them."""
+    """Objects under s3://BUCKET/PREFIX/, through the process's S3 client (_client) and its
+    bounded waits (Patience). Problems that stop a command before its work (no bucket, no
+    credentials, no endpoint, no answer) are one-line UsageErrors; `what` names the URL's flag in
+    them."""
 
     def __init__(self, url: str, what: str, staging: Path | None = None):
-        import boto3
-        from botocore.config import Config
-
         check_url(url, what)
         self.url, self.what = url.rstrip("/"), what
         parsed = urllib.parse.urlparse(self.url)
         self.bucket, self.prefix = parsed.netloc, parsed.path.strip("/")
-        self.endpoint = os.environ.get("S3_ENDPOINT_URL")
-        self.client = boto3.session.Session().client(
-            "s3", endpoint_url=self.endpoint,
-            config=Config(retries={"mode": "standard", "max_attempts": 3}, connect_timeout=10))
-        self._uploader = None
+        self.patience = Patience(f"{what} {self.url}")
+        self.client, self.endpoint = self.patience.client, self.patience.endpoint
         self.staging = staging
         self._call(self.client.head_bucket, Bucket=self.bucket)
 
@@ -104,7 +249,8 @@ class S3Prefix:
         return f"{self.prefix}/{relative}" if self.prefix else relative
 
     def _call(self, method, **kwargs):
-        """An S3 request, its failures that the user must fix as one line."""
+        """An S3 request, waited for within the budget; its failures that the user must fix as
+        one line."""
         from botocore.exceptions import (
             ClientError,
             EndpointConnectionError,
@@ -113,7 +259,7 @@ class S3Prefix:
         )
 
         try:
-            return method(**kwargs)
+            return self.patience.run(lambda: method(**kwargs))
         except (NoCredentialsError, PartialCredentialsError):
             raise UsageError(f"{self.what} {self.url}: no S3 credentials found: set "
                              f"AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY (or AWS_PROFILE)"
@@ -123,7 +269,7 @@ class S3Prefix:
                              f"{err.kwargs.get('endpoint_url', self.endpoint)}: check "
                              f"S3_ENDPOINT_URL and the network") from None
         except ClientError as err:
-            code = str(err.response.get("Error", {}).get("Code"))
+            code = _error_code(err)
             if code in ("404", "NoSuchBucket") and method == self.client.head_bucket:
                 raise UsageError(f"{self.what} {self.url}: the bucket {self.bucket} does not "
                                  f"exist: create it, or check the name (and S3_ENDPOINT_URL)"
@@ -146,39 +292,27 @@ class S3Prefix:
         return found
 
     def read(self, relative: str) -> bytes:
-        return self._call(self.client.get_object, Bucket=self.bucket,
-                          Key=self.key(relative))["Body"].read()
+        return self._call(lambda: self.client.get_object(
+            Bucket=self.bucket, Key=self.key(relative))["Body"].read())
 
     def read_json(self, relative: str):
         return json.loads(self.read(relative))
 
     def download(self, relative: str, local: Path) -> None:
-        self._call(self.client.download_file, Bucket=self.bucket, Key=self.key(relative),
-                   Filename=str(local))
+        self._call(_get_to_file, client=self.client, bucket=self.bucket,
+                   key=self.key(relative), local=local)
 
     def write_json(self, relative: str, obj) -> None:
         self._call(self.client.put_object, Bucket=self.bucket, Key=self.key(relative),
                    Body=json.dumps(obj, indent=1).encode())
 
     def upload(self, relative: str) -> None:
-        """staging/relative -> prefix/relative, through streaming's uploader (its retries, and
-        S3_CANNED_ACL where a bucket wants one). Thread-safe once open_uploader has run."""
-        self._call(self.open_uploader().upload_file, filename=relative)
-
-    def open_uploader(self):
-        if self._uploader is None:
-            from aogpt.data_prep.streaming_compat import streaming
-
-            upload = streaming.base.storage.upload
-            quiet = logging.getLogger(upload.__name__)
-            level = quiet.level  # it warns that staging is not empty, which is the point
-            quiet.setLevel(logging.ERROR)
-            try:
-                self._uploader = upload.CloudUploader.get((str(self.staging), self.url),
-                                                          keep_local=True, exist_ok=True)
-            finally:
-                quiet.setLevel(level)
-        return self._uploader
+        """staging/relative -> prefix/relative (S3_CANNED_ACL, as streaming's uploader reads it,
+        where a bucket wants one). Thread-safe."""
+        acl = os.environ.get("S3_CANNED_ACL")
+        self._call(self.client.upload_file, Filename=str(self.staging / relative),
+                   Bucket=self.bucket, Key=self.key(relative),
+                   ExtraArgs={"ACL": acl} if acl else None)
 
     def delete(self, relatives: list[str]) -> None:
         for start in range(0, len(relatives), 1000):  # S3's most per request
@@ -264,20 +398,24 @@ class RemoteOutput:
     publish; `built` says whether staging holds the finished dataset already (an upload was
     interrupted), so the build is skipped."""
 
-    def __init__(self, url: str, staging: Path, splits: tuple[str, ...]):
+    def __init__(self, url: str, staging: Path | None, splits: tuple[str, ...]):
         self.url = url.rstrip("/")
-        self.local = OutputDir(staging, splits)
-        self.store = S3Prefix(self.url, "--out", staging)
+        self.local = StagingDir(staging or default_staging(self.url), splits, self.url,
+                                default=staging is None)
+        self.local.check()  # a --staging that is not the tool's own: refused before the bucket
+        self.store = S3Prefix(self.url, "--out", self.local.root)
         self.work, self.out = self.local.work, self.local.out
         self.built = False
         self._claimed: set[str] = set()  # objects of an earlier build that this run replaces
         self._settings: dict | None = None
+        self._builder: str | None = None
 
     def start(self, settings: dict, overwrite: bool) -> bool:
         """False when the bucket holds this build already; True when there is work (and staging
         is ready for it). Refuses, before anything is written, a prefix that holds objects this
         tool did not write, or a finished dataset of other settings without --overwrite."""
         settings = json.loads(json.dumps(settings))
+        self._builder = settings["tool"]
         present = self.store.files()
         record = self.store.read_json(UPLOAD_RECORD) if UPLOAD_RECORD in present else None
         manifest = self.store.read_json(FILENAME) if FILENAME in present else None
@@ -285,6 +423,7 @@ class RemoteOutput:
                                      or manifest.get("format") != FORMAT):
             raise UsageError(f"--out {self.url} holds a {FILENAME} that is not an aogpt data "
                              f"manifest: choose an empty prefix (nothing was deleted)")
+        self._check_builder(manifest, record)
         ours = {UPLOAD_RECORD, *(record or {}).get("files", [])}
         if manifest is not None:
             ours |= dataset_objects(self.store, manifest)
@@ -307,11 +446,31 @@ class RemoteOutput:
             print(f"resuming the interrupted upload to {self.url}", flush=True)
         return True
 
+    def _check_builder(self, manifest: dict | None, record: dict | None) -> None:
+        """Refuses a dataset or an unfinished upload that another builder made: never this
+        builder's to replace, --overwrite or not."""
+        this = describe_builder(self._builder)
+        if manifest is not None and builder_of(manifest) != self._builder:
+            raise UsageError(f"--out {self.url} holds a dataset that "
+                             f"{describe_builder(builder_of(manifest))} built "
+                             f"({manifest.get('dataset')}), and {this} replaces only its own, "
+                             f"even with --overwrite: choose another prefix (nothing was deleted)")
+        if record is not None and builder_of(record) != self._builder:
+            raise UsageError(f"--out {self.url} holds an unfinished upload of "
+                             f"{describe_builder(builder_of(record))} ({UPLOAD_RECORD}), "
+                             f"which {this} does not replace: finish it with that command, or "
+                             f"choose another prefix (nothing was deleted)")
+
     def finished_manifest(self) -> dict:
         return self.store.read_json(FILENAME)
 
     @property
     def staging_root(self) -> Path:
+        return self.local.root
+
+    def slices_root(self) -> Path:
+        """Where --slice writes its slice: the staging folder, made this tool's first."""
+        self.local.claim()
         return self.local.root
 
     def holds(self, settings: dict) -> bool:
@@ -330,11 +489,12 @@ class RemoteOutput:
         manifest = read_manifest(self.local.root)
         files = self._staged_files(manifest)
         if self._claimed:  # an earlier build's objects: gone before any new one arrives
-            self.store.write_json(UPLOAD_RECORD, {"settings": None,
+            self.store.write_json(UPLOAD_RECORD, {"builder": self._builder, "settings": None,
                                                   "files": sorted(self._claimed | set(files))})
             self.store.delete([FILENAME] if FILENAME in self._claimed else [])
             self.store.delete(sorted(self._claimed - {FILENAME, UPLOAD_RECORD}))
-        self.store.write_json(UPLOAD_RECORD, {"settings": self._settings, "files": files})
+        self.store.write_json(UPLOAD_RECORD, {"builder": self._builder,
+                                              "settings": self._settings, "files": files})
         self._upload(files)
         self.store.delete([UPLOAD_RECORD])
         self.local.remove()
@@ -357,7 +517,6 @@ class RemoteOutput:
         todo = [name for name in files if present.get(name) != sizes[name]]
         total = sum(sizes.values())
         last = [name for name in todo if name.rsplit("/", 1)[-1] in (INDEX, FILENAME)]
-        self.store.open_uploader()
         pool = ThreadPoolExecutor(UPLOAD_THREADS)
         with progress(total=total, initial=total - sum(sizes[name] for name in todo), unit="B",
                       desc=f"upload to {self.url}") as bar:
@@ -376,7 +535,8 @@ class RemoteOutput:
 
 def open_output(out: str | Path, staging: Path | None, splits: tuple[str, ...]
                 ) -> OutputDir | RemoteOutput:
-    """The builders' --out: a local folder, or a remote URL built in `staging`."""
+    """The builders' --out: a local folder, or a remote URL built in `staging` (default: one
+    per URL under $TMPDIR)."""
     if is_remote(out):
-        return RemoteOutput(str(out), staging or default_staging(str(out)), splits)
+        return RemoteOutput(str(out), staging, splits)
     return OutputDir(out, splits)

@@ -73,6 +73,8 @@ import streaming  # noqa: E402
 import streaming.base.dataset  # noqa: E402
 import streaming.base.shared.prefix  # noqa: E402
 
+from aogpt.data_prep.shared_memory import registration  # noqa: E402
+
 
 class _AttachedSharedMemory(streaming.base.shared.SharedMemory):
     """Streaming's SharedMemory, without an exit handler for blocks it only attaches to.
@@ -96,8 +98,6 @@ _get_shm_prefix = streaming.base.dataset.get_shm_prefix
 def _get_shm_prefix_registered(streams_local, streams_remote, world, retry: int = 100):
     """Streaming's get_shm_prefix, one dataset at a time on a host and after the blocks of runs
     that are gone are removed: see aogpt/data_prep/shared_memory/."""
-    from aogpt.data_prep.shared_memory import registration  # it imports this module
-
     with registration(world.is_local_leader):
         return _get_shm_prefix(streams_local, streams_remote, world, retry)
 

@@ -3,6 +3,7 @@ solutions in the manifest, for benchmarks/sudoku_planners.py.
 
     python data_prep/sudoku_to_mds.py --out data/sudoku [--box 2x3] [--train-grids 200000]
         [--val-grids 2000] [--givens 10,14,18,22] [--puzzles 200] [--seed 0] [--overwrite]
+        [--staging DIR]
 
 A sample is one solved grid of N x N cells (N = the box's cells; 6 x 6 of 2 x 3 boxes by
 default), row by row, each cell's digit d as token id d - 1: a model of it has N token ids and
@@ -16,7 +17,8 @@ on the grid it must find. Each grid is drawn from its own random stream (data_pr
 grid_rng): the same --seed gives the same folder.
 
 An interrupted run resumes (or restarts) like the other builders; a finished folder is left
-alone unless --overwrite.
+alone unless --overwrite. --out s3://BUCKET/PREFIX builds in a local --staging folder, then
+uploads (data_prep/remote.py).
 """
 
 import argparse
@@ -29,10 +31,10 @@ import numpy as np
 
 import aogpt
 from aogpt import UsageError, check_counts, cli_entry
-from aogpt.data_prep.build_dir import OutputDir
-from aogpt.data_prep.cli import check_out, split_lines, start_build
+from aogpt.data_prep.cli import add_output_flags, build_output, check_out, split_lines
 from aogpt.data_prep.manifest import new_manifest
 from aogpt.data_prep.packing import write_rows
+from aogpt.data_prep.remote import open_output
 from aogpt.data_prep.sudoku import PUZZLES_FORMAT, Sudoku, grid_rng, parse_box
 from aogpt.progress import duration, progress
 
@@ -49,7 +51,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         prog="python data_prep/sudoku_to_mds.py", description=__doc__.split("\n\n")[0],
         epilog=__doc__.split("\n\n", 1)[1], formatter_class=argparse.RawDescriptionHelpFormatter)
     add = parser.add_argument
-    add("--out", type=Path, required=True, help="output folder")
+    add_output_flags(parser, "grids' data")
     add("--box", default="2x3", help="box rows x columns: 2x2, 2x3 (default), 3x3, ...")
     add("--train-grids", type=int, default=200_000, help="solved grids in train/ (default 200000)")
     add("--val-grids", type=int, default=2_000, help="solved grids in val/ (default 2000)")
@@ -57,13 +59,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "50%% and 61%% of the cells: 10,14,18,22 for 6 x 6, 23,32,40,49 for 9 x 9)")
     add("--puzzles", type=int, default=200, help="held-out puzzles per givens count (default 200)")
     add("--seed", type=int, default=0)
-    add("--overwrite", action="store_true", help="rebuild OUT even when it is complete")
     args = parser.parse_args(argv)
     check_counts(args, "train_grids", "val_grids", "puzzles")
     args.sudoku = Sudoku(*parse_box(args.box))
     args.givens = parse_givens(args.givens or ",".join(
         str(round(fraction * args.sudoku.cells)) for fraction in DEFAULT_GIVENS), args.sudoku)
-    check_out(args.out)
+    check_out(args.out, args.staging)
     return args
 
 
@@ -119,6 +120,29 @@ def draw_grids(sudoku: Sudoku, count: int, seed: int, stream: int, held_out: set
     return rows, skipped
 
 
+def build(args: argparse.Namespace, counts: dict[str, int], folder: Path) -> dict:
+    """The held-out puzzles, then each split's grids (none of them a puzzle's solution) as MDS in
+    folder/<split>; the manifest."""
+    sudoku = args.sudoku
+    print(f"drawing {args.puzzles} held-out {sudoku.size} x {sudoku.size} puzzles for each of "
+          f"{', '.join(map(str, args.givens))} givens", flush=True)
+    puzzles = draw_puzzles(sudoku, args.givens, args.puzzles, args.seed)
+    held_out = {sudoku.from_text(record["solution"], "a solution").tobytes()
+                for record in puzzles}
+    splits, skipped = {}, {}
+    with progress(total=sum(counts.values()), desc="grids", unit="grid") as bar:
+        for name, stream in SPLITS.items():
+            rows, skipped[name] = draw_grids(sudoku, counts[name], args.seed, stream, held_out,
+                                             bar)
+            splits[name] = {"path": name, **write_rows(folder / name, rows)}
+    return new_manifest(
+        "pretrain", "sudoku", f"solved {sudoku.size} x {sudoku.size} Sudoku grids of "
+        f"{sudoku.name} boxes (seed {args.seed})", sudoku.cells, sudoku.describe(), splits,
+        puzzles={"format": PUZZLES_FORMAT, "box": sudoku.name, "givens": args.givens,
+                 "per_givens": args.puzzles, "seed": args.seed,
+                 "solutions_skipped_in_splits": skipped, "items": puzzles})
+
+
 @cli_entry
 def main(argv: list[str] | None = None) -> int:
     wall_start = time.perf_counter()
@@ -128,32 +152,14 @@ def main(argv: list[str] | None = None) -> int:
     settings = {"tool": "sudoku_to_mds", "tool_version": aogpt.__version__, "box": sudoku.name,
                 "grids": counts, "givens": args.givens, "puzzles": args.puzzles,
                 "seed": args.seed}
-    out = OutputDir(args.out, splits=tuple(SPLITS))
-    if not start_build(out, settings, args.overwrite, "grids"):
+    out = open_output(args.out, args.staging, tuple(SPLITS))
+    manifest = build_output(out, args.out, settings, args.overwrite, "grids",
+                            lambda: build(args, counts, out.out))
+    if manifest is None:
         return 0
-    print(f"drawing {args.puzzles} held-out {sudoku.size} x {sudoku.size} puzzles for each of "
-          f"{', '.join(map(str, args.givens))} givens", flush=True)
-    try:
-        puzzles = draw_puzzles(sudoku, args.givens, args.puzzles, args.seed)
-    except UsageError:
-        out.discard()  # too few givens: a re-run would fail the same way
-        raise
-    held_out = {sudoku.from_text(record["solution"], "a solution").tobytes()
-                for record in puzzles}
-    splits, skipped = {}, {}
-    with progress(total=sum(counts.values()), desc="grids", unit="grid") as bar:
-        for name, stream in SPLITS.items():
-            rows, skipped[name] = draw_grids(sudoku, counts[name], args.seed, stream, held_out,
-                                             bar)
-            splits[name] = {"path": name, **write_rows(out.out / name, rows)}
+    puzzles = manifest["puzzles"]["items"]
+    skipped = manifest["puzzles"]["solutions_skipped_in_splits"]
     techniques = Counter((record["givens"], record["technique"]) for record in puzzles)
-    manifest = new_manifest(
-        "pretrain", "sudoku", f"solved {sudoku.size} x {sudoku.size} Sudoku grids of "
-        f"{sudoku.name} boxes (seed {args.seed})", sudoku.cells, sudoku.describe(), splits,
-        puzzles={"format": PUZZLES_FORMAT, "box": sudoku.name, "givens": args.givens,
-                 "per_givens": args.puzzles, "seed": args.seed,
-                 "solutions_skipped_in_splits": skipped, "items": puzzles})
-    out.publish(manifest)
     print(f"done in {duration(time.perf_counter() - wall_start)}: {len(puzzles)} held-out "
           f"puzzles (" + ", ".join(f"{count} givens {technique}: {number}" for
                                    (count, technique), number in sorted(techniques.items()))

@@ -4,7 +4,7 @@ language itself in the manifest, so that its exact probabilities judge what a mo
     python data_prep/synthetic_to_mds.py --out data/synthetic [--seq-len 128]
         [--train-samples 40000] [--val-samples 512] [--vocab 128] [--topics 4] [--states 4]
         [--emit 10] [--stay 0.95] [--smoothing 0.01] [--concentration 1.0] [--seed 0]
-        [--overwrite]
+        [--overwrite] [--staging DIR]
 
 Each sample is one sequence of --seq-len tokens of the language (data_prep/synthetic.py: a hidden
 Markov model, a topic per sequence and sticky states of that topic, each emitting a few token
@@ -15,7 +15,8 @@ Train a model on it with configs/synthetic.yaml; judge samples with
 `python trainer/genppl.py --samples FILE --judge DIR` (or sample.py --judge DIR).
 
 An interrupted run resumes (or restarts) like the other builders; a finished folder is left
-alone unless --overwrite.
+alone unless --overwrite. --out s3://BUCKET/PREFIX builds in a local --staging folder, then
+uploads (data_prep/remote.py).
 """
 
 import argparse
@@ -28,10 +29,10 @@ import numpy as np
 
 import aogpt
 from aogpt import check_counts, cli_entry
-from aogpt.data_prep.build_dir import OutputDir
-from aogpt.data_prep.cli import check_out, split_lines, start_build
+from aogpt.data_prep.cli import add_output_flags, build_output, check_out, split_lines
 from aogpt.data_prep.manifest import new_manifest
 from aogpt.data_prep.packing import write_rows
+from aogpt.data_prep.remote import open_output
 from aogpt.data_prep.synthetic import LanguageSpec, SyntheticLanguage
 from aogpt.progress import duration
 
@@ -45,7 +46,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         epilog=__doc__.split("\n\n", 1)[1], formatter_class=argparse.RawDescriptionHelpFormatter)
     add = parser.add_argument
     spec = LanguageSpec()
-    add("--out", type=Path, required=True, help="output folder")
+    add_output_flags(parser, "language's data")
     add("--seq-len", type=int, default=128, help="tokens per sequence (default 128)")
     add("--train-samples", type=int, default=40_000, help="sequences in train/ (default 40000)")
     add("--val-samples", type=int, default=512, help="sequences in val/ (default 512)")
@@ -63,11 +64,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         help=f"Dirichlet concentration of a state's emission weights "
              f"(default {spec.concentration})")
     add("--seed", type=int, default=spec.seed, help="the language's seed (default 0)")
-    add("--overwrite", action="store_true", help="rebuild OUT even when it is complete")
     args = parser.parse_args(argv)
     check_counts(args, "seq_len", "train_samples", "val_samples")
     language_spec(args).validate()
-    check_out(args.out)
+    check_out(args.out, args.staging)
     return args
 
 
@@ -95,21 +95,25 @@ def main(argv: list[str] | None = None) -> int:
     settings = {"tool": "synthetic_to_mds", "tool_version": aogpt.__version__,
                 "language": dataclasses.asdict(language.spec), "seq_len": args.seq_len,
                 "samples": counts}
-    out = OutputDir(args.out, splits=tuple(SPLITS))
-    if not start_build(out, settings, args.overwrite, "sequences"):
+    out = open_output(args.out, args.staging, tuple(SPLITS))
+
+    def make() -> dict:
+        print(f"drawing {sum(counts.values()):,} sequences of {args.seq_len} tokens from a "
+              f"synthetic language of {args.vocab} tokens, {args.topics} topics x {args.states} "
+              f"states ({language.fingerprint[:12]})", flush=True)
+        splits = {name: {"path": name, **write_split(language, out.out / name, counts[name],
+                                                     args.seq_len, seed)}
+                  for name, seed in SPLITS.items()}
+        entropy, error = language.entropy_per_token(args.seq_len)
+        return new_manifest(
+            "pretrain", "synthetic", f"synthetic language {language.fingerprint[:12]} "
+            f"({dataclasses.asdict(language.spec)})", args.seq_len, language.describe(), splits,
+            entropy_per_token=entropy, entropy_per_token_error=error, language=language.record())
+
+    manifest = build_output(out, args.out, settings, args.overwrite, "sequences", make)
+    if manifest is None:
         return 0
-    print(f"drawing {sum(counts.values()):,} sequences of {args.seq_len} tokens from a synthetic "
-          f"language of {args.vocab} tokens, {args.topics} topics x {args.states} states "
-          f"({language.fingerprint[:12]})", flush=True)
-    splits = {name: {"path": name, **write_split(language, out.out / name, counts[name],
-                                                 args.seq_len, seed)}
-              for name, seed in SPLITS.items()}
-    entropy, error = language.entropy_per_token(args.seq_len)
-    manifest = new_manifest(
-        "pretrain", "synthetic", f"synthetic language {language.fingerprint[:12]} "
-        f"({dataclasses.asdict(language.spec)})", args.seq_len, language.describe(), splits,
-        entropy_per_token=entropy, entropy_per_token_error=error, language=language.record())
-    out.publish(manifest)
+    entropy, error = manifest["entropy_per_token"], manifest["entropy_per_token_error"]
     print(f"done in {duration(time.perf_counter() - wall_start)}: entropy {entropy:.4f} +- "
           f"{error:.4f} nats per token, the loss of a perfect model in any order")
     print("\n".join(split_lines(args.out, manifest, "sequences")), flush=True)

@@ -28,7 +28,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 from aogpt import UsageError  # noqa: E402
 from aogpt.files import write_atomic, write_text_atomic
 from aogpt.model.orders import ANY_ORDER, LEFT_TO_RIGHT  # noqa: E402
-from aogpt.model.run_folder import RunFolder  # noqa: E402
+from aogpt.run_folder import RunFolder  # noqa: E402
 from aogpt.trainer.metrics import curve, loss_key, run_records  # noqa: E402
 
 TAIL = 0.1  # "final" loss: the mean over the last 10% of the steps

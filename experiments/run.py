@@ -48,7 +48,7 @@ from aogpt.data_prep.corpora import shakespeare_plays
 from aogpt.data_prep.manifest import read_manifest
 from aogpt.files import check_writable_folder, git_sha, write_bytes_atomic, write_json_atomic
 from aogpt.model.orders import READING_WORDS
-from aogpt.model.run_folder import RunFolder
+from aogpt.run_folder import RunFolder
 from aogpt.trainer.config import config_to_dict, load_config
 from aogpt.trainer.metrics import read_metrics
 

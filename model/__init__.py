@@ -1,5 +1,5 @@
-"""The AO-GPT network, its orders, its sampler, the run folder and checkpoint loading: no DeepSpeed
-and nothing of trainer/, so that the commands, tools and benchmarks load a model without either.
+"""The AO-GPT network, its orders, its sampler and checkpoint loading: no DeepSpeed and nothing of
+trainer/, so that the commands, tools and benchmarks load a model without either.
 
 What the trainer, evaluation and sampler call on the network, and where a new order kind or
 decoder variant goes: docs/extending.md.

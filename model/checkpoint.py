@@ -13,7 +13,7 @@ the weight set asked for. Version 1, one torch file model.pt {"format", "version
 weights_only unpickler (tensors and plain containers, nothing executable).
 
 The trainer writes one into every checkpoint tag and into out_dir/final/ (the run folder:
-model/run_folder.py, which also names these two files), tools/import_official.py converts the
+aogpt/run_folder.py, which also names these two files), tools/import_official.py converts the
 paper's checkpoints into one, and load_checkpoint turns any of them back into a model.
 locate_checkpoint says which file a path means, and provenance is the record of it (file, tag,
 step, weights, settings, code) that every output of the commands carries.
@@ -39,7 +39,7 @@ from aogpt import UsageError
 from aogpt.files import code_version, write_atomic, write_json_atomic
 from aogpt.model.config import ModelConfig
 from aogpt.model.gpt import AOGPT
-from aogpt.model.run_folder import (
+from aogpt.run_folder import (
     CONFIG_FILE,
     TAG_PATTERN,
     WEIGHTS_FILE,

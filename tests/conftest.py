@@ -167,6 +167,35 @@ def s3_synthetic_data(s3_server, synthetic_data) -> str:
 
 
 @pytest.fixture(scope="module")
+def browser():
+    """A headless Chromium for the module's tests (Debian's, driven by Playwright: tools/browser.py
+    launches it); they skip, saying why, where either is missing."""
+    browsers = tool("browser")
+    reason = browsers.missing()
+    if reason:
+        pytest.skip(reason)
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as playwright:
+        chromium = browsers.launch(playwright)
+        yield chromium
+        chromium.close()
+
+
+@pytest.fixture
+def page(browser):
+    """A page of `browser` in a context of its own (no cookies or storage from another test) that
+    records every request it makes (page.requests)."""
+    context = browser.new_context(viewport={"width": 1200, "height": 900})
+    page = context.new_page()
+    page.requests = []
+    page.on("request", lambda request: page.requests.append(request.url))
+    page.set_default_timeout(20_000)
+    yield page
+    context.close()
+
+
+@pytest.fixture(scope="module")
 def launcher():
     """A module's trainer_testing.Launcher."""
     from trainer_testing import Launcher
@@ -192,6 +221,7 @@ def tool(name: str):
     collection, which every pytest-xdist worker pays."""
     spec = importlib.util.spec_from_file_location(name, REPO / "tools" / f"{name}.py")
     module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module  # as an import would: a dataclass's module is looked up there
     spec.loader.exec_module(module)
     return module
 

@@ -4,6 +4,9 @@ requirements/pinned.txt), a separate process on 127.0.0.1 that speaks the S3 pro
 The commands under test reach it as they reach any S3-compatible store: S3_ENDPOINT_URL (read by
 streaming's S3 client and by aogpt's) and credentials in the environment (dummy ones: the server
 accepts any). Nothing is mocked inside the processes under test.
+
+SilentServer is an endpoint that accepts connections and never answers (a store that hangs, a
+firewall that lets the handshake through): what the bounded waits are tested against.
 """
 
 from __future__ import annotations
@@ -11,8 +14,10 @@ from __future__ import annotations
 import functools
 import os
 import signal
+import socket
 import subprocess
 import sys
+import threading
 import time
 import urllib.error
 import urllib.request
@@ -91,3 +96,35 @@ class S3Server:
             except subprocess.TimeoutExpired:
                 os.killpg(self.process.pid, signal.SIGKILL)
                 self.process.wait()
+
+
+class SilentServer:
+    """A socket on 127.0.0.1 that accepts every connection and never answers (nor closes it):
+    `env` points a client process at it as at an S3 store. A context manager."""
+
+    def __init__(self):
+        self.socket = socket.create_server(("127.0.0.1", 0))
+        self.url = f"http://127.0.0.1:{self.socket.getsockname()[1]}"
+        self.env = {"S3_ENDPOINT_URL": self.url, **CREDENTIALS}
+        self.held: list[socket.socket] = []
+        self.thread = threading.Thread(target=self._accept, daemon=True)
+        self.thread.start()
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                self.held.append(self.socket.accept()[0])  # held open, never read or written
+            except OSError:  # closed
+                return
+
+    def __enter__(self) -> SilentServer:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        try:
+            self.socket.shutdown(socket.SHUT_RDWR)  # wakes the blocked accept() on Linux
+        except OSError:
+            pass
+        self.socket.close()
+        for connection in self.held:
+            connection.close()

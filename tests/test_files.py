@@ -7,6 +7,7 @@ import pytest
 
 from aogpt import UsageError, check_input_file
 from aogpt.files import (
+    check_writable_folder,
     staged_folder,
     write_atomic,
     write_bytes_atomic,
@@ -96,3 +97,16 @@ def test_an_earlier_report_without_made_by_is_known_by_its_format(repo):
     assert evaluate.REPORT.wrote(legacy) and not genppl.REPORT.wrote(legacy)
     assert not evaluate.REPORT.wrote(repo / "docs" / "findings" / "runs" / "l2r-s1337" /
                                      "metrics.jsonl")
+
+
+@pytest.mark.parametrize("path", ["s3:/bucket/run", "s3://bucket/run", "gs:/bucket/x.json"])
+def test_a_local_path_that_begins_like_a_url_is_refused_and_not_made(tmp_path, monkeypatch,
+                                                                     path):
+    """A URL given where a command writes local files (s3://, which a Path cuts to s3:/) would
+    become a folder named s3:."""
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(UsageError, match=f"--out {path}: {path} begins like a URL "
+                                         f"\\({path.split('/')[0]}\\), and this writes local "
+                                         "files: give a local path"):
+        check_writable_folder(path, f"--out {path}")
+    assert list(tmp_path.iterdir()) == []

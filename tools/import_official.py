@@ -17,7 +17,7 @@ from aogpt import cli_entry
 from aogpt.files import OutputFile, check_output_file
 from aogpt.model import save_consolidated
 from aogpt.model.official import convert_official, load_official
-from aogpt.model.run_folder import CONFIG_FILE, WEIGHTS_FILE, check_not_a_run
+from aogpt.run_folder import CONFIG_FILE, WEIGHTS_FILE, check_not_a_run
 
 CONVERTED = OutputFile("tools/import_official.py", "converted checkpoint",
                        (".safetensors", ".json"))  # made_by in the checkpoint's meta

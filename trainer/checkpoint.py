@@ -3,7 +3,7 @@ the run, consolidated weights (of each tag and of out_dir/final/), keep-last-K r
 checks that a tag can be resumed (Checkpointer, Progress).
 
 Where a tag lives, when it is complete and which one `latest` means is the run folder's
-(aogpt.model.run_folder). Besides its consolidated weights, a tag holds the trainer's own files:
+(aogpt.run_folder). Besides its consolidated weights, a tag holds the trainer's own files:
     trainer_state.json          step, tokens, world size, model and run config, git SHA
     trainer_rank00000.pt ...    per rank: its EMA shard and RNG states
     mp_rank_00_model_states.pt  DeepSpeed's own files: module, optimizer partitions and
@@ -51,7 +51,7 @@ from aogpt.files import (
 from aogpt.model import save_consolidated
 from aogpt.model.checkpoint import copy_consolidated, read_consolidated
 from aogpt.model.config import ModelConfig
-from aogpt.model.run_folder import (
+from aogpt.run_folder import (
     COMPLETE,
     PARTIAL,
     WEIGHTS_FILE,

@@ -4,8 +4,10 @@
                       ["train.max_steps=100", "order.p_left_to_right=0"])
 
 A preset may start from another with `base: other.yaml` (a path relative to the preset). Every
-value is type-checked, unknown keys are rejected with the closest valid name, and cross-field
-rules (divisibility, ranges) are checked by `RunConfig.validate` before any heavy work starts.
+value is type-checked and unknown keys are rejected with the closest valid name. The rules on the
+values are checked by `RunConfig.validate` before any heavy work starts: each section validates
+its own fields (its `validate`), RunConfig.validate adds only the rules between sections (the
+batch arithmetic, what the model's sequence and reading order allow).
 """
 
 from __future__ import annotations
@@ -29,6 +31,15 @@ from aogpt.files import write_text_atomic
 from aogpt.model.config import ModelConfig
 from aogpt.model.orders import LEFT_TO_RIGHT, OrderConfig
 from aogpt.model.precision import training_precision
+from aogpt.model.sampler.ways import DEFAULT_SAMPLER, SAMPLERS, WAYS
+
+
+def require_positive(section, prefix: str, names: tuple[str, ...]) -> None:
+    """UsageError naming the first of the config section's fields `names` that is not above 0
+    (`prefix`: the section's key, "train")."""
+    for name in names:
+        if getattr(section, name) <= 0:
+            raise UsageError(f"{prefix}.{name} must be positive, got {getattr(section, name)}")
 
 
 @dataclass
@@ -52,6 +63,13 @@ class DataConfig:
     # Fixes the sample order independently of the node count; keep it constant across resumes.
     num_canonical_nodes: int | None = None
     num_workers: int = 2
+
+    def validate(self) -> None:
+        if self.num_workers < 0:
+            raise UsageError(f"data.num_workers must be >= 0, got {self.num_workers}")
+        if not self.path and not self.streams:
+            raise UsageError("data.path is empty: "
+                             "point it at a folder made by data_prep/owt_to_mds.py")
 
 
 @dataclass
@@ -83,6 +101,10 @@ class TrainConfig:
     # step's samples and goes on (see recovery.*)
     on_nonfinite: Literal["stop", "rollback"] = "stop"
 
+    def validate(self) -> None:
+        require_positive(self, "train", ("max_steps", "tokens_per_step", "micro_batch_size",
+                                         "log_every", "collective_timeout_s"))
+
 
 @dataclass
 class OptimConfig:
@@ -96,11 +118,24 @@ class OptimConfig:
     eps: float = 1e-8
     grad_clip: float = 1.0
 
+    def validate(self) -> None:
+        require_positive(self, "optim", ("lr",))
+        if not 0 <= self.min_lr <= self.lr:
+            raise UsageError(f"optim.min_lr ({self.min_lr}) must be in [0, optim.lr]")
+        if self.warmup_steps < 0 or self.decay_steps < self.warmup_steps:
+            raise UsageError("optim.decay_steps must be >= optim.warmup_steps >= 0")
+        if not 0.0 <= self.beta1 < 1.0 or not 0.0 <= self.beta2 < 1.0:
+            raise UsageError("optim.beta1 and optim.beta2 must be in [0, 1)")
+
 
 @dataclass
 class EMAConfig:
     enabled: bool = True
     decay: float = 0.9999  # with the (1+n)/(10+n) warm-up
+
+    def validate(self) -> None:
+        if not 0.0 < self.decay < 1.0:
+            raise UsageError(f"ema.decay must be in (0, 1), got {self.decay}")
 
 
 @dataclass
@@ -112,6 +147,9 @@ class CheckpointConfig:
     # checkpoint. Keep it below the launcher's own grace (AOGPT_SIGNAL_GRACE, 240 s, in the SLURM
     # templates).
     signal_grace_s: float = 180.0
+
+    def validate(self) -> None:
+        require_positive(self, "checkpoint", ("every", "keep_last", "signal_grace_s"))
 
 
 @dataclass
@@ -127,6 +165,15 @@ class RecoveryConfig:
     # back to until lr_steps steps past the bad step (1.0: unchanged)
     lr_factor: float = 1.0
     lr_steps: int = 0
+
+    def validate(self) -> None:
+        require_positive(self, "recovery", ("spike_steps", "spike_window", "max_rollbacks"))
+        if self.spike_factor != 0 and self.spike_factor <= 1:
+            raise UsageError(f"recovery.spike_factor must be above 1 (0 = no spike rule), got "
+                             f"{self.spike_factor}")
+        if not 0 < self.lr_factor <= 1 or self.lr_steps < 0:
+            raise UsageError(f"recovery.lr_factor must be in (0, 1] and recovery.lr_steps >= 0, "
+                             f"got {self.lr_factor} and {self.lr_steps}")
 
 
 @dataclass
@@ -145,7 +192,7 @@ class EvalConfig:
     sample_count: int = 4
     # "parallel" (the paper's, sample_steps calls) or "speculative" (exactly one token per call's
     # distribution, in fewer calls; sample_draft positions drafted ahead per call)
-    sample_sampler: Literal["parallel", "speculative"] = "parallel"
+    sample_sampler: Literal[SAMPLERS] = DEFAULT_SAMPLER
     sample_steps: int = 256  # network calls S (the paper's sample_AOGPT.sh: 256)
     sample_draft: int = 4
     sample_temperature: float = 1.0
@@ -153,6 +200,20 @@ class EvalConfig:
     # the samples' judge: a local Hugging Face GPT-2 folder (generative perplexity), or a synthetic
     # language's data folder (data_prep/synthetic_to_mds.py: their exact NLL)
     judge: str | None = None
+
+    def validate(self) -> None:
+        """The checks of these fields alone; those against the model are RunConfig.validate's."""
+        require_positive(self, "eval", ("batches", "num_orders"))
+        if self.every < 0:
+            raise UsageError(f"eval.every must be >= 0 (0 = off), got {self.every}")
+        if self.sample_every < 0:
+            raise UsageError(f"eval.sample_every must be >= 0 (0 = off), got {self.sample_every}")
+        if self.sample_every and self.sample_count < 1:
+            raise UsageError(f"eval.sample_count must be >= 1, got {self.sample_count}")
+        names = [Path(folder).name for folder in self.sets]
+        if len(set(names)) < len(names):
+            raise UsageError(f"eval.sets: two folders share a name ({', '.join(names)}): their "
+                             "metrics are named after the folder, give each its own")
 
 
 @dataclass
@@ -197,74 +258,15 @@ class RunConfig:
     speed: SpeedConfig = field(default_factory=SpeedConfig)
 
     def validate(self, world_size: int | None = None) -> None:
-        """Checks rules that span fields; with world_size, also the batch arithmetic."""
-        self.model.validate()
-        positive = {
-            "train.max_steps": self.train.max_steps,
-            "train.tokens_per_step": self.train.tokens_per_step,
-            "train.micro_batch_size": self.train.micro_batch_size,
-            "train.log_every": self.train.log_every,
-            "checkpoint.every": self.checkpoint.every,
-            "checkpoint.keep_last": self.checkpoint.keep_last,
-            "eval.batches": self.eval.batches,
-            "eval.num_orders": self.eval.num_orders,
-            "optim.lr": self.optim.lr,
-            "train.collective_timeout_s": self.train.collective_timeout_s,
-            "checkpoint.signal_grace_s": self.checkpoint.signal_grace_s,
-            "recovery.spike_steps": self.recovery.spike_steps,
-            "recovery.spike_window": self.recovery.spike_window,
-            "recovery.max_rollbacks": self.recovery.max_rollbacks,
-        }
-        for name, value in positive.items():
-            if value <= 0:
-                raise UsageError(f"{name} must be positive, got {value}")
-        if self.recovery.spike_factor != 0 and self.recovery.spike_factor <= 1:
-            raise UsageError(f"recovery.spike_factor must be above 1 (0 = no spike rule), got "
-                             f"{self.recovery.spike_factor}")
-        if not 0 < self.recovery.lr_factor <= 1 or self.recovery.lr_steps < 0:
-            raise UsageError(f"recovery.lr_factor must be in (0, 1] and recovery.lr_steps >= 0, "
-                             f"got {self.recovery.lr_factor} and {self.recovery.lr_steps}")
-        if self.data.num_workers < 0:
-            raise UsageError(f"data.num_workers must be >= 0, got {self.data.num_workers}")
-        if self.eval.every < 0:
-            raise UsageError(f"eval.every must be >= 0 (0 = off), got {self.eval.every}")
-        if self.eval.max_tokens is not None and self.eval.max_tokens < self.model.block_size:
-            raise UsageError(f"eval.max_tokens must be at least one sample of model.block_size = "
-                             f"{self.model.block_size} tokens, got {self.eval.max_tokens} (null: "
-                             "every sample of each set)")
-        if self.eval.sample_every < 0:
-            raise UsageError(f"eval.sample_every must be >= 0 (0 = off), "
-                             f"got {self.eval.sample_every}")
-        if self.eval.sample_every:
-            if self.eval.sample_count < 1:
-                raise UsageError(f"eval.sample_count must be >= 1, got {self.eval.sample_count}")
-            if not 1 <= self.eval.sample_steps <= self.model.block_size:
-                raise UsageError(f"eval.sample_steps must be in 1..{self.model.block_size} "
-                                 f"(model.block_size), got {self.eval.sample_steps}")
-            if not self.model.any_order and self.eval.sample_steps != self.model.block_size:
-                raise UsageError("a left-to-right GPT samples one token per step: set "
-                                 f"eval.sample_steps={self.model.block_size}")
-            if not self.model.any_order and self.eval.sample_sampler == "speculative":
-                raise UsageError("a left-to-right GPT cannot draft positions ahead of the next "
-                                 "one: set eval.sample_sampler=parallel")
-        names = [Path(folder).name for folder in self.eval.sets]
-        if len(set(names)) < len(names):
-            raise UsageError(f"eval.sets: two folders share a name ({', '.join(names)}): their "
-                             "metrics are named after the folder, give each its own")
-        if not 0 <= self.optim.min_lr <= self.optim.lr:
-            raise UsageError(f"optim.min_lr ({self.optim.min_lr}) must be in [0, optim.lr]")
-        if self.optim.warmup_steps < 0 or self.optim.decay_steps < self.optim.warmup_steps:
-            raise UsageError("optim.decay_steps must be >= optim.warmup_steps >= 0")
-        if not 0.0 <= self.optim.beta1 < 1.0 or not 0.0 <= self.optim.beta2 < 1.0:
-            raise UsageError("optim.beta1 and optim.beta2 must be in [0, 1)")
+        """Each section checks its own fields; here only the rules between sections (and, with
+        world_size, the batch arithmetic)."""
+        for section in (self.model, self.train, self.checkpoint, self.recovery, self.eval,
+                        self.optim, self.ema, self.data):
+            section.validate()
+        self.validate_eval_against_model()
         self.order.validate(self.model.block_size)
         if self.order.kind != LEFT_TO_RIGHT.word:
             self.model.require_any_order(f"set order.kind={LEFT_TO_RIGHT.word}")
-        if not 0.0 < self.ema.decay < 1.0:
-            raise UsageError(f"ema.decay must be in (0, 1), got {self.ema.decay}")
-        if not self.data.path and not self.data.streams:
-            raise UsageError("data.path is empty: "
-                             "point it at a folder made by data_prep/owt_to_mds.py")
         tokens_per_micro_batch = self.train.micro_batch_size * self.model.block_size
         if self.train.tokens_per_step % tokens_per_micro_batch:
             raise UsageError(
@@ -273,6 +275,25 @@ class RunConfig:
             )
         if world_size is not None:
             self.gradient_accumulation_steps(world_size)
+
+    def validate_eval_against_model(self) -> None:
+        """What evaluation reads and samples must fit the model's sequence and reading order."""
+        block_size, evaluation = self.model.block_size, self.eval
+        if evaluation.max_tokens is not None and evaluation.max_tokens < block_size:
+            raise UsageError(f"eval.max_tokens must be at least one sample of model.block_size = "
+                             f"{block_size} tokens, got {evaluation.max_tokens} (null: every "
+                             "sample of each set)")
+        if not evaluation.sample_every:
+            return
+        if not 1 <= evaluation.sample_steps <= block_size:
+            raise UsageError(f"eval.sample_steps must be in 1..{block_size} (model.block_size), "
+                             f"got {evaluation.sample_steps}")
+        if not self.model.any_order and evaluation.sample_steps != block_size:
+            raise UsageError("a left-to-right GPT samples one token per step: set "
+                             f"eval.sample_steps={block_size}")
+        if not self.model.any_order and WAYS[evaluation.sample_sampler].any_order:
+            raise UsageError("a left-to-right GPT cannot give positions ahead of the next one: "
+                             f"set eval.sample_sampler={DEFAULT_SAMPLER}")
 
     @property
     def sequences_per_step(self) -> int:

@@ -46,7 +46,7 @@ from aogpt.data_prep.manifest import (
 )
 from aogpt.data_prep.streaming_compat import release_shared_memory, streaming
 from aogpt.files import write_text_atomic
-from aogpt.model.run_folder import RunFolder
+from aogpt.run_folder import RunFolder
 from aogpt.trainer.config import RunConfig
 from aogpt.trainer.dist_env import DistEnv
 from aogpt.trainer.failsafe import PreemptionFlag, silence_in_child
@@ -197,7 +197,8 @@ def loader_failure(err: Exception, dataset, which: str, manifests: dict[str, dic
     last = text.splitlines()[-1].strip() if text else ""
     detail = last if "Original Traceback" in text else f"{type(err).__name__}: {last}"
     named = SAMPLE_NOT_PRESENT.search(text)
-    for stream in dataset.streams:  # a copy that failed in streaming's background thread
+    streams = getattr(dataset, "streams", ())  # none: a LocalDataset (evaluation's)
+    for stream in streams:  # a copy that failed in streaming's background thread (or this one)
         copying = CopiedStream.failure(stream)
         if copying:
             damaged = CHECKSUM_FAILURE.search(copying)
@@ -206,7 +207,7 @@ def loader_failure(err: Exception, dataset, which: str, manifests: dict[str, dic
             return RunFailure(f"the {which} data loader cannot copy a shard from {stream.remote} "
                               f"({copying}): check that the store is reachable, then re-run to "
                               f"resume from the last checkpoint")
-    for stream in dataset.streams:
+    for stream in streams:
         folder = Path(stream.local) / (stream.split or "")
         try:
             entries = mds.read_index(folder)
@@ -264,9 +265,27 @@ class CopiedStream(streaming.Stream):
     Streaming copies shards in a background thread (of a loader worker, or of the process), and
     when that thread fails the loader only raises "Background thread failed. Check other
     traceback.": the cause is printed to stderr, in another process. Here the cause is also left
-    in the cache folder (FAILURE, one line), where loader_failure reads it."""
+    in the cache folder (FAILURE, one line), where loader_failure reads it. An s3:// stream is
+    copied through aogpt's S3 client, whose waits on a store that does not answer are bounded
+    (data_prep/remote.py: AOGPT_S3_TIMEOUT_S), not through streaming's (60 s per try, tries
+    within tries)."""
 
     FAILURE = ".aogpt-copy-failure"
+
+    def __init__(self, **kwargs):
+        if remote.scheme(kwargs.get("remote") or "") == "s3":
+            # the ranks of a node that wait for the one copying the index wait as long as it may
+            kwargs.setdefault("download_timeout", remote.timeout_budget() + remote.ATTEMPT_S)
+        super().__init__(**kwargs)
+
+    def _download_file(self, from_basename: str, to_basename: str | None = None) -> str:
+        if remote.scheme(self.remote or "") != "s3":
+            return super()._download_file(from_basename, to_basename)
+        local = Path(self.local, self.split or "", to_basename or from_basename)
+        local.parent.mkdir(parents=True, exist_ok=True)
+        remote.download_url(remote.join(self.remote, self.split or "", from_basename), local,
+                            f"data {self.remote}")
+        return str(local)
 
     def prepare_shard(self, shard) -> int:
         try:

@@ -35,18 +35,25 @@ import argparse
 import dataclasses
 import datetime
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 import torch.distributed as dist
 
 import aogpt
-from aogpt import UsageError, cli_entry
+from aogpt import UsageError, check_unique, cli_entry
 from aogpt.files import OutputFile, check_output_file, write_json_atomic
-from aogpt.model import load_checkpoint
-from aogpt.model.checkpoint import describe_provenance, locate_checkpoint, provenance
+from aogpt.model import AOGPT, load_checkpoint
+from aogpt.model.checkpoint import (
+    CheckpointSource,
+    describe_provenance,
+    locate_checkpoint,
+    provenance,
+)
 from aogpt.model.orders import ANY_ORDER, LEFT_TO_RIGHT, READING_WORDS, READINGS
 from aogpt.model.precision import resolve_device
+from aogpt.model.sampler.ways import named
 from aogpt.trainer.dist_env import DistEnv, setup_distributed_env
 from aogpt.trainer.evaluation import (
     PRECISIONS,
@@ -83,8 +90,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         f"(default {ANY_ORDER.word}, as the paper; aliases as for --orders)")
     add("--planners", default="", metavar="P[,P2,...]",
         help="also score each text along the order a planner takes revealing its own tokens "
-             "(confidence, margin, entropy, threshold): an exact likelihood, at about n^2/2 rows "
-             "per sequence")
+             f"({', '.join(named('planner'))}): an exact likelihood, at about n^2/2 rows per "
+             "sequence")
     add("--weights", choices=("ema", "raw"), default="ema", help="default ema (as the paper)")
     add("--unigram-from", type=Path, default=None, metavar="DIR",
         help="also score a context-free reference: the token frequencies of this pretraining "
@@ -105,7 +112,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 
 def parse_sizes(text: str) -> tuple[int, ...]:
-    """"1,2,4" -> (1, 2, 4): the ensemble sizes, ascending, each once."""
+    """"1,2,4" -> (1, 2, 4): the ensemble sizes, ascending (each given once)."""
     if not text:
         return ()
     try:
@@ -115,20 +122,27 @@ def parse_sizes(text: str) -> tuple[int, ...]:
     if not sizes or min(sizes) < 1:
         raise UsageError(f"--ensemble {text!r}: give positive integers separated by commas, "
                          "e.g. --ensemble 1,2,4,8")
-    return tuple(sorted(set(sizes)))
+    check_unique(sizes, "--ensemble", text)
+    return tuple(sorted(sizes))
 
 
 def settings_from_args(args: argparse.Namespace, any_order: bool) -> EvalSettings:
+    """The settings the flags ask for; a list that names a thing twice (an order, by any of its
+    names; a planner; an ensemble size) is refused: it would be scored twice into one row."""
     if args.orders is None:
         orders = READING_WORDS if any_order else (LEFT_TO_RIGHT.word,)
     else:
         orders = tuple(kind for kind in args.orders.split(",") if kind not in ("", "none"))
-    return EvalSettings(orders=orders, num_orders=args.num_orders,
-                        ensemble=parse_sizes(args.ensemble),
-                        ensemble_targets=args.ensemble_targets, ensemble_base=args.ensemble_base,
-                        batch_size=args.batch_size, max_samples=args.max_samples, seed=args.seed,
-                        precision=args.precision,
-                        planners=tuple(p for p in args.planners.split(",") if p))
+    planners = tuple(p for p in args.planners.split(",") if p)
+    check_unique(planners, "--planners", args.planners)
+    settings = EvalSettings(orders=orders, num_orders=args.num_orders,
+                            ensemble=parse_sizes(args.ensemble),
+                            ensemble_targets=args.ensemble_targets,
+                            ensemble_base=args.ensemble_base, batch_size=args.batch_size,
+                            max_samples=args.max_samples, seed=args.seed,
+                            precision=args.precision, planners=planners)
+    check_unique(settings.orders, "--orders", args.orders or "")
+    return settings
 
 
 def describe_model(model, weights: str) -> str:
@@ -201,7 +215,19 @@ def open_data(folder: str, block_size: int, max_samples: int | None,
     return data
 
 
-def preflight(args: argparse.Namespace, dist_env: DistEnv):
+@dataclass
+class EvalPlan:
+    """Everything checked before any process group exists, to score with."""
+
+    device: torch.device
+    source: CheckpointSource
+    model: AOGPT  # on the device
+    settings: EvalSettings
+    data: list[EvalData]
+    unigrams: list[dict | None]  # by folder of `data`, with --unigram-from
+
+
+def preflight(args: argparse.Namespace, dist_env: DistEnv) -> EvalPlan:
     """Every check that can fail on user input, before any process group exists."""
     if args.json is not None:
         check_output_file(args.json, "--json", args.force, REPORT)
@@ -221,7 +247,64 @@ def preflight(args: argparse.Namespace, dist_env: DistEnv):
                          "it each text's length, first): score them with --orders")
     unigrams = [None if args.unigram_from is None else unigram_reference(args.unigram_from, folder)
                 for folder in data]
-    return device, source, model.to(device), settings, data, unigrams
+    return EvalPlan(device, source, model.to(device), settings, data, unigrams)
+
+
+def join_processes(device: torch.device, dist_env: DistEnv) -> None:
+    """With several processes, the group whose sums make every score."""
+    if dist_env.world_size > 1:
+        if device.type == "cuda":
+            torch.cuda.set_device(device)
+        dist.init_process_group("nccl" if device.type == "cuda" else "gloo")
+
+
+def announce(plan: EvalPlan, args: argparse.Namespace, world_size: int) -> dict:
+    """Rank 0: says what is scored, how and where; the provenance the report records."""
+    origin = provenance(plan.source, args.weights, vars(args), made_by=REPORT.made_by)
+    if plan.source.unfinished:
+        print(plan.source.unfinished_note(), file=sys.stderr, flush=True)
+    print(f"evaluating {plan.source.file} ({describe_provenance(origin)}): "
+          f"{describe_model(plan.model, args.weights)}\n"
+          f"on {world_size} x {plan.device.type}, precision {plan.settings.precision} "
+          f"({PRECISIONS[plan.settings.precision]}), seed {plan.settings.seed}", flush=True)
+    return origin
+
+
+def score(plan: EvalPlan, dist_env: DistEnv) -> list[dict]:
+    """The results of every --data folder (collective), with its unigram reference."""
+    evaluator = Evaluator(plan.model, plan.settings, plan.device, dist_env.rank,
+                          dist_env.world_size)
+    results = [evaluator.score_data(folder, progress=dist_env.is_main) for folder in plan.data]
+    for result, unigram in zip(results, plan.unigrams, strict=True):
+        if unigram is not None:
+            result["unigram"] = unigram
+    return results
+
+
+def report(results: list[dict], plan: EvalPlan, args: argparse.Namespace, origin: dict,
+           world_size: int) -> None:
+    """Rank 0: the table, the ensemble's cost, and the --json report."""
+    print(format_table(results))
+    costs = report_costs(results)
+    if costs:
+        print(costs)
+    if args.json is None:
+        return
+    c, settings = plan.model.config, plan.settings
+    write_json_atomic({
+        "checkpoint": str(args.ckpt), "weights": args.weights,
+        "model": {"kind": c.family, **{
+            name: getattr(c, name) for name in
+            ("target_injection", "n_layer", "n_head", "n_embd", "block_size")},
+            "params": plan.model.num_params()},
+        "precision": settings.precision, "precision_policy": PRECISIONS[settings.precision],
+        "device": plan.device.type, "world_size": world_size,
+        "settings": dataclasses.asdict(settings), "provenance": origin,
+        "results": results,
+        "aogpt_version": aogpt.__version__,
+        "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+    }, args.json)
+    print(f"wrote {args.json}")
 
 
 @cli_entry
@@ -229,51 +312,16 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     dist_env = setup_distributed_env()
     try:
-        device, source, model, settings, data, unigrams = preflight(args, dist_env)
+        plan = preflight(args, dist_env)
     except UsageError:
         if dist_env.rank != 0:
             return 2  # every rank sees the same problem: rank 0 alone says it
         raise
-    if dist_env.world_size > 1:
-        if device.type == "cuda":
-            torch.cuda.set_device(device)
-        dist.init_process_group("nccl" if device.type == "cuda" else "gloo")
-    main_rank = dist_env.is_main
-    if main_rank:
-        origin = provenance(source, args.weights, vars(args), made_by=REPORT.made_by)
-        if source.unfinished:
-            print(source.unfinished_note(), file=sys.stderr, flush=True)
-        print(f"evaluating {source.file} ({describe_provenance(origin)}): "
-              f"{describe_model(model, args.weights)}\n"
-              f"on {dist_env.world_size} x {device.type}, precision {settings.precision} "
-              f"({PRECISIONS[settings.precision]}), seed {settings.seed}", flush=True)
-    evaluator = Evaluator(model, settings, device, dist_env.rank, dist_env.world_size)
-    results = [evaluator.score_data(folder, progress=main_rank) for folder in data]
-    for result, unigram in zip(results, unigrams, strict=True):
-        if unigram is not None:
-            result["unigram"] = unigram
-    if main_rank:
-        print(format_table(results))
-        costs = report_costs(results)
-        if costs:
-            print(costs)
-        if args.json is not None:
-            c = model.config
-            write_json_atomic({
-                "checkpoint": str(args.ckpt), "weights": args.weights,
-                "model": {"kind": c.family, **{
-                    name: getattr(c, name) for name in
-                    ("target_injection", "n_layer", "n_head", "n_embd", "block_size")},
-                    "params": model.num_params()},
-                "precision": settings.precision, "precision_policy": PRECISIONS[settings.precision],
-                "device": device.type, "world_size": dist_env.world_size,
-                "settings": dataclasses.asdict(settings), "provenance": origin,
-                "results": results,
-                "aogpt_version": aogpt.__version__,
-                "created": datetime.datetime.now(datetime.timezone.utc).isoformat(
-                    timespec="seconds"),
-            }, args.json)
-            print(f"wrote {args.json}")
+    join_processes(plan.device, dist_env)
+    origin = announce(plan, args, dist_env.world_size) if dist_env.is_main else {}
+    results = score(plan, dist_env)
+    if dist_env.is_main:
+        report(results, plan, args, origin, dist_env.world_size)
     if dist.is_initialized():
         dist.destroy_process_group()
     return 0

@@ -60,8 +60,10 @@ from aogpt.model.orders import (
     per_reading,
     reading_named,
 )
-from aogpt.model.sampler import PLANNERS, KVCacheSampler, SamplingConfig
+from aogpt.model.sampler import KVCacheSampler, SamplingConfig
+from aogpt.model.sampler.ways import named
 from aogpt.progress import progress as progress_bar
+from aogpt.trainer.data import CopiedStream, loader_failure
 from aogpt.trainer.ensemble import choose_targets, ensemble_member_nll, ensemble_sums
 
 # One batch of scoring: (sample_indices (b,) the samples' indices in their dataset, which pick
@@ -124,10 +126,10 @@ class EvalSettings:
             raise UsageError(f"--ensemble sizes must be positive, got {list(self.ensemble)}")
         if self.precision not in PRECISIONS:
             raise UsageError(f"--precision must be one of {', '.join(PRECISIONS)}")
-        unknown = [p for p in self.planners if p not in PLANNERS or p == "order"]
+        unknown = [p for p in self.planners if p not in named("planner")]
         if unknown:
             raise UsageError(f"--planners {','.join(unknown)}: each must be one of "
-                             f"{', '.join(PLANNERS[1:])}")
+                             f"{', '.join(named('planner'))}")
         if set(self.orders) - {LEFT_TO_RIGHT.word} or self.ensemble or self.planners:
             model.config.require_any_order("it cannot score other orders; use --orders "
                                            f"{LEFT_TO_RIGHT.word} and no --ensemble")
@@ -174,10 +176,12 @@ class EvalData:
     def dataset(self):
         """Opened on first use, once the process group exists (streaming looks for it)."""
         if self._dataset is None and self.remote:
-            self._dataset = streaming.StreamingDataset(
+            stream = CopiedStream(
                 remote=remote.join(self.remote, self.manifest["splits"][self.split]["path"]),
-                local=str(self.cache), shuffle=False, batch_size=1,
+                local=str(self.cache),
                 validate_hash=next(iter(self.manifest.get("shard_hashes", [])), None))
+            self._dataset = streaming.StreamingDataset(streams=[stream], shuffle=False,
+                                                       batch_size=1)
         if self._dataset is None:
             shards = json.loads((self.split_dir / "index.json").read_text())["shards"]
             if all((self.split_dir / shard["raw_data"]["basename"]).is_file() for shard in shards):
@@ -192,11 +196,16 @@ class EvalData:
         return self.manifest["dataset"]
 
     def batches(self, rank: int, world_size: int, batch_size: int) -> Iterator[Batch]:
-        """This rank's samples rank, rank + world_size, ..., in Batches."""
+        """This rank's samples rank, rank + world_size, ..., in Batches. A shard that cannot be
+        copied or read is one line (RunFailure), as in training."""
         mine = range(rank, self.num_samples, world_size)
         for start in range(0, len(mine), batch_size):
             indices = mine[start:start + batch_size]
-            samples = [self.dataset[i] for i in indices]
+            try:
+                samples = [self.dataset[i] for i in indices]
+            except Exception as err:
+                raise loader_failure(err, self.dataset, "evaluation",
+                                     {str(self.path): self.manifest}) from None
             tokens = np.stack([s["tokens"] for s in samples]).astype(np.int64)
             lengths = [int(s.get("length", self.seq_len)) for s in samples]
             yield torch.tensor(list(indices)), torch.from_numpy(tokens), torch.tensor(lengths)

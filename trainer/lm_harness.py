@@ -40,6 +40,12 @@ order), member 0 left to right; is_greedy then asks for the argmax of p_ens. Mem
 (seed, x_<i, i, member), so a score depends neither on the batch nor on the other requests. The
 sampler has no ensemble: generate_until under it is an error.
 
+Offline (HF_HUB_OFFLINE or HF_DATASETS_OFFLINE set, or the hub out of reach), the command line
+checks that every task's dataset is in the Hugging Face cache (or local files) before lm-eval
+loads a model or a dataset: one line names the first task that is not, and how to make it
+available, instead of lm-eval's ConnectionError traceback once the model has loaded. A hub out of
+reach is then read as offline for the whole run (no retries of the hub per file).
+
 lm-eval is imported by this module only: the rest of aogpt runs without it installed.
 """
 
@@ -47,8 +53,12 @@ from __future__ import annotations
 
 import copy
 import hashlib
+import os
 import sys
+import urllib.error
+import urllib.request
 from collections.abc import Iterator
+from pathlib import Path
 
 import numpy as np
 import torch
@@ -404,11 +414,114 @@ def _parse_batch_size(value: int | str) -> int:
     return size
 
 
+# ---- offline: every task's dataset where lm-eval will look for it ----------------------------
+
+HUB_PROBE_S = 5  # the hub answers a request within this, or the run is offline
+
+
+def hub_reachable() -> bool:
+    """Whether the Hugging Face hub answers at all (any HTTP status): not, when offline is set."""
+    import datasets.config
+    import huggingface_hub.constants
+
+    if datasets.config.HF_HUB_OFFLINE:  # HF_HUB_OFFLINE or HF_DATASETS_OFFLINE
+        return False
+    try:
+        urllib.request.urlopen(huggingface_hub.constants.ENDPOINT, timeout=HUB_PROBE_S).close()
+    except urllib.error.HTTPError:
+        return True  # it answered
+    except (urllib.error.URLError, OSError):
+        return False
+    return True
+
+
+def read_offline() -> None:
+    """Makes the hub libraries read their caches only, for the rest of this process (as
+    HF_HUB_OFFLINE=1 would have from its start)."""
+    import datasets.config
+    import huggingface_hub.constants
+
+    os.environ["HF_HUB_OFFLINE"] = "1"  # for any process started from here
+    huggingface_hub.constants.HF_HUB_OFFLINE = True
+    datasets.config.HF_HUB_OFFLINE = datasets.config.HF_DATASETS_OFFLINE = True
+
+
+def task_datasets(manager, names: list) -> Iterator[tuple[str, dict]]:
+    """(task, its config) of each task that `names` selects (tasks, groups, tags, YAML paths)
+    and that names a dataset (dataset_path): the configs lm-eval's task index holds, read
+    without building the tasks (which would load their datasets)."""
+    from lm_eval.tasks._index import Kind, TaskIndex
+
+    seen = set()
+    pending = [name for name in names if isinstance(name, str)]
+    while pending:
+        name = pending.pop(0)
+        if name in seen:
+            continue
+        seen.add(name)
+        entry = manager.task_index.get(name) or TaskIndex.entry_from_path(Path(name))
+        if entry is None:
+            continue  # not a task lm-eval knows: it says so itself
+        if entry.kind is Kind.TAG:
+            pending += sorted(entry.tags)
+            continue
+        config = manager._factory._load_full_config(entry)
+        if entry.kind is Kind.GROUP:
+            pending += [member if isinstance(member, str) else member.get("task")
+                        for member in config.get("task") or [] if member]
+        elif config.get("dataset_path"):
+            yield config.get("task", name), config
+
+
+def check_offline(manager, names: list) -> None:
+    """Refuses, naming the first task whose dataset is neither in the Hugging Face cache nor in
+    local files, a run whose hub is out of reach; says nothing when the hub can be reached."""
+    import datasets
+
+    if hub_reachable():
+        return
+    read_offline()
+    for task, config in task_datasets(manager, names):
+        path, name = config["dataset_path"], config.get("dataset_name")
+        kwargs = {key: value for key, value in (config.get("dataset_kwargs") or {}).items()
+                  if key != "trust_remote_code"}  # as lm-eval passes them (datasets >= 4)
+        try:
+            datasets.load_dataset_builder(path, name, **kwargs)
+        except (ConnectionError, FileNotFoundError):
+            load = f"datasets.load_dataset({path!r}{f', {name!r}' if name else ''})"
+            raise UsageError(
+                f"lm-eval task {task}: its dataset {path}{f' ({name})' if name else ''} is not "
+                f"available offline (not in the Hugging Face cache "
+                f"{datasets.config.HF_DATASETS_CACHE}, and the hub cannot be reached): run "
+                f"`python -c \"import datasets; {load}\"` where the hub can be reached, with the "
+                f"same HF_HOME (or copy that cache here), or give a task of local files "
+                f"(--include_path)") from None
+        except Exception:  # not a dataset out of reach: lm-eval's to report, as it would have
+            continue
+
+
+def _checked_task_selection() -> None:
+    """lm-eval's command line selects its tasks (EvaluatorConfig.process_tasks, an index of task
+    files) before it loads a model or a dataset: check_offline runs right after, on its index."""
+    from lm_eval.config.evaluate_config import EvaluatorConfig
+
+    select = EvaluatorConfig.process_tasks
+
+    def process_tasks(self, metadata: dict | None = None):
+        manager = select(self, metadata)
+        check_offline(manager, self.tasks if isinstance(self.tasks, list) else [self.tasks])
+        return manager
+
+    EvaluatorConfig.process_tasks = process_tasks
+
+
 @cli_entry
 def main(argv: list[str] | None = None) -> int:
-    """lm-eval's own command line, with "aogpt" registered (this module's import did that)."""
+    """lm-eval's own command line, with "aogpt" registered (this module's import did that) and
+    the tasks' datasets checked when offline."""
     from lm_eval.__main__ import cli_evaluate
 
+    _checked_task_selection()
     sys.argv = ["lm-eval", *(sys.argv[1:] if argv is None else argv)]  # lm-eval parses sys.argv
     cli_evaluate()
     return 0

@@ -25,18 +25,15 @@ more (tests/trainer/test_trainer_syncs.py counts).
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import time
 import warnings
-from dataclasses import dataclass
 from pathlib import Path
 
 import deepspeed
 import torch
 from deepspeed.utils import set_z3_leaf_modules
 
-from aogpt.files import git_sha
 from aogpt.model import AOGPT, OrderSampler
 from aogpt.model.gpt import Block
 from aogpt.model.orders import ANY_ORDER, LEFT_TO_RIGHT
@@ -48,84 +45,49 @@ from aogpt.trainer.data import TrainBatches, training_locations
 from aogpt.trainer.dist_env import DistEnv, all_reduce_sum, any_rank, host_group, init_process_group
 from aogpt.trainer.ds_config import zero_stage
 from aogpt.trainer.ema import ShardedEMA
-from aogpt.trainer.evaluation import EvalData
 from aogpt.trainer.failsafe import EXIT_PREEMPTED, PreemptionFlag, SignalWatchdog
 from aogpt.trainer.lr_schedule import learning_rate
 from aogpt.trainer.metrics import TrainingLog, Window, loss_key, peak_flops
-from aogpt.trainer.recovery import Recovery
+from aogpt.trainer.preflight import Plan
+from aogpt.trainer.recovery import BadSteps, PoisonedSamples, Recovery
 from aogpt.trainer.sync_free import install as make_deepspeed_steps_sync_free
 from aogpt.trainer.validator import Validator, token_weighted
-
-
-@dataclass
-class Plan:
-    """Everything checked before the heavy work starts (trainer/main.py's pre-flight)."""
-
-    cfg: RunConfig
-    ds_config: dict
-    manifests: dict[str, dict]
-    resume_tag: str | None
-    elastic: bool = False  # the tag was written by another number of processes or ZeRO stage
-    zero_shot_sets: dict[str, EvalData] = dataclasses.field(default_factory=dict)  # by name
-    git_sha: str | None = dataclasses.field(default_factory=git_sha)  # the code that runs
-    start_over: bool = False  # from step 0, an earlier run in out_dir set aside (--start-over)
 
 
 class Trainer:
     def __init__(self, plan: Plan, dist_env: DistEnv):
         self.cfg = cfg = plan.cfg
         self.ds_config, self.env, self.device = plan.ds_config, dist_env, dist_env.device
+        self.manifests = plan.manifests
         self.preemption = PreemptionFlag(announce=dist_env.is_main)
-        quiet_third_party_logs()
-        if self.device.type == "cuda":  # before the process group, so NCCL binds the right GPU
-            torch.cuda.set_device(self.device)
-            torch.backends.cuda.matmul.allow_tf32 = True
-            torch.backends.cudnn.allow_tf32 = True
-        init_process_group(cfg.train.collective_timeout_s)  # a hung rank fails the others
-        self.host_group = host_group()
-        make_deepspeed_steps_sync_free()
+        self.host_group = join_the_run(cfg, self.device)
         self.accum = cfg.gradient_accumulation_steps(dist_env.world_size)
-
-        torch.manual_seed(cfg.train.seed)  # the same initial weights on every rank
-        model = AOGPT(cfg.model).to(self.device)
-        if cfg.model.init_from and plan.resume_tag is None:  # a resumed run loads its own weights
-            started_from = warm_start(model, cfg.model.init_from)
-            if dist_env.is_main:
-                print(f"model.init_from: started from the {started_from}", flush=True)
+        model = build_model(cfg, self.device, resumed=plan.resume_tag is not None,
+                            announce=dist_env.is_main)
         self.num_params = model.num_params()
         self.flops_per_token = model.flops_per_token(cfg.model.block_size)
         self.flops_per_token_causal = model.flops_per_token(cfg.model.block_size, causal=True)
         self.attention_backend = model.attention_backend
         self.peak_flops = (peak_flops(torch.cuda.get_device_name(self.device))
                            if self.device.type == "cuda" else None)  # for the MFU
-        speed.compile_model(model, cfg, self.device)
-        optimizer = speed.adamw(model, cfg)
-        if zero_stage(self.ds_config) == 3:
-            # each block's weights gathered once, around the whole block, not around each of its
-            # layers: with a hook on every layer, a compiled block broke its graph at each one and
-            # dynamo compiled DeepSpeed's hook code too (28 graphs for a 2-layer model, not 5)
-            set_z3_leaf_modules(model, [Block])
-        self.engine, _, _, _ = deepspeed.initialize(
-            model=model, optimizer=optimizer,
-            config=speed.engine_ds_config(self.ds_config, cfg, self.device))
-        speed.compile_engine(self.engine, cfg, self.device)
+        self.engine = start_engine(model, cfg, self.ds_config, self.device)
+        self.forward = PoisonedSamples.around(self.micro_batch_loss, self.device)
         self.ema = ShardedEMA(self.engine, cfg.ema.decay) if cfg.ema.enabled else None
         speed.fuse_ema(self.engine, self.ema, cfg)
         self.reduction = speed.Reduction(self.engine, cfg.speed.coalesce_grad_reduction)
         self.sampler = OrderSampler(cfg.order, cfg.model.block_size, cfg.train.seed)
         if cfg.train.compile:
             self.sampler.compile()
-        self.manifests = plan.manifests
         self.batches = TrainBatches(cfg, plan.manifests, dist_env, self.device)
         self.validator = Validator(cfg, dist_env, self.engine, self.ema, plan.manifests,
                                    plan.zero_shot_sets, Path(cfg.out_dir))
-        client: dict = {"loader": self.batches}
+        bad_steps = BadSteps(cfg.recovery, self.device)  # its spike rule's state is checkpointed
         self.checkpointer = Checkpointer(
-            cfg, dist_env, self.engine, self.ema, self.ds_config, client, plan.git_sha,
+            cfg, dist_env, self.engine, self.ema, self.ds_config,
+            {"loader": self.batches, "recovery": bad_steps}, plan.git_sha,
             [manifest["tokenizer"] for manifest in plan.manifests.values()], self.host_group)
         self.recovery = Recovery(cfg, dist_env, self.host_group, self.checkpointer, self.batches,
-                                 self.accum)
-        client["recovery"] = self.recovery.bad_steps
+                                 self.accum, bad_steps)
         self.watchdog = SignalWatchdog(cfg.checkpoint.signal_grace_s,
                                        self.checkpointer.last_checkpoint, announce=dist_env.is_main)
         self.lr, self.skipped_now = 0.0, 0  # of the step just run
@@ -188,9 +150,7 @@ class Trainer:
                 # Orders key on (step, the sample's index in the dataset): they never depend on
                 # the rank or micro-batch a sample lands in, whatever the world size.
                 orders, is_l2r = self.sampler(update, sample_ids)
-                nll, loss = self.engine(idx, orders, return_mean=True)  # (micro, t), scalar
-                if self.recovery.poison is not None:  # a test's bad data
-                    nll, loss = self.recovery.poison(nll, sample_ids)
+                nll, loss = self.forward(idx, orders, sample_ids)  # (micro, t), scalar
                 self.engine.backward(loss)
                 self.reduction.after_backward()
                 with torch.no_grad():
@@ -203,6 +163,12 @@ class Trainer:
         if self.ema is not None:
             self.ema.update()
         return sums, data_wait
+
+    def micro_batch_loss(self, idx: torch.Tensor, orders: torch.Tensor,
+                         sample_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The network's per-token loss (micro, t) of a micro-batch of the dataset samples
+        `sample_ids` (micro,) in `orders`, and its mean (what backward takes)."""
+        return self.engine(idx, orders, return_mean=True)
 
     # ---- the loop --------------------------------------------------------------------------------
 
@@ -278,13 +244,56 @@ class Trainer:
                if self.skipped_now else {}),
         }
 
-
     def mfu(self, tokens_per_s: float) -> dict:
         """MFU both ways: "mfu" counts attention whole (6N + 12 L d T per token), "mfu_causal"
         halves it for causal attention (6N + 6 L d T, Megatron's and MaxText's count)."""
         peak = self.peak_flops * self.env.world_size if self.peak_flops else None
         return {"mfu": self.flops_per_token * tokens_per_s / peak if peak else None,
                 "mfu_causal": self.flops_per_token_causal * tokens_per_s / peak if peak else None}
+
+
+def join_the_run(cfg: RunConfig, device: torch.device) -> torch.distributed.ProcessGroup:
+    """This process's setup before anything of the run is built: the device chosen, the process
+    group joined (a collective that waits longer than train.collective_timeout_s for a hung rank
+    fails), DeepSpeed's step made sync-free. Returns the host (gloo) group."""
+    quiet_third_party_logs()
+    if device.type == "cuda":  # before the process group, so NCCL binds the right GPU
+        torch.cuda.set_device(device)
+        torch.backends.cuda.matmul.allow_tf32 = True
+        torch.backends.cudnn.allow_tf32 = True
+    init_process_group(cfg.train.collective_timeout_s)
+    group = host_group()
+    make_deepspeed_steps_sync_free()
+    return group
+
+
+def build_model(cfg: RunConfig, device: torch.device, resumed: bool, announce: bool) -> AOGPT:
+    """The network, with the same initial weights on every rank, or those of model.init_from
+    when the run starts (a resumed run loads its own)."""
+    torch.manual_seed(cfg.train.seed)
+    model = AOGPT(cfg.model).to(device)
+    if cfg.model.init_from and not resumed:
+        started_from = warm_start(model, cfg.model.init_from)
+        if announce:
+            print(f"model.init_from: started from the {started_from}", flush=True)
+    return model
+
+
+def start_engine(model: AOGPT, cfg: RunConfig, ds_config: dict,
+                 device: torch.device) -> deepspeed.DeepSpeedEngine:
+    """The DeepSpeed engine over `model` (compiled first when train.compile) and its AdamW, with
+    the speed section's levers (trainer/speed.py)."""
+    speed.compile_model(model, cfg, device)
+    optimizer = speed.adamw(model, cfg)
+    if zero_stage(ds_config) == 3:
+        # each block's weights gathered once, around the whole block, not around each of its
+        # layers: with a hook on every layer, a compiled block broke its graph at each one and
+        # dynamo compiled DeepSpeed's hook code too (28 graphs for a 2-layer model, not 5)
+        set_z3_leaf_modules(model, [Block])
+    engine, _, _, _ = deepspeed.initialize(
+        model=model, optimizer=optimizer, config=speed.engine_ds_config(ds_config, cfg, device))
+    speed.compile_engine(engine, cfg, device)
+    return engine
 
 
 def quiet_third_party_logs() -> None:

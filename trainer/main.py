@@ -23,15 +23,9 @@ import sys
 import time
 
 from aogpt import RunFailure, UsageError, cli_entry
-from aogpt.data_prep.tokenizer import load_gpt2
-from aogpt.model.run_folder import RunFolder, step_of
-from aogpt.model.warm_start import check_source
-from aogpt.trainer import speed, training_samples, zero_shot
-from aogpt.trainer.checkpoint import check_resumable, read_run_state
-from aogpt.trainer.config import RunConfig, load_config, record_config, resolve_device_choices
-from aogpt.trainer.data import check_data
+from aogpt.run_folder import RunFolder, step_of
+from aogpt.trainer.config import record_config
 from aogpt.trainer.dist_env import DistEnv, setup_distributed_env
-from aogpt.trainer.ds_config import load_ds_config, resolve_ds_config, sync_warnings, zero_stage
 from aogpt.trainer.failsafe import (
     EXIT_FAILED,
     EveryRankFailure,
@@ -39,9 +33,9 @@ from aogpt.trainer.failsafe import (
     first_line,
     is_collective_failure,
 )
-from aogpt.trainer.judge import check_judge, check_judge_matches
-from aogpt.trainer.loop import Plan, Trainer
-from aogpt.trainer.out_dir import START_OVER, check_fresh_start, check_out_dir, set_aside
+from aogpt.trainer.loop import Trainer
+from aogpt.trainer.out_dir import START_OVER, set_aside
+from aogpt.trainer.preflight import Plan, preflight
 from aogpt.trainer.run_lock import RunLock
 
 RANK0_REPORTS_FIRST_S = 5
@@ -61,61 +55,6 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--local_rank", type=int, default=None,
                         help=argparse.SUPPRESS)  # appended by the deepspeed launcher; env has it
     return parser.parse_args(argv)
-
-
-def preflight(args: argparse.Namespace, dist_env: DistEnv) -> Plan:
-    """Every check that can fail on user input, cheap and before any process group exists."""
-    cfg = load_config(args.config, args.overrides)
-    resolve_device_choices(cfg, dist_env.device.type)
-    cfg.validate(world_size=dist_env.world_size)
-    check_out_dir(cfg.out_dir)
-    ds_config = resolve_ds_config(load_ds_config(args.ds_config), cfg, dist_env.world_size)
-    manifests = check_data(cfg, dist_env)
-    if cfg.model.init_from:
-        check_source(cfg.model.init_from, cfg.model)
-    # each zero-shot set: there, made for this model, not empty; checked even when not scored
-    sets = zero_shot.open_sets(cfg.eval.sets, cfg.model.block_size, cfg.eval.max_tokens,
-                               cfg.model.vocab_size)
-    if cfg.eval.sample_every:  # the sampler's settings, the tokenizer that decodes
-        training_samples.sampling_config(cfg.eval, cfg.model.any_order)
-        if cfg.model.reads_gpt2:
-            load_gpt2()
-    if cfg.eval.judge is not None:
-        check_judge(cfg.eval.judge, "eval.judge")
-        check_judge_matches(cfg.eval.judge, {"data_tokenizers": [
-            manifest["tokenizer"] for manifest in manifests.values()]}, "eval.judge")
-    run_folder = RunFolder(cfg.out_dir)
-    tag, warning = (None, None) if args.start_over else run_folder.resume_tag()
-    if tag is None and not args.start_over:
-        check_fresh_start(run_folder)
-    if dist_env.is_main:
-        for line in filter(None, [*sync_warnings(ds_config), warning, *unused_settings(cfg),
-                                  *speed.unavailable(cfg, dist_env.device)]):
-            print(f"warning: {line}", file=sys.stderr, flush=True)
-    elastic = False
-    if tag is not None:
-        state = read_run_state(run_folder, tag)
-        elastic = check_resumable(state, cfg.model, dist_env.world_size, zero_stage(ds_config),
-                                  run_folder.tag_dir(tag))
-    if elastic:
-        ds_config.setdefault("checkpoint", {})["load_universal"] = True
-        if dist_env.is_main:
-            print(f"elastic resume: {tag} was written by {state['world_size']} processes under "
-                  f"ZeRO-{state['zero_stage']}, this run has {dist_env.world_size} under "
-                  f"ZeRO-{zero_stage(ds_config)}: loading it as a universal checkpoint", flush=True)
-    return Plan(cfg=cfg, ds_config=ds_config, manifests=manifests, resume_tag=tag, elastic=elastic,
-                zero_shot_sets=sets if cfg.eval.every else {}, start_over=args.start_over)
-
-
-def unused_settings(cfg: RunConfig) -> list[str]:
-    """Settings given that another setting turns off: said at the start, not found out at the
-    end."""
-    lines = []
-    if cfg.eval.sets and not cfg.eval.every:
-        lines.append("eval.sets are not scored: eval.every=0 turns evaluation off")
-    if cfg.eval.judge is not None and not cfg.eval.sample_every:
-        lines.append("eval.judge is not used: eval.sample_every=0 draws no samples to judge")
-    return lines
 
 
 def lock_run_folder(plan: Plan, dist_env: DistEnv) -> RunLock | None:
@@ -155,7 +94,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     dist_env = setup_distributed_env()
     try:
-        plan = preflight(args, dist_env)
+        plan = preflight(args.config, args.ds_config, args.overrides, dist_env,
+                         args.start_over)
         lock = lock_run_folder(plan, dist_env)
     except UsageError:
         if dist_env.rank != 0:

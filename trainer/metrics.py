@@ -23,8 +23,8 @@ from tqdm import tqdm
 from aogpt import UsageError
 from aogpt.files import write_text_atomic
 from aogpt.model.orders import READINGS, Reading
-from aogpt.model.run_folder import RunFolder
 from aogpt.progress import PlainProgress, duration, progress
+from aogpt.run_folder import RunFolder
 from aogpt.trainer.config import LoggingConfig
 
 

@@ -25,9 +25,9 @@ from pathlib import Path
 import yaml
 
 from aogpt import UsageError
-from aogpt.data_prep.manifest import dataset_folder
+from aogpt.data_folder import dataset_folder
 from aogpt.files import file_record, provenance_of
-from aogpt.model.run_folder import WEIGHTS_FILE, RunFolder
+from aogpt.run_folder import WEIGHTS_FILE, RunFolder
 from aogpt.trainer.metrics import read_metrics
 
 START_OVER = "--start-over"

@@ -21,8 +21,9 @@ ever saved after a bad step that the check could already see.
    from the checkpoint until recovery.lr_steps steps past the bad step;
 4. gives up with one line, status 1, at a bad step after recovery.max_rollbacks rollbacks.
 
-A test can make bad data with AOGPT_TEST_POISON (PoisonedSamples): the loss of chosen dataset
-samples is multiplied by a factor (NaN by default) wherever the stream hands them out.
+A test can make bad data with AOGPT_TEST_POISON (PoisonedSamples, a wrapper of the step's forward
+that the trainer puts in place only then): the loss of chosen dataset samples is multiplied by a
+factor (NaN by default) wherever the stream hands them out.
 
 rollbacks.json is the whole memory of it: a run killed at any moment of a recovery and re-run
 reads it and makes the same skips and the same learning rates, step for step, as one that was
@@ -37,6 +38,7 @@ import math
 import os
 import statistics
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -44,7 +46,7 @@ import torch.distributed as dist
 
 from aogpt import UsageError
 from aogpt.files import write_json_atomic
-from aogpt.model.run_folder import RunFolder, step_of
+from aogpt.run_folder import RunFolder, step_of
 from aogpt.trainer.checkpoint import Checkpointer, Progress
 from aogpt.trainer.config import RecoveryConfig, RunConfig
 from aogpt.trainer.data import TrainBatches
@@ -259,13 +261,14 @@ class Recovery:
     stopping the run or rolling it back."""
 
     def __init__(self, cfg: RunConfig, env: DistEnv, host_group, checkpointer: Checkpointer,
-                 batches: TrainBatches, accum: int):
+                 batches: TrainBatches, accum: int, bad_steps: BadSteps):
+        """`bad_steps` is also one of the checkpointer's client parts: its state is saved with
+        every checkpoint."""
         self.cfg, self.env, self.host_group = cfg, env, host_group
         self.checkpointer, self.batches, self.accum = checkpointer, batches, accum
         self.run_folder = checkpointer.run_folder
-        self.bad_steps = BadSteps(cfg.recovery, env.device)
+        self.bad_steps = bad_steps
         self.rollbacks = Rollbacks(self.run_folder, cfg.recovery)
-        self.poison = PoisonedSamples.from_environment(env.device)
 
     def note(self, step: int, loss_sums: torch.Tensor, grad_norm) -> None:
         self.bad_steps.note(step, loss_sums, grad_norm)
@@ -358,32 +361,39 @@ class Recovery:
 
 
 POISON_VARIABLE = "AOGPT_TEST_POISON"
+# the training step's forward: (idx, orders, sample_ids) -> (per-token nll (micro, t), its mean)
+Forward = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Tensor]]
 
 
 class PoisonedSamples:
-    """A test-only hook: AOGPT_TEST_POISON="INDEX[:FACTOR],..." multiplies the per-token loss of
-    those dataset samples by FACTOR (NaN when left out) wherever the stream hands them out, as bad
-    data would (tests/trainer/test_rollback.py). Multiplied on the device: no sync."""
+    """A test-only hook around the step's forward: AOGPT_TEST_POISON="INDEX[:FACTOR],..."
+    multiplies the per-token loss of those dataset samples by FACTOR (NaN when left out) wherever
+    the stream hands them out, as bad data would (tests/trainer/test_rollback.py). Multiplied on
+    the device: no sync. Without the variable the forward is used as it is: the step holds no
+    test branch."""
 
-    def __init__(self, factors: dict[int, float], device: torch.device):
+    def __init__(self, forward: Forward, factors: dict[int, float], device: torch.device):
+        self.forward = forward
         self.indices = torch.tensor(sorted(factors), dtype=torch.int64, device=device)
         self.factors = torch.tensor([factors[i] for i in sorted(factors)], dtype=torch.float32,
                                     device=device)
 
     @classmethod
-    def from_environment(cls, device: torch.device) -> PoisonedSamples | None:
+    def around(cls, forward: Forward, device: torch.device) -> Forward:
+        """`forward` poisoned as AOGPT_TEST_POISON asks, or `forward` itself without it."""
         spec = os.environ.get(POISON_VARIABLE, "").strip()
         if not spec:
-            return None
+            return forward
         factors = {}
         for item in spec.split(","):
             index, _, factor = item.partition(":")
             factors[int(index)] = float(factor or "nan")
-        return cls(factors, device)
+        return cls(forward, factors, device)
 
-    def __call__(self, nll: torch.Tensor, sample_ids: torch.Tensor
+    def __call__(self, idx: torch.Tensor, orders: torch.Tensor, sample_ids: torch.Tensor
                  ) -> tuple[torch.Tensor, torch.Tensor]:
-        """nll (micro, t) of samples sample_ids (micro,) -> the poisoned nll and its mean."""
+        """The forward's nll (micro, t) of samples sample_ids (micro,), poisoned, and its mean."""
+        nll, _ = self.forward(idx, orders, sample_ids)
         hit = sample_ids[:, None] == self.indices  # (micro, poisoned)
         factor = torch.where(hit, self.factors, 1.0).prod(dim=1)  # (micro,)
         nll = nll * factor[:, None].to(nll.dtype)

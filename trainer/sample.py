@@ -2,13 +2,14 @@
 
     python trainer/sample.py --ckpt PATH [--num-samples N] [--seq-len L | --length L [--window W]]
         [--stop-at-eos] [--stop-entropy H]
-        [--sampler parallel [--steps S] | --sampler speculative [--draft K]]
+        [--sampler parallel [--steps S] [--schedule linear|cosine]
+         [--counts deterministic|binomial] | --sampler speculative [--draft K]]
         [--planner random|l2r|confidence|margin|entropy|threshold [--reveal R] [--threshold P]
          [--candidates C] [--block B]]
         [--temperature T] [--top-p P] [--top-k K] [--prompt TEXT] [--infill JSON-or-file]
-        [--seed X] [--out FILE.jsonl [--force]] [--schedule linear|cosine]
-        [--counts deterministic|binomial] [--order random|l2r] [--weights ema|raw]
-        [--batch-size B] [--judge PATH]
+        [--seed X] [--out FILE.jsonl] [--record-calls] [--html FILE.html] [--force]
+        [--order random|l2r] [--weights ema|raw]
+        [--batch-size B] [--judge PATH] [--long-run]
 
 Every sample fixes its generation order up front (the prompt and infill positions first, then
 the rest in random or left-to-right order). Two samplers (model/sampler/):
@@ -27,13 +28,16 @@ probability), margin (top-1 minus top-2) or entropy, or every candidate whose to
 reaches --threshold P (threshold, at least one). --planner random and l2r are the fixed orders
 (--order). A planner's sample records the order it took and its exact log-likelihood along it
 (with R = 1 each token comes from its exact conditional, so it is the sample's log-probability
-under the planner's own process).
+under the planner's own process). Each way takes its own flags only (model/sampler/ways.py: the
+groups below); a flag of another way is refused.
 Sample i's order and tokens depend only on (--seed, i), not on the batch size.
 --length L past the block size slides a window (model/sampler/window.py): each chunk after the
 first keeps the last --window W tokens (default half the block) as given tokens and generates the
 next block - W positions, until L. --stop-at-eos ends a text after its second end-of-text token,
 --stop-entropy H when the unigram entropy of its last 256 tokens falls below H nats (repetition);
 records then carry length, seams (where each chunk began generating) and stopped (why).
+Progress counts chunks (or batches), with the time left; a run of many network calls is timed
+on one chunk first and its estimate said, and one estimated past a day needs --long-run.
 A model of a synthetic language (data_prep/synthetic_to_mds.py) writes and reads its text as
 token ids ("17 3 95"); judge its samples with --judge on its data folder (exact probabilities).
 
@@ -45,17 +49,23 @@ tokens, text, order, given_positions, network_calls (the sample's own), batch_ne
 drafts_decided and drafts_accepted (speculative), log_likelihood (planners), time_s (seconds of
 its batch), the sampler's settings, and provenance: the checkpoint file read (a run that has not
 finished is read through its latest checkpoint, which a line on stderr says), its tag and step,
-the weights, every flag and the code's version and commit. --judge PATH also reports the
-generative perplexity (a local Hugging Face GPT-2 folder or a checkpoint of this project; see
-trainer/genppl.py).
+the weights, every flag and the code's version and commit. --record-calls adds each sample's
+network calls: per call, the positions it made final, the speculative sampler's drafts and which
+it accepted or rejected, a planner's best candidates and their scores (model/sampler/recording.py;
+it costs < 5% of sampling, benchmarks/record_calls.py). --html writes a page that replays the
+samples call by call in a browser, with no server and no network (docs/replay.md); it records the
+calls too. --judge PATH also reports the generative perplexity (a local Hugging Face GPT-2 folder
+or a checkpoint of this project; see trainer/genppl.py).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -64,25 +74,30 @@ from aogpt import UsageError, check_counts, check_input_file, cli_entry
 from aogpt.data_prep.synthetic import TokenIds
 from aogpt.data_prep.tokenizer import EOS, load_gpt2
 from aogpt.files import OutputFile, check_output_file, write_text_atomic
-from aogpt.model import load_checkpoint
+from aogpt.model import AOGPT, load_checkpoint
 from aogpt.model.checkpoint import describe_provenance, locate_checkpoint, provenance
 from aogpt.model.orders import ANY_ORDER, READING_WORDS, READINGS, reading_named
 from aogpt.model.precision import reproducible_dtype, resolve_device
-from aogpt.model.sampler import (
-    PLANNERS,
+from aogpt.model.sampler import KVCacheSampler, SamplingConfig, given_tokens, sample_records
+from aogpt.model.sampler.ways import (
+    DEFAULT_SAMPLER,
+    FIXED_ORDER,
+    OPTIONS,
     SAMPLERS,
-    KVCacheSampler,
-    SamplingConfig,
-    given_tokens,
-    sample_records,
+    WAYS,
+    Room,
+    Way,
+    named,
+    reading,
 )
 from aogpt.model.sampler.window import (
     STOP_ENTROPY_TOKENS,
     StopRules,
     check_window,
+    chunks,
     generate_long,
 )
-from aogpt.progress import progress
+from aogpt.progress import duration, progress
 from aogpt.trainer.judge import (
     Judge,
     check_judge,
@@ -90,8 +105,13 @@ from aogpt.trainer.judge import (
     format_report,
     generative_perplexity,
 )
+from aogpt.trainer.replay import Pieces, write_page
 
 DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32}
+# A run of this many network calls or more is timed on one chunk first and its length estimated:
+# past a day it needs --long-run (a typo's extra zeros would otherwise sample for days, silent)
+TIMED_FROM_CALLS = 2_000
+LONG_RUN_S = 24 * 3600
 # --compile auto's threshold: compiling costs seconds per call shape (a run has 10 to 20 of them)
 # and saves a fraction of a millisecond per call on a GPU, so it pays over tens of thousands of
 # calls; an estimate until benchmarks/gpu_report.py measures both on a GPU
@@ -99,6 +119,10 @@ COMPILE_PAYS_CALLS = 50_000
 # --out; earlier samples without made_by are known by their records' keys
 SAMPLES = OutputFile("trainer/sample.py", "sample file", (".jsonl",),
                      signature=("sample", "tokens", "network_calls", "settings"))
+PAGE = OutputFile("trainer/sample.py", "replay page", (".html",))  # --html
+# --planner: the fixed orders by their reading's word, then the model's planners
+PLANNER_CHOICES = (ANY_ORDER.word, *(word for word in READING_WORDS if word != ANY_ORDER.word),
+                   *named("planner"))
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -120,32 +144,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     add("--stop-entropy", type=float, default=None, metavar="H",
         help=f"end a text when the unigram entropy of its last {STOP_ENTROPY_TOKENS} tokens "
              "falls below H nats")
-    add("--sampler", choices=SAMPLERS, default="parallel",
-        help="parallel (default, the paper's) or speculative (exact, fewer calls)")
-    add("--steps", type=int, default=None,
-        help="parallel: network calls S (default: one per token to generate, exact ancestral "
-             "sampling)")
-    add("--draft", type=int, default=None,
-        help=f"speculative: positions drafted ahead per call (default "
-             f"{SamplingConfig.draft}); a call yields at most K + 1 tokens")
-    add("--planner", default=None, metavar="|".join(PLANNER_CHOICES),
-        help=f"who orders the positions: {' or '.join(READING_WORDS)} (fixed up front, as "
-             "--order), or the model call by call: confidence, margin, entropy, threshold "
-             "(default: --order)")
-    add("--reveal", type=int, default=None,
-        help=f"confidence, margin, entropy: positions revealed per call (default "
-             f"{SamplingConfig.reveal})")
-    add("--threshold", type=float, default=None,
-        help=f"threshold: reveal every candidate whose top probability reaches P, in (0, 1) "
-             f"(default {SamplingConfig.threshold})")
-    add("--candidates", type=int, default=None,
-        help="planners: score the next C positions of the sample's order per call (default all)")
-    add("--block", type=int, default=None,
-        help="planners: choose within blocks of B positions, left to right (default: one block)")
-    add("--schedule", choices=("linear", "cosine"), default="linear")
-    add("--counts", choices=("deterministic", "binomial"), default="deterministic",
-        help="tokens revealed per step: the paper's fixed counts or Lemma 1's Binomial ones")
-    add("--order", default=ANY_ORDER.word, help="order of the positions not given: "
+    add("--order", default=None, help="order of the positions not given: "
         f"{' or '.join(reading.spelled() for reading in READINGS)} (default {ANY_ORDER.word})")
     add("--temperature", type=float, default=1.0, help="0 = greedy (default 1)")
     add("--top-p", type=float, default=1.0, help="nucleus sampling mass (default 1 = off)")
@@ -157,7 +156,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     add("--infill", default=None, metavar="JSON-or-file", help="text at given positions (above)")
     add("--seed", type=int, default=0)
     add("--out", type=Path, default=None, metavar="FILE.jsonl", help="write the samples here")
-    add("--force", action="store_true", help="replace the --out file if it exists")
+    add("--record-calls", action="store_true",
+        help="record each sample's network calls in its record (what each made final, drafted, "
+             "accepted, rejected; a planner's best candidates)")
+    add("--html", type=Path, default=None, metavar="FILE.html",
+        help="write a page that replays the samples call by call (records the calls)")
+    add("--force", action="store_true", help="replace the --out and --html files if they exist")
     add("--show", type=int, default=4, help="samples printed to the terminal (default 4)")
     add("--judge", default=None, help="also score the samples: local HF GPT-2 folder or checkpoint")
     add("--judge-weights", choices=("ema", "raw"), default="ema",
@@ -173,12 +177,38 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
              f"compiling per shape; auto (default) = on a GPU for runs of at least "
              f"{COMPILE_PAYS_CALLS:,} network calls; a failure warns once and runs eagerly")
     add("--tokenizer-file", default=None, help="GPT-2 ranks file (offline tokenizer)")
+    add("--long-run", action="store_true",
+        help="start even when the run's estimate is over a day (else refused, with it)")
+    add_way_flags(parser)
     return parser.parse_args(argv)
 
 
-# --planner: the fixed orders by their reading's word, then the model's planners
-PLANNER_CHOICES = (ANY_ORDER.word, *(word for word in READING_WORDS if word != ANY_ORDER.word),
-                   *(p for p in PLANNERS if p != "order"))
+def spelled(ways: tuple[Way, ...]) -> str:
+    """How flags name some ways: '--sampler parallel', '--planner confidence or margin'."""
+    pickers = dict.fromkeys(way.picked_by for way in ways)
+    return " or ".join(f"--{picker} " + " or ".join(way.name for way in ways
+                                                    if way.picked_by == picker)
+                       for picker in pickers)
+
+
+def add_way_flags(parser: argparse.ArgumentParser) -> None:
+    """--sampler and --planner, then each way's flags (model/sampler/ways.py), grouped by the
+    ways that read them; left out, a flag is None (the way's default)."""
+    pick = parser.add_argument_group("the way tokens are chosen (model/sampler/ways.py)")
+    pick.add_argument("--sampler", choices=SAMPLERS, default=None, help="; ".join(
+        f"{name}: {WAYS[name].about}" for name in SAMPLERS) + f" (default {DEFAULT_SAMPLER})")
+    pick.add_argument("--planner", default=None, metavar="|".join(PLANNER_CHOICES), help=(
+        f"who orders the positions: {' or '.join(READING_WORDS)} (fixed up front, as --order), "
+        "or the model call by call: " + "; ".join(
+            f"{name} {WAYS[name].about}" for name in named("planner")) + " (default: --order)"))
+    groups: dict[tuple[Way, ...], argparse._ArgumentGroup] = {}
+    for option in OPTIONS:
+        readers = reading(option)
+        if readers not in groups:
+            groups[readers] = parser.add_argument_group(f"read by {spelled(readers)}")
+        groups[readers].add_argument(option.flag, type=option.type, choices=option.choices,
+                                     default=None, metavar=option.metavar, help=option.help)
+
 
 INFILL_EXAMPLE = '\'{"0": "Once upon a time"}\''
 
@@ -225,69 +255,241 @@ def readable(text: str) -> str:
     return text.replace("<|endoftext|>", "\n<|endoftext|>\n")
 
 
-def check_args(args: argparse.Namespace) -> None:
-    """The checks that need no checkpoint, before any work: counts, the order, the output file,
-    the judge."""
-    check_counts(args, "num_samples", "batch_size", "seq_len", "steps", "judge_batch_size",
-                 "length", "window")
+def check_args(args: argparse.Namespace) -> Way:
+    """The checks that need no checkpoint, before any work: counts, the way and its flags, the
+    order, the output file, the judge. Returns the way."""
+    check_counts(args, "num_samples", "batch_size", "seq_len", "judge_batch_size", "length",
+                 "window")
     if args.length is not None and args.seq_len is not None:
         raise UsageError("--length and --seq-len both set the text's length: give one")
-    if args.stop_entropy is not None and args.stop_entropy <= 0:
-        raise UsageError(f"--stop-entropy must be above 0 nats, got {args.stop_entropy}")
-    if args.sampler == "speculative" and args.steps is not None:
-        raise UsageError("--steps sets the parallel sampler's network calls; the speculative "
-                         "sampler decides its own (one per token at most, fewer as drafts are "
-                         "accepted): drop --steps, or set --draft K")
-    if args.sampler == "parallel" and args.draft is not None:
-        raise UsageError("--draft is the speculative sampler's: add --sampler speculative")
-    if args.draft is not None and args.draft < 1:
-        raise UsageError(f"--draft must be >= 1 (positions drafted ahead per call), got "
-                         f"{args.draft}")
-    args.order = reading_named(args.order, "--order").word  # records and provenance say the word
-    check_planner(args)
+    if args.stop_entropy is not None and not 0 < args.stop_entropy < math.inf:  # nan fails too
+        raise UsageError(f"--stop-entropy must be a finite number of nats above 0, got "
+                         f"{args.stop_entropy}")
+    way = check_way(args)
     if args.show < 0:
         raise UsageError(f"--show must be >= 0 (0 prints none), got {args.show}")
     if args.out is not None:
         check_output_file(args.out, "--out", args.force, SAMPLES)
+    if args.html is not None:
+        check_output_file(args.html, "--html", args.force, PAGE)
+        args.record_calls = True
     if args.judge is not None:
         check_judge(args.judge)
+    return way
 
 
-def check_planner(args: argparse.Namespace) -> None:
-    """--planner and its flags: --planner random|l2r becomes --order; a planner's flags without
-    it, or with one that does not read them, are refused."""
-    check_counts(args, "reveal", "candidates", "block")
-    if args.planner is not None and args.planner not in PLANNER_CHOICES:
-        raise UsageError(f"--planner {args.planner!r} is none of {', '.join(PLANNER_CHOICES)}")
-    if args.threshold is not None and not 0.0 < args.threshold < 1.0:
-        raise UsageError(f"--threshold must be in (0, 1) (a top probability), got {args.threshold}")
-    if args.planner in READING_WORDS:
-        word = reading_named(args.planner, "--planner").word
-        if args.order != ANY_ORDER.word and args.order != word:
-            raise UsageError(f"--planner {args.planner} contradicts --order {args.order}: give one")
-        args.order, args.planner = word, "order"
-    planner = args.planner or "order"
-    if planner != "order" and args.sampler == "speculative":
-        raise UsageError(f"--planner {planner} chooses positions call by call; the speculative "
-                         "sampler drafts along an order fixed up front: drop --sampler speculative")
-    if planner != "order" and args.steps is not None:
-        raise UsageError(f"--steps sets the parallel sampler's calls; --planner {planner} makes "
-                         "one call per --reveal positions (or per threshold pass): drop --steps")
-    needs = {"reveal": ("confidence", "margin", "entropy"), "threshold": ("threshold",),
-             "candidates": PLANNERS[1:], "block": PLANNERS[1:]}
-    for flag, planners in needs.items():
-        if getattr(args, flag) is not None and planner not in planners:
-            raise UsageError(f"--{flag} is read by --planner {' or '.join(planners)}, not by "
-                             f"{'--planner ' + planner if planner != 'order' else 'a fixed order'}")
-    args.planner = planner
+def check_way(args: argparse.Namespace) -> Way:
+    """The way --sampler and --planner pick (--planner random|l2r is --order, which it must not
+    contradict), and the flags of the ways (model/sampler/ways.py OPTIONS): one the way does not
+    read is refused, the others checked by their entries. Sets args.order to its reading's word
+    (records and provenance say the word)."""
+    planner = args.planner
+    if planner is not None and planner not in PLANNER_CHOICES:
+        raise UsageError(f"--planner {planner!r} is none of {', '.join(PLANNER_CHOICES)}")
+    order = None if args.order is None else reading_named(args.order, "--order").word
+    if planner in READING_WORDS:
+        word = reading_named(planner, "--planner").word
+        if order not in (None, word):
+            raise UsageError(f"--planner {planner} contradicts --order {args.order}: give one")
+        order, planner = word, None
+    args.order = order or ANY_ORDER.word
+    way = WAYS[planner or args.sampler or DEFAULT_SAMPLER]
+    if planner is not None and args.sampler not in (None, DEFAULT_SAMPLER):
+        raise UsageError(f"{way.spelled} chooses positions call by call; the {args.sampler} "
+                         f"sampler works along an order fixed up front: drop --sampler "
+                         f"{args.sampler}")
+    for option in OPTIONS:
+        value = getattr(args, option.field)
+        if value is not None and not way.reads(option):
+            raise UsageError(f"{option.flag} is read by {spelled(reading(option))}, not by "
+                             f"{way.spelled}")
+        option.check(value, option.flag)
+    args.sampler, args.planner = args.sampler or DEFAULT_SAMPLER, planner or FIXED_ORDER
+    return way
 
 
-@cli_entry
-def main(argv: list[str] | None = None) -> int:
-    args = parse_args(argv)
-    check_args(args)
+@dataclass
+class Plan:
+    """What a run generates: texts of `length` tokens with these given ones (length,), in one
+    block of the model's or a sliding window's chunks, with these settings."""
+
+    length: int
+    block: int
+    window: int | None  # None: one block
+    tokens: torch.Tensor
+    mask: torch.Tensor
+    to_generate: int  # positions generated per text
+    config: SamplingConfig
+    stop: StopRules
+    batch_size: int
+    calls: int  # network calls of the whole run (at most): --compile auto's estimate
+
+    @property
+    def long(self) -> bool:
+        """Past one generate call: a sliding window, or texts that may stop early."""
+        return (self.window is not None or self.stop.eos is not None
+                or self.stop.entropy_below is not None)
+
+
+def plan_run(args: argparse.Namespace, way: Way, model: AOGPT, encoding) -> Plan:
+    """The text's length, window and given tokens, the way's settings fitted to them (a note on
+    stderr when one is changed) and the stop rules; UsageError for what the model cannot do."""
+    block = model.config.block_size
+    length = next((v for v in (args.length, args.seq_len) if v is not None), block)
+    if args.seq_len is not None and not 1 <= args.seq_len <= block:
+        raise UsageError(f"--seq-len must be in 1..{block} (the model's block size), got "
+                         f"{args.seq_len}: --length L generates past it")
+    window = plan_window(args, block, length)
+    infill = read_infill(args.infill) if args.infill else None
+    tokens, mask = given_by_flags(encoding, length, args.prompt, infill,
+                                  "--length" if args.length is not None else "--seq-len")
+    to_generate = length - int(mask.sum())  # in the whole text
+    if to_generate == 0:
+        raise UsageError("the prompt and infill already fill every position: nothing to generate")
+    room = (Room(to_generate, to_generate) if window is None  # per call, at most
+            else Room(block, block - window, chunked=True))
+    given = {option.field: getattr(args, option.field) for option in way.options
+             if getattr(args, option.field) is not None}
+    config, note = way.fit(SamplingConfig(
+        **{way.picked_by: way.name}, **given, order=args.order, temperature=args.temperature,
+        top_p=args.top_p, top_p_rule=args.top_p_rule, top_k=args.top_k, seed=args.seed),
+        set(given), room)
+    if note:
+        print(note, file=sys.stderr, flush=True)
+    if args.stop_at_eos and not model.config.reads_gpt2:
+        raise UsageError("--stop-at-eos: this model's token ids have no end-of-text token (it "
+                         "reads no GPT-2 text): use --stop-entropy H or a fixed --length")
+    stop = StopRules(eos=EOS if args.stop_at_eos else None, entropy_below=args.stop_entropy)
     batch_size = args.batch_size if args.batch_size is not None else min(args.num_samples, 32)
-    device = resolve_device(args.device)
+    spans = ([to_generate] if window is None else
+             [end - start - (window if k else 0)
+              for k, (start, end) in enumerate(chunks(length, block, window))])
+    calls = -(-args.num_samples // batch_size) * sum(way.calls(config, s) for s in spans)
+    return Plan(length, block, window, tokens, mask, to_generate, config, stop, batch_size, calls)
+
+
+def plan_window(args: argparse.Namespace, block: int, length: int) -> int | None:
+    """The sliding window's tokens kept (None: the text fits in one block)."""
+    if length > block:
+        window = args.window if args.window is not None else block // 2
+        check_window(block, window)
+        return window
+    if args.window is not None:
+        raise UsageError(f"--window slides past the block size ({block}): --length {length} "
+                         "fits in one block")
+    return None
+
+
+class Samplers:
+    """A KVCacheSampler per sequence length a run needs (a window's last chunk may be shorter),
+    compiled and captured as --compile and --cuda-graphs say."""
+
+    def __init__(self, model: AOGPT, plan: Plan, args: argparse.Namespace,
+                 device: torch.device):
+        on_gpu = device.type == "cuda"
+        self.model, self.plan = model, plan
+        self.cuda_graphs = switch(args.cuda_graphs, on_gpu)
+        self.compile = switch(args.compile, on_gpu and plan.calls >= COMPILE_PAYS_CALLS)
+        self.made: dict[int, KVCacheSampler] = {}
+
+    def __call__(self, positions: int) -> KVCacheSampler:
+        if positions not in self.made:
+            self.made[positions] = KVCacheSampler(
+                self.model, self.plan.batch_size, positions, self.plan.config,
+                cuda_graphs=self.cuda_graphs, compile=self.compile)
+        return self.made[positions]
+
+    @property
+    def setup_seconds(self) -> float:
+        return sum(s.setup_seconds for s in self.made.values())
+
+
+def check_duration(plan: Plan, samplers: Samplers, args: argparse.Namespace,
+                   device: torch.device) -> None:
+    """A run of many network calls is timed on one chunk (the first block of a batch; its
+    samples are drawn again, the same, by the run) and its length said; one estimated past a
+    day is refused with the estimate unless --long-run."""
+    positions = min(plan.length, plan.block)
+    if plan.calls < TIMED_FROM_CALLS or plan.mask[:positions].all():
+        return
+    ids = torch.arange(min(plan.batch_size, args.num_samples))
+    given = (plan.tokens[:positions].expand(len(ids), -1),
+             plan.mask[:positions].expand(len(ids), -1))
+    setup, started = samplers.setup_seconds, time.perf_counter()
+    out = samplers(positions).generate(ids, *given)
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    per_call = (time.perf_counter() - started - (samplers.setup_seconds - setup)) / max(
+        out.network_calls, 1)
+    seconds = per_call * plan.calls
+    said = (f"{plan.calls:,} network calls at most, {per_call * 1e3:.2f} ms each as timed on one "
+            f"chunk")
+    if seconds > LONG_RUN_S and not args.long_run:
+        raise UsageError(f"the run would take about {duration(seconds)} ({said}): pass "
+                         f"--long-run to start it anyway, or generate less (--length, "
+                         f"--num-samples)")
+    print(f"estimate: about {duration(seconds)} ({said})", flush=True)
+
+
+def run(plan: Plan, samplers: Samplers, args: argparse.Namespace, device: torch.device,
+        encoding, origin: dict) -> list[dict]:
+    """Every batch, with a progress bar counting chunks (a sliding window's) or batches, with
+    the time left: one record per sample."""
+    records = []
+    given_positions = plan.mask.nonzero().flatten().tolist()
+    batches = range(0, args.num_samples, plan.batch_size)
+    per_batch = len(chunks(plan.length, plan.block, plan.window)) if plan.window else 1
+    with progress(total=len(batches) * per_batch, desc="sampling",
+                  unit="chunk" if plan.window else "batch") as bar:
+        for first in batches:
+            done = bar.n + per_batch  # once the batch is over, texts that stopped early included
+            ids = torch.arange(first, min(first + plan.batch_size, args.num_samples))
+            batch_start = time.perf_counter()
+            given = plan.tokens.expand(len(ids), -1), plan.mask.expand(len(ids), -1)
+            if plan.long:
+                out = generate_long(samplers, plan.block, ids, plan.length,
+                                    plan.window or plan.block, *given, plan.stop,
+                                    record_calls=args.record_calls,
+                                    chunk_done=lambda: bar.update(1) if plan.window else None)
+            else:
+                out = samplers(min(plan.length, plan.block)).generate(
+                    ids, *given, record_calls=args.record_calls)
+            if device.type == "cuda":
+                torch.cuda.synchronize(device)
+            seconds = time.perf_counter() - batch_start
+            bar.update(done - bar.n)
+            records += sample_records(ids.tolist(), out, encoding, plan.config, time_s=seconds,
+                                      given_positions=given_positions, provenance=origin)
+    return records
+
+
+def report(records: list[dict], plan: Plan, way: Way, samplers: Samplers, elapsed: float,
+           args: argparse.Namespace, reads_gpt2: bool) -> None:
+    """The samples shown, the summary lines, and --out written."""
+    for record in records[:args.show]:
+        print(f"\n=== sample {record['sample']} ({len(record['tokens'])} tokens, "
+              f"{record['network_calls']} network calls) ===\n{readable(record['text'])}")
+    generated = sum(len(r["tokens"]) for r in records) - len(records) * int(plan.mask.sum())
+    print(f"\n{len(records)} samples of {plan.length} tokens in {elapsed:.2f} s "
+          f"({generated / elapsed:,.0f} generated tokens/s), "
+          f"{way.summary(plan.config, records, plan.to_generate)}"
+          + (f", {sum(r['tokens'].count(EOS) for r in records)} end-of-text tokens"
+             if reads_gpt2 else ""))
+    if plan.long:
+        print(window_summary(records, plan.length, plan.window))
+    if samplers.setup_seconds:
+        shapes = sum(len(s.prepared_shapes) for s in samplers.made.values())
+        print(f"compiling and capturing {shapes} call shapes: {samplers.setup_seconds:.1f} s, "
+              f"apart from the generation time above; the first batch took "
+              f"{records[0]['time_s']:.1f} s with it")
+    if args.out:
+        write_text_atomic(args.out, "".join(json.dumps(r) + "\n" for r in records))
+        print(f"wrote {args.out}")
+
+
+def load(args: argparse.Namespace, device: torch.device) -> tuple:
+    """The checkpoint (its source, the model in the run's dtype), its tokenizer and the
+    provenance records carry; the judge checked against it."""
     dtype = DTYPES[args.dtype] if args.dtype != "auto" else reproducible_dtype(device)
     source = locate_checkpoint(args.ckpt)
     if source.unfinished:
@@ -297,128 +499,39 @@ def main(argv: list[str] | None = None) -> int:
     origin = provenance(source, args.weights, vars(args), made_by=SAMPLES.made_by)
     if args.judge is not None:
         check_judge_matches(args.judge, origin)
-    block = model.config.block_size
-    length = next((v for v in (args.length, args.seq_len) if v is not None), block)
-    if args.seq_len is not None and not 1 <= args.seq_len <= block:
-        raise UsageError(f"--seq-len must be in 1..{block} (the model's block size), got "
-                         f"{args.seq_len}: --length L generates past it")
-    window = None
-    if length > block:
-        window = args.window if args.window is not None else block // 2
-        check_window(block, window)
-    elif args.window is not None:
-        raise UsageError(f"--window slides past the block size ({block}): --length {length} "
-                         "fits in one block")
-    seq_len = min(length, block)  # positions of one network sequence
-    infill = read_infill(args.infill) if args.infill else None
-    tokens, mask = given_by_flags(encoding, length, args.prompt, infill,
-                                  "--length" if args.length is not None else "--seq-len")
-    to_generate = length - int(mask.sum())  # in the whole text
-    if to_generate == 0:
-        raise UsageError("the prompt and infill already fill every position: nothing to generate")
-    per_chunk = to_generate if window is None else block - window  # at most, after the first
-    steps = args.steps if args.steps is not None else (to_generate if window is None else block)
-    if args.steps is not None and not 1 <= steps <= per_chunk:
-        raise UsageError(f"--steps must be in 1..{per_chunk} (the positions to generate"
-                         f"{' per chunk' if window else ''}), got {steps}")
-    draft = args.draft if args.draft is not None else SamplingConfig.draft
-    if args.sampler == "speculative" and draft >= per_chunk:
-        draft = max(1, per_chunk - 1)
-        print(f"note: --draft {args.draft} reaches past the {per_chunk} positions to generate"
-              f"{' per chunk' if window else ''}: drafting {draft}", file=sys.stderr, flush=True)
-    planned = {flag: getattr(args, flag) for flag in ("reveal", "threshold", "candidates", "block")
-               if getattr(args, flag) is not None}
-    config = SamplingConfig(sampler=args.sampler, steps=steps, draft=draft, planner=args.planner,
-                            **planned, schedule=args.schedule, counts=args.counts, order=args.order,
-                            temperature=args.temperature, top_p=args.top_p,
-                            top_p_rule=args.top_p_rule, top_k=args.top_k, seed=args.seed)
-    calls = -(-args.num_samples // batch_size) * (  # at most
-        steps if args.sampler == "parallel" and args.planner == "order" and window is None
-        else to_generate)
-    samplers: dict[int, KVCacheSampler] = {}
+    return source, model, encoding, origin
 
-    def sampler_for(positions: int) -> KVCacheSampler:  # a window's last chunk may be shorter
-        if positions not in samplers:
-            samplers[positions] = KVCacheSampler(
-                model, batch_size, positions, config,
-                cuda_graphs=switch(args.cuda_graphs, device.type == "cuda"),
-                compile=switch(args.compile, device.type == "cuda" and calls >= COMPILE_PAYS_CALLS))
-        return samplers[positions]
 
-    if args.stop_at_eos and not model.config.reads_gpt2:
-        raise UsageError("--stop-at-eos: this model's token ids have no end-of-text token (it "
-                         "reads no GPT-2 text): use --stop-entropy H or a fixed --length")
-    stop = StopRules(eos=EOS if args.stop_at_eos else None, entropy_below=args.stop_entropy)
-    long = window is not None or args.stop_at_eos or args.stop_entropy is not None
+@cli_entry
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    way = check_args(args)
+    device = resolve_device(args.device)
+    source, model, encoding, origin = load(args, device)
+    plan = plan_run(args, way, model, encoding)
+    samplers = Samplers(model, plan, args, device)
     print(f"sampling from {source.file} ({describe_provenance(origin)})", flush=True)
-    records, started = [], time.perf_counter()
-    given_positions = mask.nonzero().flatten().tolist()
-    with progress(range(0, args.num_samples, batch_size), desc="sampling", unit="batch") as bar:
-        for first in bar:
-            ids = torch.arange(first, min(first + batch_size, args.num_samples))
-            batch_start = time.perf_counter()
-            given = tokens.expand(len(ids), -1), mask.expand(len(ids), -1)
-            if long:
-                out = generate_long(sampler_for, block, ids, length, window or block, *given, stop)
-            else:
-                out = sampler_for(seq_len).generate(ids, *given)
-            if device.type == "cuda":
-                torch.cuda.synchronize(device)
-            seconds = time.perf_counter() - batch_start
-            records += sample_records(ids.tolist(), out, encoding, config, time_s=seconds,
-                                      given_positions=given_positions, provenance=origin)
-    setup = sum(s.setup_seconds for s in samplers.values())
-    elapsed = time.perf_counter() - started - setup
-    for record in records[:args.show]:
-        print(f"\n=== sample {record['sample']} ({len(record['tokens'])} tokens, "
-              f"{record['network_calls']} network calls) ===\n{readable(record['text'])}")
-    generated = sum(len(r["tokens"]) for r in records) - len(records) * len(given_positions)
-    print(f"\n{len(records)} samples of {length} tokens in {elapsed:.2f} s "
-          f"({generated / elapsed:,.0f} generated tokens/s), "
-          f"{calls_summary(records, config, to_generate)}"
-          + (f", {sum(r['tokens'].count(EOS) for r in records)} end-of-text tokens"
-             if model.config.reads_gpt2 else ""))
-    if long:
-        print(window_summary(records, length, window))
-    if setup:
-        shapes = sum(len(s.prepared_shapes) for s in samplers.values())
-        print(f"compiling and capturing {shapes} call shapes: {setup:.1f} s, apart from the "
-              f"generation time above; the first batch took {records[0]['time_s']:.1f} s with it")
-    if args.out:
-        write_text_atomic(args.out, "".join(json.dumps(r) + "\n" for r in records))
-        print(f"wrote {args.out}")
+    check_duration(plan, samplers, args, device)
+    started, setup = time.perf_counter(), samplers.setup_seconds
+    records = run(plan, samplers, args, device, encoding, origin)
+    elapsed = time.perf_counter() - started - (samplers.setup_seconds - setup)
+    report(records, plan, way, samplers, elapsed, args, model.config.reads_gpt2)
+    if args.html:
+        write_page(args.html, records, Pieces(encoding), title=f"Samples of {source.file}",
+                   about=f"{len(records)} samples of {plan.length} tokens: "
+                         f"{way.summary(plan.config, records, plan.to_generate)}", origin=origin)
+        print(f"wrote {args.html}: open it in a browser")
     if args.judge:
         del model, samplers  # make room for the judge
         judge = Judge(args.judge, device, args.judge_weights)
-        report = generative_perplexity([r["tokens"] for r in records], judge,
-                                       args.judge_batch_size)
-        print(format_report(report))
+        print(format_report(generative_perplexity([r["tokens"] for r in records], judge,
+                                                  args.judge_batch_size)))
     return 0
 
 
 def switch(choice: str, auto: bool) -> bool:
     """An auto|on|off flag's value."""
     return auto if choice == "auto" else choice == "on"
-
-
-def calls_summary(records: list[dict], config: SamplingConfig, to_generate: int) -> str:
-    """'256 steps', for the speculative sampler its calls per token and acceptance, for a planner
-    its calls per sample and the samples' mean log-likelihood per token."""
-    if config.planner != "order":
-        calls = sum(r["network_calls"] for r in records) / len(records)
-        nll = -sum(r["log_likelihood"] for r in records) / len(records) / to_generate
-        return (f"{config.planner} planner: {calls:.1f} network calls per sample, "
-                f"{nll:.4f} nats per generated token along the orders taken")
-    if config.sampler == "parallel":
-        return (f"{config.steps} steps" if "seams" not in records[0] else
-                f"{sum(r['network_calls'] for r in records) / len(records):.1f} network calls "
-                "per sample")
-    calls = sum(r["network_calls"] for r in records)
-    decided = sum(r["drafts_decided"] for r in records)
-    accepted = sum(r["drafts_accepted"] for r in records)
-    return (f"speculative (draft {config.draft}): {calls / len(records) / to_generate:.3f} "
-            f"network calls per token, {accepted / max(decided, 1):.0%} of {decided:,} drafts "
-            "accepted")
 
 
 if __name__ == "__main__":

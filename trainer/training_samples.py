@@ -10,7 +10,9 @@ always has sample id i and seed 0, so every round draws the same uniforms and or
 samples change only as the weights do: `trainer/sample.py --ckpt <the checkpoint of that step>
 --num-samples N --steps S` (or `--sampler speculative --draft K`) draws the same tokens (on the
 same device and precision). Each round writes out_dir/samples/step_<step>.jsonl
-(trainer/sample.py's lines, with the step and the weights) and logs
+(trainer/sample.py's lines, with the step and the weights, and each sample's network calls, as
+--record-calls records them: a round is rare and the calls cost little, so tools/replay.py's
+page of a round replays its true calls) and logs
 
     sample_entropy    mean unigram entropy of the samples (nats; natural 1024-token text: ~5.5-5.7,
                       degenerate repetitions far less)
@@ -35,9 +37,9 @@ from aogpt.files import write_text_atomic
 from aogpt.model import AOGPT
 from aogpt.model.config import ModelConfig
 from aogpt.model.orders import ANY_ORDER, LEFT_TO_RIGHT
-from aogpt.model.run_folder import RunFolder
 from aogpt.model.sampler import KVCacheSampler, SamplingConfig, sample_records
 from aogpt.model.sampler.window import unigram_entropy
+from aogpt.run_folder import RunFolder
 from aogpt.trainer.config import EvalConfig
 from aogpt.trainer.judge import Judge, generative_perplexity
 
@@ -75,7 +77,7 @@ class TrainingSamples:
         start = time.perf_counter()
         count = self.cfg.sample_count
         sampler = KVCacheSampler(model, count, self.seq_len, self.config)
-        out = sampler.generate(torch.arange(count))
+        out = sampler.generate(torch.arange(count), record_calls=True)
         tokens = out.tokens.tolist()
         records = sample_records(list(range(count)), out, self.encoding, self.config, step=step,
                                  weights=weights)

@@ -49,10 +49,12 @@ from pathlib import Path
 
 from torch import distributed as dist
 
-from aogpt.data_prep.streaming_compat import streaming
-
 SHM = Path("/dev/shm")
-BLOCK_NAMES = tuple(streaming.base.constant.SHM_TO_CLEAN)
+# the blocks of one dataset: streaming 0.13's SHM_TO_CLEAN (streaming/base/constant.py), written
+# out so that this module needs no streaming (streaming_compat imports it to register datasets);
+# tests/data_prep/test_shared_memory.py checks it against the installed streaming
+BLOCK_NAMES = ("locals", "barrier", "next_epoch", "cache_usage", "shard_states",
+               "shard_access_times", "resume", "epoch_shape", "epoch_data")
 # <prefix>_<name>, as streaming.base.shared.prefix._get_path names them
 STREAMING_BLOCK = re.compile(rf"(\d{{6,}})_({'|'.join(BLOCK_NAMES)})")
 REGISTRATION_LOCK = "aogpt-streaming-registration.lock"

@@ -1,32 +1,34 @@
-"""SamplingConfig: every setting of a generation, for every way of choosing tokens (SAMPLERS)."""
+"""SamplingConfig: every setting of a generation, for every way of choosing tokens (ways.py)."""
 
 from __future__ import annotations
 
+import dataclasses
+import math
 from dataclasses import dataclass
 from typing import Literal
 
 from aogpt import UsageError
 from aogpt.model.config import require_choices
 from aogpt.model.orders import ANY_ORDER, READING_WORDS, reading_named
-
-# How a call's tokens are chosen and accepted; each is a module of this package.
-#   "parallel"     the paper's sampler (parallel.py): `steps` calls, several tokens revealed per
-#                  call independently given the known ones (exact only at steps = n)
-#   "speculative"  any-subset speculative decoding (speculative.py): drafts `draft` positions ahead,
-#                  verifies them along the order in the next call; exactly the joint of one token
-#                  per call, in fewer calls
-SAMPLERS = ("parallel", "speculative")
-# Which position comes next (planners.py): "order", the sample's order drawn up front (`order`:
-# random or left to right), or chosen call by call from the model's distributions over the
-# candidates: "confidence" (the most likely token's probability, highest first), "margin" (top-1
-# minus top-2), "entropy" (lowest first), "threshold" (every candidate whose top probability
-# reaches `threshold`, at least the best one)
-PLANNERS = ("order", "confidence", "margin", "entropy", "threshold")
+from aogpt.model.sampler.ways import (
+    DEFAULT_SAMPLER,
+    FIXED_ORDER,
+    OPTIONS,
+    PLANNERS,
+    SAMPLERS,
+    IncompleteWay,
+    way_of,
+)
 
 
 @dataclass
 class SamplingConfig:
-    sampler: Literal[SAMPLERS] = "parallel"
+    # The way tokens are chosen (ways.py WAYS says what each is and which fields it reads): a
+    # sampler along the order drawn up front (`order`: random or left to right), "parallel" (the
+    # paper's) or "speculative" (exact, fewer calls); or a planner, the model choosing the next
+    # positions call by call from its distributions over the candidates (confidence, margin,
+    # entropy, threshold); planner "order" leaves the order to the sampler.
+    sampler: Literal[SAMPLERS] = DEFAULT_SAMPLER
     steps: int = 256  # parallel: network calls at most; steps = n is exact ancestral sampling
     # speculative: positions drafted ahead of the known ones in each call; a call then yields up
     # to draft + 1 tokens and feeds up to 2 * draft + 1 rows per sample
@@ -37,7 +39,7 @@ class SamplingConfig:
     # masked token is revealed with the schedule's probability, exactly as in Lemma 1
     counts: Literal["deterministic", "binomial"] = "deterministic"
     order: Literal[READING_WORDS] = ANY_ORDER.word  # of the positions that are not given
-    planner: Literal[PLANNERS] = "order"
+    planner: Literal[PLANNERS] = FIXED_ORDER
     reveal: int = 1  # confidence, margin, entropy: positions revealed per call
     threshold: float = 0.9  # the threshold planner's
     candidates: int | None = None  # positions a planner scores per call: None = all remaining
@@ -59,26 +61,22 @@ class SamplingConfig:
         self.order = reading_named(self.order, "order").word  # an alias is kept as its word
 
     def validate(self) -> None:
+        """UsageError for a setting that cannot run: the way's own (its options) and the
+        common ones."""
         require_choices(self, ("sampler", "schedule", "counts", "top_p_rule", "planner"))
-        if self.planner != "order" and self.sampler == "speculative":
-            raise UsageError(f"the speculative sampler drafts along an order fixed up front: "
-                             f"planner={self.planner!r} needs sampler='parallel'")
-        if self.reveal < 1:
-            raise UsageError(f"reveal must be >= 1 (positions revealed per call), got "
-                             f"{self.reveal}")
-        if not 0.0 < self.threshold < 1.0:
-            raise UsageError(f"threshold must be in (0, 1), got {self.threshold}")
-        for name in ("candidates", "block"):
-            if getattr(self, name) is not None and getattr(self, name) < 1:
-                raise UsageError(f"{name} must be >= 1 (None: all), got {getattr(self, name)}")
-        if self.steps < 1:
-            raise UsageError(f"steps must be >= 1, got {self.steps}")
-        if self.draft < 1:
-            raise UsageError(f"draft must be >= 1 (positions drafted ahead per call), got "
-                             f"{self.draft}")
-        if self.temperature < 0:
-            raise UsageError(f"temperature must be >= 0 (0 = greedy), got {self.temperature}")
+        way_of(self).check(self)
+        if not self.temperature >= 0 or math.isinf(self.temperature):  # nan fails >= too
+            raise UsageError(f"temperature must be a finite number >= 0 (0 = greedy), got "
+                             f"{self.temperature}")
         if not 0.0 < self.top_p <= 1.0:
             raise UsageError(f"top_p must be in (0, 1], got {self.top_p}")
         if self.top_k < 0:
             raise UsageError(f"top_k must be >= 0 (0 = off), got {self.top_k}")
+
+
+
+_unknown = [option.field for option in OPTIONS
+            if option.field not in {f.name for f in dataclasses.fields(SamplingConfig)}]
+if _unknown:  # a way's option must be a setting: refused at import, as an incomplete way is
+    raise IncompleteWay(f"model/sampler/ways.py: options {', '.join(_unknown)} are no "
+                        "SamplingConfig field: add them to model/sampler/config.py")

@@ -1,13 +1,22 @@
 """Drawing tokens from logits: temperature, top-k and top-p, and inverse-CDF draws keyed by
-position, so that a position's token depends on (seed, sample, position) only."""
+position, so that a position's token depends on (seed, sample, position) only.
+
+One way of drawing: the distribution token_probs gives, inverted at the position's uniform
+(inverse_cdf); sample_from_logits is the two together, and a strategy that needs the
+distribution besides (speculative.py's acceptance) calls them one after the other.
+"""
 
 from __future__ import annotations
+
+from typing import TYPE_CHECKING
 
 import torch
 
 from aogpt.model.config import GPT2_VOCAB
 from aogpt.model.orders import Stream, counter_uniform
-from aogpt.model.sampler.config import SamplingConfig
+
+if TYPE_CHECKING:
+    from aogpt.model.sampler.config import SamplingConfig
 
 
 def filter_logits(logits: torch.Tensor, config: SamplingConfig,
@@ -52,17 +61,14 @@ def token_probs(logits: torch.Tensor, config: SamplingConfig) -> torch.Tensor:
     return logits.float().softmax(dim=-1)
 
 
-CDF_BLOCK = 256  # tokens per block of the two-level inverse CDF (sample_from_logits)
+CDF_BLOCK = 256  # tokens per block of the two-level inverse CDF (inverse_cdf)
 
 
 def sample_from_logits(logits: torch.Tensor, config: SamplingConfig,
                        uniforms: torch.Tensor) -> torch.Tensor:
-    """One token per row of logits (b, r, vocab): (b, r) int64, by inverse-CDF sampling with
-    the given uniforms (b, r) (see token_uniforms)."""
-    logits = filter_logits(logits, config)
-    if config.temperature == 0:
-        return logits.argmax(dim=-1)
-    return inverse_cdf(logits.float().softmax(dim=-1), uniforms)
+    """One token per row of logits (b, r, vocab): (b, r) int64, drawn from token_probs by
+    inverse CDF with the given uniforms (b, r) (position_uniforms); greedy: the most likely."""
+    return inverse_cdf(token_probs(logits, config), uniforms)
 
 
 def inverse_cdf(probs: torch.Tensor, uniforms: torch.Tensor) -> torch.Tensor:

@@ -1,5 +1,6 @@
 """The sampler's engine: the order, the static KV cache and the network call every way of choosing
-tokens shares (SamplingConfig.sampler picks one of STRATEGIES).
+tokens shares (SamplingConfig picks one of ways.py's WAYS, whose strategy makes the calls; what a
+strategy may read and write of the engine is strategy.py's).
 
 Each sample draws its order σ up front (given positions first, the rest as its reading reads them).
 The training stream has one slot per prediction (model/gpt.py):
@@ -60,14 +61,11 @@ from aogpt.model.orders import (
 )
 from aogpt.model.sampler.cache import StaticKVCache
 from aogpt.model.sampler.config import SamplingConfig
-from aogpt.model.sampler.outputs import Generation, StepOutput
-from aogpt.model.sampler.parallel import KEY_BLOCK, ParallelSampling
-from aogpt.model.sampler.planners import PlannerSampling
-from aogpt.model.sampler.speculative import SpeculativeSampling
-
-# SamplingConfig.sampler -> the class that chooses and accepts the tokens of each call (the
-# order fixed up front); SamplingConfig.planner other than "order": PlannerSampling
-STRATEGIES = {"parallel": ParallelSampling, "speculative": SpeculativeSampling}
+from aogpt.model.sampler.draw import position_uniforms
+from aogpt.model.sampler.outputs import Generation
+from aogpt.model.sampler.recording import CallRecorder
+from aogpt.model.sampler.strategy import KEY_BLOCK, StepOutput
+from aogpt.model.sampler.ways import DEFAULT_SAMPLER, way_of
 
 # What failed once in this process ("compiling", "capturing"): later samplers do not try it again
 # (a broken compiler would cost every one of them its seconds of trying) and warn no more.
@@ -94,15 +92,28 @@ ORDER_KEYS = per_reading("model/sampler/engine.py ORDER_KEYS", {
 
 def draw_orders(config: SamplingConfig, given_mask: torch.Tensor,
                 sample_ids: torch.Tensor) -> torch.Tensor:
-    """(b, n) int64: given positions first (ascending), then the others in the order of
-    config.order's ORDER_KEYS (a planner's blocks: in position order, so that each block's
-    positions come together)."""
+    """(b, n) int64: given positions first (ascending), then the others in the order of the
+    ORDER_KEYS of the reading the way's strategy asks for (config.order, or a planner's blocks in
+    position order, so that each block's positions come together)."""
     n = given_mask.shape[1]
     positions = torch.arange(n, device=given_mask.device)
-    blocks = config.planner != "order" and config.block
-    keys = (_position_keys if blocks else ORDER_KEYS[config.order])(config, sample_ids, n)
+    reading = way_of(config).strategy.order_reading(config)
+    keys = ORDER_KEYS[reading](config, sample_ids, n)
     keys = torch.where(given_mask, positions.double() - n, keys)
     return keys.argsort(dim=1, stable=True)
+
+
+def chained(*calls: Callable[[StepOutput], None] | None) -> Callable[[StepOutput], None] | None:
+    """One on_step that calls each of `calls` given (None if none is)."""
+    calls = [call for call in calls if call is not None]
+    if len(calls) <= 1:
+        return calls[0] if calls else None
+
+    def each(step: StepOutput) -> None:
+        for call in calls:
+            call(step)
+
+    return each
 
 
 class KVCacheSampler:
@@ -128,6 +139,7 @@ class KVCacheSampler:
     def __init__(self, model: AOGPT, batch_size: int, seq_len: int, config: SamplingConfig,
                  cuda_graphs: bool | None = None, compile: bool | None = None):
         config.validate()
+        self.way = way_of(config)
         mc = model.config
         if not 1 <= seq_len <= mc.block_size:
             raise UsageError(f"seq_len must be in 1..{mc.block_size} (the model's block size), "
@@ -136,6 +148,9 @@ class KVCacheSampler:
             raise UsageError("the model is in training mode: call model.eval() before sampling")
         if config.order != LEFT_TO_RIGHT.word:
             mc.require_any_order(f"use order={LEFT_TO_RIGHT.word}")
+        if self.way.any_order:
+            mc.require_any_order(f"{self.way.picked_by}={self.way.name!r} asks for positions ahead "
+                                 f"of the next one: use sampler={DEFAULT_SAMPLER!r}")
         weight = model.lm_head.weight
         self.model, self.config, self.seq_len, self.batch_size = model, config, seq_len, batch_size
         self.vocab = min(mc.vocab_size, GPT2_VOCAB)  # the ids a token may take (no padded ones)
@@ -147,8 +162,7 @@ class KVCacheSampler:
         self.compiled = bool(compile) and "compiling" not in FAILED_FAST_PATHS
         # compiled: one graph per call shape, so shapes are bucketed to keep them few
         self.bucketed = self.cuda_graphs or self.compiled
-        self.strategy = (STRATEGIES[config.sampler] if config.planner == "order"
-                         else PlannerSampling)(self)
+        self.strategy = self.way.strategy(self)
         self._network_step = (torch.compile(self.strategy.step, dynamic=False, fullgraph=True)
                               if self.compiled else self.strategy.step)
         self.prepared_shapes: set[tuple[int, int, int]] = set()
@@ -156,8 +170,9 @@ class KVCacheSampler:
         with torch.no_grad():
             self.adaln_tables, _ = model.adaln_tables()  # fixed addresses, refreshed in place
         self._tables_version = self._weights_version()
-        self.cache = StaticKVCache(mc.n_layer, batch_size, mc.n_head, seq_len + 1, mc.head_dim,
-                                   weight.dtype, self.device, keys_last=self.strategy.keys_last())
+        layout = self.strategy.cache_layout()  # slot seq_len: the trash; scratch ones after it
+        self.cache = StaticKVCache(mc.n_layer, batch_size, mc.n_head, seq_len + 1 + layout.scratch,
+                                   mc.head_dim, weight.dtype, self.device, layout.keys_last)
         # the state a call reads and writes (fixed addresses, as CUDA graphs need)
         self.orders = torch.zeros(batch_size, seq_len, dtype=torch.long, device=self.device)
         self.ordered = torch.zeros(batch_size, seq_len + 1, dtype=torch.long, device=self.device)
@@ -169,12 +184,15 @@ class KVCacheSampler:
     def generate(self, sample_ids: torch.Tensor, given_tokens: torch.Tensor | None = None,
                  given_mask: torch.Tensor | None = None,
                  on_step: Callable[[StepOutput], None] | None = None,
-                 forced_tokens: torch.Tensor | None = None) -> Generation:
+                 forced_tokens: torch.Tensor | None = None,
+                 record_calls: bool = False) -> Generation:
         """Samples (b,) ids (b <= batch_size; they key the randomness). given_tokens and
         given_mask (b, n) fix tokens at chosen positions (a prompt, or any infill pattern).
-        forced_tokens (b, n), planners only: teacher forcing, each revealed position takes its
-        token from there instead of drawing it, so the planner's order and the exact
-        log-likelihood along it score that text (evaluation; eager calls only)."""
+        forced_tokens (b, n), a strategy that takes them only (the planners): teacher forcing,
+        each revealed position takes its token from there instead of drawing it, so the planner's
+        order and the exact log-likelihood along it score that text (evaluation; eager calls
+        only). record_calls: what each call did to each sample, in Generation.calls
+        (recording.py)."""
         b, n, full = len(sample_ids), self.seq_len, self.batch_size
         if not 1 <= b <= full:
             raise UsageError(f"generate takes 1..{full} sample ids, got {b}")
@@ -191,18 +209,22 @@ class KVCacheSampler:
         sample_ids, given_tokens, given_mask = (t.to(self.device)[pad]
                                                 for t in (sample_ids, given_tokens, given_mask))
         self._refresh_tables()
-        self.orders.copy_(draw_orders(self.config, given_mask, sample_ids))
-        self.ordered[:, :n].copy_(shuffle(given_tokens.long(), self.orders))
         if forced_tokens is not None:
-            if not isinstance(self.strategy, PlannerSampling) or self.bucketed:
+            if not self.strategy.takes_forced or self.bucketed:
                 raise UsageError("forced tokens score a text along a planner's order: they need "
                                  "a planner and eager calls (no CUDA graphs, not compiled)")
-            self.strategy.forced = forced_tokens.to(self.device)[pad]
-        done = self.strategy.generate(sample_ids, given_mask, on_step)
+            forced_tokens = forced_tokens.to(self.device)[pad]
+        self.orders.copy_(draw_orders(self.config, given_mask, sample_ids))
+        self.ordered[:, :n].copy_(shuffle(given_tokens.long(), self.orders))
+        self.uniforms.copy_(position_uniforms(self.config, sample_ids, n))
+        recorder = CallRecorder(self, given_mask[:b].sum(dim=1).cpu()) if record_calls else None
+        done = self.strategy.generate(sample_ids, given_mask, chained(recorder, on_step),
+                                      forced_tokens)
         tokens = unshuffle(self.ordered[:, :n], self.orders)
-        return Generation(tokens[:b].clone(), self.orders[:b].clone(), done["network_calls"],
-                          done["rows"], done["sample_calls"][:b].cpu(),
-                          {name: value[:b].cpu() for name, value in done.get("stats", {}).items()})
+        return Generation(tokens[:b].clone(), self.orders[:b].clone(), done.network_calls,
+                          done.rows, done.sample_calls[:b].cpu(),
+                          {name: value[:b].cpu() for name, value in done.stats.items()},
+                          recorder.calls if recorder else None)
 
     # ---- the network call --------------------------------------------------------------------
 
@@ -232,19 +254,32 @@ class KVCacheSampler:
             candidate = (slot - c).clamp(min=0, max=copy_targets.size(1) - 1)
             target_positions = torch.where(slot >= c, copy_targets.gather(1, candidate),
                                            target_positions)
-        # padding rows write to the trash slot n and attend like row c (all finite keys)
-        self.cache.prepare(torch.where(fed, slot, n), keys)
         query = torch.where(fed, slot, c)[:, None, :, None]  # (b, 1, rows, 1)
         key = torch.arange(keys, device=self.device)
         mask = (key == query) | ((key <= query) & (key < c[:, None, None]))  # (b, 1, rows, keys)
-        hidden = self.model.forward_stream(tokens, positions, target_positions, mask, self.cache,
-                                           self.adaln_tables)
         target_slots = first_target + torch.arange(targets, device=self.device)  # (b, targets)
         valid = target_slots < hi
         row = (target_slots - lo).clamp(min=0, max=rows - 1)
-        chosen = hidden.gather(1, row[..., None].expand(-1, -1, hidden.size(-1)))
+        # padding rows write to the trash slot n and attend like row c (all finite keys)
+        logits = self.feed(tokens, positions, target_positions, torch.where(fed, slot, n), mask,
+                           row)
+        return logits, target_slots, valid
+
+    def feed(self, tokens: torch.Tensor, positions: torch.Tensor, target_positions: torch.Tensor,
+             write_slots: torch.Tensor, mask: torch.Tensor, read_rows: torch.Tensor
+             ) -> torch.Tensor:
+        """The network on rows laid out by the caller, each (b, rows) int64: the token a row
+        carries, its position (-1: [None]), the position it asks for, and the cache slot its keys
+        and values go to; mask (b, 1, rows, keys) bool, the cache slots 0..keys-1 each row attends
+        to. Returns the logits of read_rows (b, targets): (b, targets, vocab) fp32 or wider.
+        network() lays out the parallel generation mask's rows; a strategy whose rows it cannot
+        describe (a draft tree's candidates, strategy.py) lays out its own."""
+        self.cache.prepare(write_slots, mask.size(-1))
+        hidden = self.model.forward_stream(tokens, positions, target_positions, mask, self.cache,
+                                           self.adaln_tables)
+        chosen = hidden.gather(1, read_rows[..., None].expand(-1, -1, hidden.size(-1)))
         logits = self.model.lm_head(chosen)
-        return logits.to(torch.promote_types(logits.dtype, torch.float32)), target_slots, valid
+        return logits.to(torch.promote_types(logits.dtype, torch.float32))
 
     def call(self, rows: int, targets: int, keys: int):
         """One call of the strategy's step (the network and its draws): eager, compiled, or
@@ -320,12 +355,17 @@ class KVCacheSampler:
 
         return replay
 
+    def _written(self) -> list[torch.Tensor]:
+        """What a call changes besides the cache (whose writes a replay repeats): the engine
+        tensors the strategy declares it writes, and its own state."""
+        engine = [getattr(self, name) for name in sorted(self.strategy.writes - {"cache"})]
+        return [*engine, *self.strategy.state()]
+
     def _snapshot(self) -> list[torch.Tensor]:
-        """Copies of what a call changes besides the cache (whose writes a replay repeats)."""
-        return [tensor.clone() for tensor in (self.ordered, *self.strategy.state())]
+        return [tensor.clone() for tensor in self._written()]
 
     def _restore(self, saved: list[torch.Tensor]) -> None:
-        for tensor, copy in zip((self.ordered, *self.strategy.state()), saved, strict=True):
+        for tensor, copy in zip(self._written(), saved, strict=True):
             tensor.copy_(copy)
 
     # ---- the AdaLN tables follow the weights -------------------------------------------------

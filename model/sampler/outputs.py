@@ -1,6 +1,7 @@
-"""What a generation returns (Generation; LongGeneration past the block, model/sampler/window.py),
-what each of its network calls shows a caller (on_step), and the JSON record of each sample that
-trainer/sample.py --out and the samples drawn while training write (sample_records)."""
+"""What a generation returns (Generation; LongGeneration past the block, model/sampler/window.py)
+and the JSON record of each sample that trainer/sample.py --out and the samples drawn while
+training write (sample_records). What each network call shows a caller (on_step's StepOutput) is
+strategy.py's."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ from dataclasses import dataclass, field
 import torch
 
 from aogpt.model.sampler.config import SamplingConfig
+from aogpt.model.sampler.ways import STEPS, way_of
 
 
 @dataclass
@@ -22,17 +24,8 @@ class Generation:
     sample_calls: torch.Tensor | None = None
     # speculative: (b,) int64 drafts verified and accepted per sample
     stats: dict[str, torch.Tensor] = field(default_factory=dict)
-
-
-@dataclass
-class StepOutput:
-    """Handed to generate's on_step after every call; tensors may be reused by the next call."""
-
-    call: int
-    logits: torch.Tensor  # (b, r, vocab) float, the unfiltered logits of the targets
-    target_slots: torch.Tensor  # (b, r): targets are orders[:, slot]; slot >= hi is padding
-    valid: torch.Tensor  # (b, r) bool
-    bounds: torch.Tensor  # (3, b): lo, c, hi of this call
+    # generate(record_calls=True): each sample's calls, what each did (recording.py)
+    calls: list[list[dict]] | None = None
 
 
 @dataclass
@@ -46,6 +39,8 @@ class LongGeneration:
     # each sample's generation stats summed over its chunks (a planner's log_likelihood, each
     # chunk's given its window; speculative drafts decided and accepted)
     stats: dict[str, list[float]]
+    # record_calls: each sample's calls over its chunks, positions in the text (recording.py)
+    calls: list[list[dict]] | None = None
 
 
 def sample_records(sample_ids: list[int], out: Generation | LongGeneration, encoding,
@@ -53,7 +48,8 @@ def sample_records(sample_ids: list[int], out: Generation | LongGeneration, enco
     """One JSON-ready record per sample of a generate() call, as --out writes them (and the
     trainer's samples while training), with `fields` added to each. A text made by the sliding
     window or cut by a stop rule (a LongGeneration) also carries its length, seams and why it
-    stopped, and its order lists the positions generated, in the order generated."""
+    stopped, and its order lists the positions generated, in the order generated. A generation
+    made with record_calls carries each sample's calls (recording.py)."""
     if isinstance(out, LongGeneration):
         texts, orders, calls, stats = out.texts, out.orders, out.sample_calls, out.stats
         extra = [{"length": len(text), "seams": [p for p in out.seams if p < len(text)],
@@ -62,9 +58,12 @@ def sample_records(sample_ids: list[int], out: Generation | LongGeneration, enco
         texts, orders, calls = out.tokens.tolist(), out.orders.tolist(), out.sample_calls.tolist()
         stats = {name: values.tolist() for name, values in out.stats.items()}
         extra = [{} for _ in texts]
+    if out.calls is not None:
+        extra = [{**fields_k, "calls": calls_k} for fields_k, calls_k in zip(extra, out.calls,
+                                                                             strict=True)]
     settings = dataclasses.asdict(config)
     return [{"sample": i, "tokens": tokens, "text": encoding.decode(tokens), "order": order,
-             **extra[k], "steps": config.steps if config.sampler == "parallel" else None,
+             **extra[k], "steps": config.steps if way_of(config).reads(STEPS) else None,
              "network_calls": sample_calls, "batch_network_calls": out.network_calls,
              **{name: values[k] for name, values in stats.items()}, "settings": settings,
              **fields}

@@ -22,20 +22,26 @@ from typing import TYPE_CHECKING
 import torch
 
 from aogpt.model.orders import Stream, counter_uniform
-from aogpt.model.sampler.config import SamplingConfig
-from aogpt.model.sampler.draw import position_uniforms, sample_from_logits
-from aogpt.model.sampler.outputs import StepOutput
+from aogpt.model.sampler.draw import sample_from_logits
+from aogpt.model.sampler.strategy import (
+    CacheLayout,
+    Decided,
+    Finished,
+    StepOutput,
+    Strategy,
+    bucket,
+    bucket_keys,
+)
 
 if TYPE_CHECKING:
+    from aogpt.model.sampler.config import SamplingConfig
     from aogpt.model.sampler.engine import KVCacheSampler
 
-KEY_BLOCK = 128  # CUDA graphs attend over a multiple of this many cache slots
 # On a CPU, calls of up to this many rows attend to the whole cache (plan_steps). Small model,
 # bf16, batch 4, n = 1024 on a 2-core AVX512-BF16 EPYC: generation at S = 1024 (1 row a call)
 # 36.9 -> 27.7 s, S = 256 (~8 rows) 11.9 -> 11.3 s, S = 128 (~16) 9.4 -> 9.1 s; at S = 64 (~32)
 # the whole cache is slower (6.5 -> 7.9 s).
 WHOLE_CACHE_ROWS = 16
-
 
 
 def revealed_fraction(schedule: str, steps: int) -> torch.Tensor:
@@ -80,16 +86,12 @@ class StepPlan:
     shapes: list[tuple[int, int, int]]
 
 
-def _bucket(size: int, cap: int) -> int:
-    return min(1 << (size - 1).bit_length(), cap)
-
-
 def plan_steps(counts: torch.Tensor, seq_len: int, bucketed: bool,
                whole_cache: bool = False) -> StepPlan:
     """Turns the reveal counts (b, S+1) into network calls, skipping steps that reveal nothing.
 
-    bucketed: round the shapes up (rows and targets to powers of two, keys to KEY_BLOCK) so that
-    few distinct shapes occur, one CUDA graph each. whole_cache: a call of at most
+    bucketed: round the shapes up (strategy.py's bucket and bucket_keys) so that few distinct
+    shapes occur, one CUDA graph each. whole_cache: a call of at most
     WHOLE_CACHE_ROWS rows attends to all seq_len + 1 slots (those it may not see are masked): a
     CPU's bf16 matmul copies a strided slice of the cache first, which costs a few-row call more
     than the masked slots do.
@@ -106,17 +108,17 @@ def plan_steps(counts: torch.Tensor, seq_len: int, bucketed: bool,
     targets = (hi - c).amax(dim=1).tolist()
     keys = end.amax(dim=1).tolist()
     if bucketed:
-        rows = [_bucket(r, seq_len) for r in rows]
-        targets = [_bucket(r, seq_len) for r in targets]
-        keys = [min(-(-k // KEY_BLOCK) * KEY_BLOCK, seq_len) for k in keys]
+        rows = [bucket(r, seq_len) for r in rows]
+        targets = [bucket(r, seq_len) for r in targets]
+        keys = [bucket_keys(k, seq_len) for k in keys]
     if whole_cache:
         keys = [seq_len + 1 if r <= WHOLE_CACHE_ROWS else k
                 for r, k in zip(rows, keys, strict=True)]
     return StepPlan(torch.stack([lo, c, hi], dim=1), list(zip(rows, targets, keys, strict=True)))
 
 
-class ParallelSampling:
-    """The paper's S-step sampler on the engine's cache (SamplingConfig.sampler = "parallel")."""
+class ParallelSampling(Strategy):
+    """The paper's S-step sampler on the engine's cache (ways.py's "parallel")."""
 
     def __init__(self, sampler: KVCacheSampler):
         self.sampler, self.config = sampler, sampler.config
@@ -125,30 +127,33 @@ class ParallelSampling:
     def state(self) -> list[torch.Tensor]:
         return []  # a call changes only the engine's `ordered` (and the cache)
 
-    def keys_last(self) -> bool:
+    def decided(self) -> Decided:
+        return Decided(final=self.bounds[2])  # a call makes its targets c..hi-1 final
+
+    def cache_layout(self) -> CacheLayout:
         # a CPU's calls of more than WHOLE_CACHE_ROWS rows (about 2 n / S per sample) attend to a
         # slice of the cache, where keys stored last save a copy (small, batch 4, n = 1024: S = 64
         # 9.3 -> 9.0 s); calls of fewer attend to all of it, where they cost (S = 1024: 42 -> 47 s)
         sampler = self.sampler
-        return (sampler.device.type == "cpu"
-                and 2 * sampler.seq_len > WHOLE_CACHE_ROWS * self.config.steps)
+        return CacheLayout(keys_last=sampler.device.type == "cpu"
+                           and 2 * sampler.seq_len > WHOLE_CACHE_ROWS * self.config.steps)
 
     def generate(self, sample_ids: torch.Tensor, given_mask: torch.Tensor,
-                 on_step: Callable[[StepOutput], None] | None) -> dict:
+                 on_step: Callable[[StepOutput], None] | None,
+                 forced_tokens: torch.Tensor | None = None) -> Finished:
         sampler, n = self.sampler, self.sampler.seq_len
         counts = reveal_counts(self.config, given_mask.sum(dim=1), n, sample_ids)
         plan = plan_steps(counts, n, bucketed=sampler.bucketed,
                           whole_cache=sampler.device.type == "cpu")
-        sampler.uniforms.copy_(position_uniforms(self.config, sample_ids, n))
         bounds = plan.bounds.to(sampler.device)
         for call, shape in enumerate(plan.shapes):
             self.bounds.copy_(bounds[call])
             logits, target_slots, valid = sampler.call(*shape)
             if on_step is not None:
-                on_step(StepOutput(call, logits, target_slots, valid, self.bounds))
+                on_step(StepOutput(call, logits, target_slots, valid, self.bounds,
+                                   self.decided()))
         lo, c, hi = plan.bounds.unbind(dim=1)
-        return {"network_calls": len(plan.shapes), "rows": sum(r for r, _, _ in plan.shapes),
-                "sample_calls": (hi > c).sum(dim=0)}
+        return Finished(len(plan.shapes), sum(r for r, _, _ in plan.shapes), (hi > c).sum(dim=0))
 
     def step(self, rows: int, targets: int, keys: int):
         """One call on the planned bounds: draws every target of this step into the engine's

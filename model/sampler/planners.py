@@ -42,33 +42,47 @@ block after block (semi-autoregressive). A call costs its candidates' rows.
 
 from __future__ import annotations
 
+from abc import abstractmethod
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 import torch
 
-from aogpt.model.orders import Stream
-from aogpt.model.sampler.draw import inverse_cdf, position_uniforms, token_probs
-from aogpt.model.sampler.outputs import StepOutput
+from aogpt.model.orders import LEFT_TO_RIGHT, Stream
+from aogpt.model.sampler.draw import position_uniforms, sample_from_logits
+from aogpt.model.sampler.strategy import Decided, Finished, StepOutput, Strategy, bucket
 
 if TYPE_CHECKING:
+    from aogpt.model.sampler.config import SamplingConfig
     from aogpt.model.sampler.engine import KVCacheSampler
 
+BEST_KEPT = 16  # candidates of each call a call recorder sees (the best; all would be ~n^2 / 2)
 
-def scores(probs: torch.Tensor, planner: str) -> torch.Tensor:
-    """How much each candidate should come next, (..., vocab) probabilities -> (...): higher
-    first. threshold ranks by confidence (its cut is made apart)."""
-    if planner == "margin":
-        top = probs.topk(2, dim=-1).values if probs.size(-1) > 1 else torch.cat(
-            [probs, torch.zeros_like(probs)], dim=-1)
-        return top[..., 0] - top[..., 1]
-    if planner == "entropy":
-        return (probs * probs.clamp(min=1e-30).log()).sum(dim=-1)  # minus the entropy
-    return probs.amax(dim=-1)  # confidence, threshold
+def top_probability(probs: torch.Tensor) -> torch.Tensor:
+    """(..., vocab) probabilities -> (...): the most likely token's probability."""
+    return probs.amax(dim=-1)
 
 
-class PlannerSampling:
-    """SamplingConfig.planner = confidence | margin | entropy | threshold."""
+def top_margin(probs: torch.Tensor) -> torch.Tensor:
+    """(..., vocab) -> (...): top-1 minus top-2 probability."""
+    top = probs.topk(2, dim=-1).values if probs.size(-1) > 1 else torch.cat(
+        [probs, torch.zeros_like(probs)], dim=-1)
+    return top[..., 0] - top[..., 1]
+
+
+def negative_entropy(probs: torch.Tensor) -> torch.Tensor:
+    """(..., vocab) -> (...): minus the distribution's entropy (nats)."""
+    return (probs * probs.clamp(min=1e-30).log()).sum(dim=-1)
+
+
+class PlannerSampling(Strategy):
+    """What every planner shares; each planner is a subclass naming its `score` (how much each
+    candidate should come next, (..., vocab) probabilities -> (...), higher first) and, unless it
+    reveals config.reveal positions per call, how many it reveals (`reveals`, `per_call`).
+    ways.py keys them by name."""
+
+    writes = frozenset({"ordered", "orders", "cache"})  # it decides the order as it goes
+    takes_forced = True
 
     def __init__(self, sampler: KVCacheSampler):
         self.sampler, self.config = sampler, sampler.config
@@ -81,17 +95,41 @@ class PlannerSampling:
         self.calls = torch.zeros(b, **state)
         self.tie_breaks = torch.zeros(b, n, dtype=torch.float64, device=device)
         self.forced: torch.Tensor | None = None  # teacher forcing: (b, n) tokens, one generate
+        # the last call's best candidates, best first, and their scores (Decided; -1: none)
+        kept = min(BEST_KEPT, n)
+        self.best_positions = torch.full((b, kept), -1, **state)
+        self.best_scores = torch.zeros(b, kept, dtype=torch.float64, device=device)
+
+    @staticmethod
+    @abstractmethod
+    def score(probs: torch.Tensor) -> torch.Tensor: ...
+
+    def per_call(self) -> int | None:
+        """The most positions a call reveals (None: any number)."""
+        return self.config.reveal
+
+    def reveals(self, row_score: torch.Tensor, is_candidate: torch.Tensor) -> torch.Tensor:
+        """(b,) positions each sample reveals this call (before the cut at its candidates), given
+        each candidate row's score (b, targets)."""
+        return torch.full_like(is_candidate[:, 0], self.config.reveal, dtype=torch.long)
+
+    @staticmethod
+    def order_reading(config: SamplingConfig) -> str:
+        # blocks: the tail in position order, so that each block's positions come together
+        return LEFT_TO_RIGHT.word if config.block else config.order
 
     def state(self) -> list[torch.Tensor]:
-        return [self.final, self.fed_from, self.log_likelihood, self.calls, self.sampler.orders]
+        return [self.final, self.fed_from, self.log_likelihood, self.calls, self.best_positions,
+                self.best_scores]
 
-    def keys_last(self) -> bool:
-        return False
+    def decided(self) -> Decided:
+        return Decided(final=self.final, candidates=self.best_positions, scores=self.best_scores)
 
     def generate(self, sample_ids: torch.Tensor, given_mask: torch.Tensor,
-                 on_step: Callable[[StepOutput], None] | None) -> dict:
+                 on_step: Callable[[StepOutput], None] | None,
+                 forced_tokens: torch.Tensor | None = None) -> Finished:
         sampler, config, n = self.sampler, self.config, self.sampler.seq_len
-        sampler.uniforms.copy_(position_uniforms(config, sample_ids, n, Stream.TOKEN))
+        self.forced = forced_tokens
         self.tie_breaks.copy_(position_uniforms(config, sample_ids, n, Stream.PLAN))
         given = given_mask.sum(dim=1)
         for tensor, value in ((self.final, given), (self.given, given), (self.fed_from, 0),
@@ -107,15 +145,15 @@ class PlannerSampling:
             width = int(self.candidate_count(final, sampler.orders.cpu()).max())
             shape = (real + width, real + width, n + 1)
             if sampler.bucketed:  # few shapes whatever the state
-                shape = (_bucket(shape[0], 2 * n), _bucket(shape[0], 2 * n), n + 1)
+                shape = (bucket(shape[0], 2 * n), bucket(shape[0], 2 * n), n + 1)
             logits, target_slots, valid = sampler.call(*shape)
             if on_step is not None:
                 bounds = torch.stack([fed_from, final, final + left]).to(sampler.device)
-                on_step(StepOutput(calls, logits, target_slots, valid, bounds))
+                on_step(StepOutput(calls, logits, target_slots, valid, bounds, self.decided()))
             calls, rows = calls + 1, rows + shape[0]
         self.forced = None
-        return {"network_calls": calls, "rows": rows, "sample_calls": self.calls.cpu(),
-                "stats": {"log_likelihood": self.log_likelihood.cpu()}}
+        return Finished(calls, rows, self.calls.cpu(),
+                        {"log_likelihood": self.log_likelihood.cpu()})
 
     def candidate_count(self, final: torch.Tensor, orders: torch.Tensor) -> torch.Tensor:
         """(b,) candidates each sample scores in its next call (0 when done): the order's next
@@ -138,8 +176,9 @@ class PlannerSampling:
         before the candidates (slots fed_from..final-1), to the log-likelihood. The first
         call's real rows are the given tokens: not generated, not scored. There are at most
         reveal - 1 of them (threshold: any number), so only those rows are read."""
-        config, sampler = self.config, self.sampler
-        count = targets if config.planner == "threshold" else min(config.reveal - 1, targets)
+        sampler = self.sampler
+        per_call = self.per_call()
+        count = targets if per_call is None else min(per_call - 1, targets)
         if count == 0:
             return
         row = final - fed_from - count + torch.arange(count, device=sampler.device)  # (b, count)
@@ -172,26 +211,23 @@ class PlannerSampling:
         candidate_row = (final - fed_from + j).clamp(max=targets - 1)  # (b, targets)
         is_candidate = j < count  # (b, targets)
         confidence = logits[..., :sampler.vocab].float().softmax(dim=-1)
-        row_score = scores(confidence, config.planner).gather(1, candidate_row)
+        row_score = self.score(confidence).gather(1, candidate_row)
         score = torch.where(is_candidate, row_score.double(), -torch.inf)
         by_tie = self.tie_breaks.gather(1, tail).argsort(dim=1)
         best = by_tie.gather(1, score.gather(1, by_tie).argsort(dim=1, descending=True,
                                                                 stable=True))  # (b, targets)
-        if config.planner == "threshold":  # its score is the confidence
-            reveal = ((row_score >= config.threshold) & is_candidate).sum(dim=1).clamp(min=1)
-        else:
-            reveal = torch.full_like(count[:, 0], config.reveal)
-        reveal = torch.minimum(reveal, count[:, 0])  # (b,): 0 when the sample is done
+        reveal = torch.minimum(self.reveals(row_score, is_candidate), count[:, 0])  # (b,): 0 when
+        # the sample is done
+        self.keep_best(tail, score, best)
 
         # the first `reveal` of `best` (never more than `most`), each token drawn from its own
         # row with its position's uniform
-        most = targets if config.planner == "threshold" else min(config.reveal, targets)
+        most = targets if self.per_call() is None else min(self.per_call(), targets)
         positions = tail.gather(1, best[:, :most])
         chosen_rows = (final - fed_from + best[:, :most]).clamp(max=targets - 1)
         chosen_logits = logits.gather(1, chosen_rows[..., None].expand(-1, -1, logits.size(-1)))
-        drawn = (inverse_cdf(token_probs(chosen_logits, config),
-                             sampler.uniforms.gather(1, positions)) if self.forced is None
-                 else self.forced.gather(1, positions))
+        drawn = (sample_from_logits(chosen_logits, config, sampler.uniforms.gather(1, positions))
+                 if self.forced is None else self.forced.gather(1, positions))
         first_logp = chosen_logits[:, 0].double().log_softmax(dim=-1)  # the model's own
         self.log_likelihood += torch.where(reveal > 0, first_logp.gather(
             1, drawn[:, :1])[:, 0], 0.0)
@@ -217,5 +253,45 @@ class PlannerSampling:
         return logits, target_slots, valid
 
 
-def _bucket(size: int, cap: int) -> int:
-    return min(1 << (max(size, 1) - 1).bit_length(), cap)
+    def keep_best(self, tail: torch.Tensor, score: torch.Tensor, best: torch.Tensor) -> None:
+        """The call's best candidates (b, kept) and their scores, for Decided: two small gathers
+        a call, kept whether or not calls are recorded (a graph captured without them would
+        replay stale ones)."""
+        kept = min(self.best_positions.size(1), best.size(1))
+        top = best[:, :kept]
+        found = score.gather(1, top)
+        self.best_positions[:, :kept].copy_(torch.where(found > -torch.inf, tail.gather(1, top),
+                                                        -1))
+        self.best_scores[:, :kept].copy_(found)
+        self.best_positions[:, kept:].fill_(-1)
+
+
+class ConfidencePlanner(PlannerSampling):
+    """Reveals the config.reveal candidates whose most likely token is likeliest."""
+
+    score = staticmethod(top_probability)
+
+
+class MarginPlanner(PlannerSampling):
+    """Reveals the config.reveal candidates of widest top-1 minus top-2 margin."""
+
+    score = staticmethod(top_margin)
+
+
+class EntropyPlanner(PlannerSampling):
+    """Reveals the config.reveal candidates of lowest entropy."""
+
+    score = staticmethod(negative_entropy)
+
+
+class ThresholdPlanner(PlannerSampling):
+    """Reveals every candidate whose top probability reaches config.threshold, at least the best
+    one (Fast-dLLM's rule)."""
+
+    score = staticmethod(top_probability)
+
+    def per_call(self) -> int | None:
+        return None
+
+    def reveals(self, row_score: torch.Tensor, is_candidate: torch.Tensor) -> torch.Tensor:
+        return ((row_score >= self.config.threshold) & is_candidate).sum(dim=1).clamp(min=1)

@@ -45,7 +45,7 @@ import torch
 
 from aogpt.model.orders import Stream
 from aogpt.model.sampler.draw import inverse_cdf, position_uniforms, token_probs
-from aogpt.model.sampler.outputs import StepOutput
+from aogpt.model.sampler.strategy import Decided, Finished, StepOutput, Strategy, bucket
 
 if TYPE_CHECKING:
     from aogpt.model.sampler.engine import KVCacheSampler
@@ -59,8 +59,8 @@ def residual(q: torch.Tensor, p: torch.Tensor) -> torch.Tensor:
     return torch.where(excess.sum(dim=-1, keepdim=True) > 0, excess, q)
 
 
-class SpeculativeSampling:
-    """SamplingConfig.sampler = "speculative": drafts config.draft positions ahead per call."""
+class SpeculativeSampling(Strategy):
+    """ways.py's "speculative": drafts config.draft positions ahead per call."""
 
     def __init__(self, sampler: KVCacheSampler):
         self.sampler, self.config = sampler, sampler.config
@@ -80,14 +80,15 @@ class SpeculativeSampling:
         """What a call changes besides the engine's `ordered` and the cache."""
         return [self.final, self.pending, self.fed_from, self.draft_probs, self.counters]
 
-    def keys_last(self) -> bool:
-        return False  # every call attends to the whole cache
+    def decided(self) -> Decided:
+        return Decided(final=self.final, pending=self.pending, accepted=self.counters[2],
+                       decided=self.counters[1])
 
     def generate(self, sample_ids: torch.Tensor, given_mask: torch.Tensor,
-                 on_step: Callable[[StepOutput], None] | None) -> dict:
+                 on_step: Callable[[StepOutput], None] | None,
+                 forced_tokens: torch.Tensor | None = None) -> Finished:
         sampler, config, n = self.sampler, self.config, self.sampler.seq_len
         given = given_mask.sum(dim=1)
-        sampler.uniforms.copy_(position_uniforms(config, sample_ids, n, Stream.TOKEN))
         self.accept_uniforms.copy_(position_uniforms(config, sample_ids, n, Stream.ACCEPT))
         self.residual_uniforms.copy_(position_uniforms(config, sample_ids, n, Stream.RESIDUAL))
         for tensor, value in ((self.final, given), (self.pending, 0), (self.fed_from, 0),
@@ -96,7 +97,7 @@ class SpeculativeSampling:
         steady = 2 * self.window + 1  # rows and targets of every call after the first
         first_rows = max(steady, int(given.max()) + 1 + self.window)
         if sampler.bucketed and first_rows > steady:  # few shapes whatever the prompts
-            first_rows = min(1 << (first_rows - 1).bit_length(), n + self.window)
+            first_rows = bucket(first_rows, n + self.window)
         calls, rows = 0, 0
         while calls <= n and bool((self.final < n).any()):  # the one read of the device per call
             shape = (first_rows if calls == 0 else steady, steady, n + 1)
@@ -105,11 +106,11 @@ class SpeculativeSampling:
                                       (self.final + self.pending + 1 + self.window).clamp(max=n)])
             logits, target_slots, valid = sampler.call(*shape)
             if on_step is not None:
-                on_step(StepOutput(calls, logits, target_slots, valid, bounds))
+                on_step(StepOutput(calls, logits, target_slots, valid, bounds, self.decided()))
             calls, rows = calls + 1, rows + shape[0]
         sample_calls, decided, accepted = self.counters.cpu()
-        return {"network_calls": calls, "rows": rows, "sample_calls": sample_calls,
-                "stats": {"drafts_decided": decided, "drafts_accepted": accepted}}
+        return Finished(calls, rows, sample_calls,
+                        {"drafts_decided": decided, "drafts_accepted": accepted})
 
     def step(self, rows: int, targets: int, keys: int):
         """One call: verifies the pending drafts, makes final what the rule accepts (and one

@@ -29,6 +29,7 @@ import torch
 
 from aogpt import UsageError
 from aogpt.model.sampler.outputs import LongGeneration
+from aogpt.model.sampler.recording import cut_calls, shifted
 
 if TYPE_CHECKING:
     from aogpt.model.sampler.engine import KVCacheSampler
@@ -83,15 +84,19 @@ def chunks(length: int, block: int, window: int) -> list[tuple[int, int]]:
 
 def generate_long(sampler_for: Callable[[int], KVCacheSampler], block: int,
                   sample_ids: torch.Tensor, length: int, window: int, given_tokens: torch.Tensor,
-                  given_mask: torch.Tensor, stop: StopRules | None = None) -> LongGeneration:
+                  given_mask: torch.Tensor, stop: StopRules | None = None,
+                  record_calls: bool = False,
+                  chunk_done: Callable[[], None] | None = None) -> LongGeneration:
     """Samples (b,) ids of `length` tokens; given_tokens and given_mask are (b, length).
     sampler_for(seq_len) returns a KVCacheSampler of that many positions (every chunk but
-    perhaps the last has `block`)."""
+    perhaps the last has `block`). record_calls: each sample's calls, every chunk's, with
+    positions in the text (recording.py). chunk_done() is called after each chunk (progress)."""
     b = len(sample_ids)
     spans = chunks(length, block, window)
     text = torch.zeros(b, length, dtype=torch.long)
     written = torch.zeros(b, length, dtype=torch.bool)
     orders: list[list[int]] = [[] for _ in range(b)]
+    recorded: list[list[dict]] = [[] for _ in range(b)]
     calls, sample_calls = 0, [0] * b
     stopped: list[str | None] = [None] * b
     cut = [length] * b
@@ -107,12 +112,17 @@ def generate_long(sampler_for: Callable[[int], KVCacheSampler], block: int,
         mask = written[keep, span] | given_mask[keep, span]
         if mask.all():  # a prompt longer than the block: its chunks only slide over it
             text[keep, span], written[keep, span] = tokens, True
+            if chunk_done:
+                chunk_done()
             continue
-        out = sampler_for(end - start).generate(sample_ids[keep] + k * CHUNK_STRIDE, tokens, mask)
+        out = sampler_for(end - start).generate(sample_ids[keep] + k * CHUNK_STRIDE, tokens, mask,
+                                                record_calls=record_calls)
         calls += out.network_calls
         for j, i in enumerate(running):
             new = [start + p for p in out.orders[j].tolist() if not mask[j, p]]
             orders[i] += new
+            if record_calls:
+                recorded[i] += [shifted(call, start) for call in out.calls[j]]
             sample_calls[i] += int(out.sample_calls[j])
             for name, values in out.stats.items():
                 stats.setdefault(name, [0] * b)[i] += values[j].item()
@@ -122,8 +132,11 @@ def generate_long(sampler_for: Callable[[int], KVCacheSampler], block: int,
             verdict = stop.where(text[i, :end].tolist())
             if verdict is not None and (verdict[0] < length or end < length):
                 cut[i], stopped[i] = verdict
+        if chunk_done:
+            chunk_done()
     return LongGeneration(
         texts=[text[i, :cut[i]].tolist() for i in range(b)],
         orders=[[p for p in orders[i] if p < cut[i]] for i in range(b)], network_calls=calls,
         sample_calls=sample_calls, seams=[start + window for start, _ in spans[1:]],
-        stopped=stopped, stats=stats)
+        stopped=stopped, stats=stats,
+        calls=[cut_calls(recorded[i], cut[i]) for i in range(b)] if record_calls else None)

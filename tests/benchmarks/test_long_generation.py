@@ -4,6 +4,8 @@ import json
 import sys
 from pathlib import Path
 
+import pytest
+
 from aogpt.data_prep.manifest import read_manifest
 
 REPO = Path(__file__).resolve().parents[2]
@@ -32,10 +34,25 @@ def test_the_seams_and_the_long_texts_are_judged_exactly(tmp_path, capsys):
     assert "| 8 | 48 |" in (tmp_path / "table.md").read_text()
 
 
-def test_a_window_of_the_block_is_one_line(tmp_path, capsys):
-    language = build(tmp_path / "language", seed=0)
-    model = model_of(tmp_path / "model", read_manifest(language)["tokenizer"])
-    assert long_generation.main(["--ckpt", str(model), "--weights", "raw", "--judge",
-                                 str(language), "--windows", str(N)]) == 2
+@pytest.fixture(scope="module")
+def model_and_judge(tmp_path_factory) -> list[str]:
+    root = tmp_path_factory.mktemp("long")
+    language = build(root / "language", seed=0)
+    model = model_of(root / "model", read_manifest(language)["tokenizer"])
+    return ["--ckpt", str(model), "--weights", "raw", "--judge", str(language)]
+
+
+@pytest.mark.parametrize("flags, message", [
+    (["--windows", str(N)], f"--window must be in 1..{N - 1}"),
+    (["--windows", "4", "--seam-tokens", str(N - 4)],
+     f"--seam-tokens {N - 4}: a chunk of window 4 generates {N - 4} tokens"),
+    (["--blocks", "1"], "--blocks 1: a text of one block has no seam to judge"),
+    (["--windows", "4,8,4"], "--windows 4,8,4: 4 is given twice"),
+], ids=["a window of the block", "seams of a whole chunk", "one block", "a window twice"])
+def test_settings_that_would_leave_a_column_empty_are_one_line(model_and_judge, tmp_path, capsys,
+                                                               flags, message):
+    out = tmp_path / "rows.json"
+    assert long_generation.main([*model_and_judge, *flags, "--json", str(out)]) == 2
     err = capsys.readouterr().err
-    assert f"--window must be in 1..{N - 1}" in err and err.count("\n") == 1
+    assert message in err and err.count("\n") == 1, err
+    assert not out.exists()

@@ -28,8 +28,11 @@ BENCHMARKS = {
                           "--steps", "1", "--warmup", "0"], BY_MODEL),
     "eval_ensemble": (["--presets", "tiny,small", "--seq-len", "16", "--batch-size", "2",
                        "--targets", "3", "--members", "3", "--repeats", "1"], BY_MODEL),
+    "record_calls": (["--batch-size", "2", "--seq-len", "16", "--repeats", "1"],
+                     lambda data: data["results"]),
 }
-SLOW = {"paper_baseline", "eval_ensemble"}  # ~30 s each: model builds, a training step
+# ~30 s each: model builds, a training step; record_calls: GPT-2's vocabulary, 4 generations
+SLOW = {"paper_baseline", "eval_ensemble", "record_calls"}
 
 
 @pytest.mark.parametrize("name", [pytest.param(name, marks=pytest.mark.slow) if name in SLOW

@@ -52,6 +52,8 @@ def test_every_family_is_measured_and_judged_exactly(run):
 
 
 @pytest.mark.parametrize("flags, message", [
+    (["--steps", "4,4"], "--steps 4,4: 4 is given twice (each is run once): give each once"),
+    (["--drafts", "2,1,2"], "--drafts 2,1,2: 2 is given twice"),
     (["--planners", "order"], "--planners takes confidence, margin, entropy"),
     (["--planners", "threshold"], "--planners takes"),
     (["--thresholds", "1.5"], "--thresholds values must be in (0, 1)"),
@@ -60,6 +62,18 @@ def test_bad_planner_settings_are_one_line(capsys, flags, message):
     assert sampler_pareto.main(["--ckpt", "nowhere", *flags]) == 2
     err = capsys.readouterr().err
     assert message in err and err.count("\n") == 1
+
+
+@pytest.mark.parametrize("flag, values, most", [("--steps", f"4,{N + 1}", N),
+                                               ("--drafts", f"2,{N}", N - 1)])
+def test_settings_beyond_the_sample_length_are_refused_not_dropped(run, capsys, flag, values,
+                                                                     most):
+    _, root = run
+    assert sampler_pareto.main(["--ckpt", str(root / "model"), "--weights", "raw", flag,
+                                values]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and (f"{flag} {values}: {values.split(',')[1]} is more than a "
+                                     f"sample of n = {N} tokens allows ({most} at most)") in err
 
 
 def test_force_replaces_the_benchmarks_own_json_and_plot_and_nothing_else(run, tmp_path):

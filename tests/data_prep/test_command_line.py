@@ -79,3 +79,13 @@ def test_a_number_out_of_range_is_one_line_and_nothing_is_written(tmp_path, corp
     (line,) = capsys.readouterr().err.splitlines()
     assert line.startswith(f"error: {message}")
     assert not out.exists()
+
+
+def test_the_corpora_command_refuses_a_bucket_url_and_makes_no_s3_folder(tmp_path, monkeypatch):
+    """It writes local files only: an s3:// --out (which a Path cuts to s3:/) would otherwise be
+    made as a local folder named s3:."""
+    from aogpt.data_prep.corpora.__main__ import main as corpora
+
+    monkeypatch.chdir(tmp_path)
+    assert corpora(["shakespeare", "--out", "s3://bucket/plays"]) == 2
+    assert list(tmp_path.iterdir()) == []

@@ -110,3 +110,12 @@ def test_readers_started_at_once_get_their_own_blocks_and_only_a_killed_ones_go(
             reader.wait()
         with host_lock():
             remove_dead_blocks()  # what this test's readers left
+
+
+def test_the_block_names_are_the_installed_streamings():
+    """shared_memory writes out streaming's list of a dataset's blocks (it imports no streaming):
+    a streaming that names another block would leave it behind."""
+    from aogpt.data_prep.shared_memory import BLOCK_NAMES
+    from aogpt.data_prep.streaming_compat import streaming
+
+    assert BLOCK_NAMES == tuple(streaming.base.constant.SHM_TO_CLEAN)

@@ -9,7 +9,7 @@ from conftest import assert_cache_holds_the_full_forward, perturbed_float64_mode
 from aogpt import UsageError
 from aogpt.model.config import ModelConfig
 from aogpt.model.sampler import KVCacheSampler, SamplingConfig
-from aogpt.model.sampler.planners import scores
+from aogpt.model.sampler.ways import WAYS
 
 N, B = 12, 4
 PLANNED = {
@@ -65,7 +65,7 @@ def remaining_scores(network, tokens, order, known: int, planner: str) -> dict[i
     for position in order[known:]:
         reading = order[:known] + [position] + [p for p in order[known:] if p != position]
         logits = network.logits(tokens[None], torch.tensor([reading]))[0, known]
-        result[position] = float(scores(logits.float().softmax(dim=-1), planner))
+        result[position] = float(WAYS[planner].strategy.score(logits.float().softmax(dim=-1)))
     return result
 
 
@@ -128,19 +128,24 @@ def test_after_generation_the_cache_holds_the_full_forwards_keys_and_values(sett
 
 def test_the_scores_rank_as_their_names_say():
     sure, torn = torch.tensor([0.9, 0.05, 0.05]), torch.tensor([0.5, 0.45, 0.05])
-    for planner in ("confidence", "margin", "entropy"):
-        assert scores(sure, planner) > scores(torn, planner)
-    assert scores(torn, "margin") == pytest.approx(0.05)
-    assert scores(torch.tensor([0.5, 0.5, 0.0]), "entropy") == pytest.approx(-0.6931, abs=1e-4)
+    scores = {planner: WAYS[planner].strategy.score for planner in ("confidence", "margin",
+                                                                    "entropy", "threshold")}
+    for score in scores.values():
+        assert score(sure) > score(torn)
+    assert scores["margin"](torn) == pytest.approx(0.05)
+    assert scores["entropy"](torch.tensor([0.5, 0.5, 0.0])) == pytest.approx(-0.6931, abs=1e-4)
+    assert scores["threshold"](torn) == scores["confidence"](torn) == 0.5
 
 
 @pytest.mark.parametrize("settings, message", [
     ({"planner": "boldest"}, "planner='boldest' is unknown: use one of order, confidence"),
     ({"planner": "margin", "reveal": 0}, "reveal must be >= 1"),
-    ({"planner": "threshold", "threshold": 1.0}, "threshold must be in (0, 1), got 1.0"),
-    ({"planner": "threshold", "threshold": 0.0}, "threshold must be in (0, 1), got 0.0"),
-    ({"planner": "margin", "candidates": 0}, "candidates must be >= 1 (None: all), got 0"),
-    ({"planner": "margin", "block": 0}, "block must be >= 1 (None: all), got 0"),
+    ({"planner": "threshold", "threshold": 1.0},
+     "threshold must be in (0, 1) (a top probability), got 1.0"),
+    ({"planner": "threshold", "threshold": 0.0},
+     "threshold must be in (0, 1) (a top probability), got 0.0"),
+    ({"planner": "margin", "candidates": 0}, "candidates must be >= 1 (unset: all), got 0"),
+    ({"planner": "margin", "block": 0}, "block must be >= 1 (unset: one block), got 0"),
     ({"planner": "margin", "sampler": "speculative"}, "needs sampler='parallel'"),
 ])
 def test_bad_planner_settings_are_usage_errors(settings, message):

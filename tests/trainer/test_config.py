@@ -12,7 +12,19 @@ from aogpt import UsageError
 from aogpt.model import OrderSampler
 from aogpt.model import config as model_presets
 from aogpt.model.orders import KINDS
-from aogpt.trainer.config import RunConfig, load_config, record_config, save_config
+from aogpt.trainer.config import (
+    CheckpointConfig,
+    DataConfig,
+    EMAConfig,
+    EvalConfig,
+    OptimConfig,
+    RecoveryConfig,
+    RunConfig,
+    TrainConfig,
+    load_config,
+    record_config,
+    save_config,
+)
 
 PRESETS = ["ao_gpt_small", "ao_gpt_medium", "sigma_gpt_small", "sigma_gpt_medium",
            "gpt_small", "gpt_medium", "tiny"]
@@ -100,6 +112,36 @@ def test_cross_field_rules(repo, override, world, message):
     cfg = load_config(repo / "configs" / "tiny.yaml", override.split())
     with pytest.raises(UsageError, match=re.escape(message) if "(" in message else message):
         cfg.validate(world_size=world)
+
+
+@pytest.mark.parametrize("section, message", [
+    (DataConfig(path="", streams=[]), "data.path is empty"),
+    (TrainConfig(log_every=0), "train.log_every must be positive, got 0"),
+    (OptimConfig(lr=1e-3, min_lr=2e-3), "optim.min_lr (0.002) must be in [0, optim.lr]"),
+    (EMAConfig(decay=1.0), "ema.decay must be in (0, 1), got 1.0"),
+    (CheckpointConfig(keep_last=0), "checkpoint.keep_last must be positive, got 0"),
+    (RecoveryConfig(spike_factor=0.5), "recovery.spike_factor must be above 1"),
+    (EvalConfig(sets=["a/wiki", "b/wiki"]), "eval.sets: two folders share a name (wiki, wiki)"),
+])
+def test_a_config_section_validates_its_own_fields_alone(section, message):
+    """A section's own rules need no other section: RunConfig.validate adds those between them."""
+    with pytest.raises(UsageError, match=re.escape(message)):
+        section.validate()
+
+
+def test_a_run_config_validates_every_section(repo):
+    """A section whose rule is broken fails the whole config's validation, for each section."""
+    broken = {"data": "data.num_workers=-1", "train": "train.max_steps=0",
+              "optim": "optim.beta1=1", "ema": "ema.decay=0", "checkpoint": "checkpoint.every=0",
+              "recovery": "recovery.lr_steps=-1", "eval": "eval.every=-1",
+              "model": "model.dropout=1", "order": "order.p_left_to_right=2"}
+    sections = [f.name for f in dataclasses.fields(RunConfig) if f.name not in ("out_dir",
+                                                                               "logging")]
+    assert sorted(broken) == sorted(sections)  # a new section adds its broken rule here
+    for name, override in broken.items():
+        cfg = load_config(repo / "configs" / "tiny.yaml", [override])
+        with pytest.raises(UsageError, match=rf"^{name}\."):
+            cfg.validate(world_size=1)
 
 
 def test_base_presets_merge_and_missing_files_are_errors(tmp_path, repo):

@@ -22,8 +22,8 @@ from aogpt.model import AOGPT, load_checkpoint, save_consolidated
 from aogpt.model.checkpoint import locate_checkpoint, model_config_from_dict, read_consolidated
 from aogpt.model.config import ModelConfig
 from aogpt.model.official import convert_official
-from aogpt.model.run_folder import RunFolder, tag_for
 from aogpt.model.sampler import KVCacheSampler, SamplingConfig
+from aogpt.run_folder import RunFolder, tag_for
 from aogpt.trainer.dist_env import free_port
 from aogpt.trainer.evaluate import main
 from aogpt.trainer.evaluation import EvalData
@@ -262,6 +262,15 @@ BAD_INPUTS = {
     "one ensemble target": (lambda f, t: ["--ckpt", f["adaln"], "--data", f["data"], "--ensemble",
                                           "2", "--ensemble-targets", "1"],
                             "--ensemble-targets must be at least 2"),
+    "a planner twice": (lambda f, t: ["--ckpt", f["adaln"], "--data", f["data"], "--planners",
+                                      "margin,margin"],
+                        "--planners margin,margin: margin is given twice (each is run once)"),
+    "an order twice, by two names": (lambda f, t: ["--ckpt", f["adaln"], "--data", f["data"],
+                                                   "--orders", "l2r,random,ltr"],
+                                     "--orders l2r,random,ltr: l2r is given twice"),
+    "an ensemble size twice": (lambda f, t: ["--ckpt", f["adaln"], "--data", f["data"],
+                                             "--ensemble", "1,2,2"],
+                               "--ensemble 1,2,2: 2 is given twice"),
 }
 
 

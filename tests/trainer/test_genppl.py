@@ -14,8 +14,8 @@ import aogpt
 from aogpt import UsageError
 from aogpt.model import AOGPT, save_consolidated
 from aogpt.model.config import ModelConfig
-from aogpt.model.run_folder import RunFolder, tag_for
 from aogpt.model.sampler.window import unigram_entropy
+from aogpt.run_folder import RunFolder, tag_for
 from aogpt.trainer import sample
 from aogpt.trainer.genppl import main
 from aogpt.trainer.judge import Judge, generative_perplexity

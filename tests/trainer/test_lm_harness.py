@@ -500,3 +500,59 @@ def test_hf_model_greedy_generation_equals_aogpts(hf_samples, cli_samples):
     same stop word or max_gen_toks."""
     (hf, _), (aogpt, _) = hf_samples, cli_samples
     assert [s["resps"] for s in hf["tiny_generate"]] == [s["resps"] for s in aogpt["tiny_generate"]]
+
+
+# ---- offline: a task whose dataset is not here is one line before any model loads ----------
+
+@pytest.fixture
+def offline_process(monkeypatch, tmp_path):
+    """This process offline, as HF_HUB_OFFLINE=1 makes it, with an empty Hugging Face cache; put
+    back after the test (the check sets offline mode for the rest of a real run)."""
+    import datasets.config
+    import huggingface_hub.constants
+
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    for module, name in ((huggingface_hub.constants, "HF_HUB_OFFLINE"),
+                         (datasets.config, "HF_HUB_OFFLINE"),
+                         (datasets.config, "HF_DATASETS_OFFLINE")):
+        monkeypatch.setattr(module, name, True)
+    monkeypatch.setattr(datasets.config, "HF_DATASETS_CACHE", tmp_path / "hf" / "datasets")
+
+
+def test_offline_a_task_whose_dataset_is_not_cached_is_one_line(tasks, tmp_path,
+                                                                 offline_process):
+    from lm_eval.tasks import TaskManager
+
+    from aogpt.trainer.lm_harness import check_offline
+
+    (tmp_path / "hub_lambada.yaml").write_text(
+        "task: hub_lambada\ndataset_path: EleutherAI/lambada_openai\ndataset_name: default\n"
+        "test_split: test\noutput_type: loglikelihood\ndoc_to_text: \"{{text}}\"\n"
+        "doc_to_target: \" x\"\n")
+    manager = TaskManager(include_path=[str(tasks), str(tmp_path)], include_defaults=False)
+    check_offline(manager, list(TASKS))  # local files: available
+    with pytest.raises(UsageError) as refused:
+        check_offline(manager, ["tiny_lambada", "hub_lambada"])
+    assert str(refused.value).startswith(
+        "lm-eval task hub_lambada: its dataset EleutherAI/lambada_openai (default) is not "
+        f"available offline (not in the Hugging Face cache {tmp_path / 'hf' / 'datasets'}, and "
+        "the hub cannot be reached): run `python -c \"import datasets; datasets.load_dataset("
+        "'EleutherAI/lambada_openai', 'default')\"` where the hub can be reached")
+
+
+@pytest.mark.slow  # lm-eval reads its ~15,000 task files first (~20 s)
+def test_offline_lm_eval_on_a_task_not_cached_ends_in_one_line_before_the_model(tmp_path):
+    """The checkpoint does not even exist: the task is refused before any model is loaded."""
+    result = subprocess.run(
+        [sys.executable, "-m", "aogpt.trainer.lm_harness", "--model", "aogpt", "--model_args",
+         f"ckpt={tmp_path / 'no-checkpoint'}", "--tasks", "lambada_openai", "--device", "cpu"],
+        capture_output=True, text=True, cwd=REPO, timeout=600,
+        env={**os.environ, **offline(tmp_path)})
+    assert result.returncode == 2, result.stderr[-3000:]
+    assert "Traceback" not in result.stderr
+    errors = [line for line in result.stderr.splitlines() if line.startswith("error: ")]
+    assert len(errors) == 1 and errors[0].startswith(
+        "error: lm-eval task lambada_openai: its dataset EleutherAI/lambada_openai (default) is "
+        "not available offline"), result.stderr[-3000:]
+    assert result.stderr.strip().splitlines()[-1] == errors[0]
+    assert not (tmp_path / "no-checkpoint").exists()

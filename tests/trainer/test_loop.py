@@ -1,5 +1,6 @@
-"""The loop's shape: Trainer.fit only asks its components, and the checkpoint folder has one
-writer (the Checkpointer: `latest` written and tags removed in trainer/checkpoint.py only)."""
+"""The loop's shape: Trainer.fit only asks its components, Trainer.__init__ builds them in one
+screen, and the checkpoint folder has one writer (the Checkpointer: `latest` written and tags
+removed in trainer/checkpoint.py only)."""
 
 import ast
 import inspect
@@ -8,6 +9,7 @@ import subprocess
 from aogpt.trainer.loop import Trainer
 
 FIT_MAX_LINES = 45  # issue 36: the loop asks, its components do the work
+INIT_MAX_LINES = 40  # issue 54: each component built whole, in one screen
 
 # Calls that write, move, link or remove a path: a `latest` file or a tag folder changes only
 # through one of them.
@@ -51,6 +53,11 @@ def checkpoint_folder_changes(source: str) -> list[int]:
 def test_fit_is_a_loop_that_only_asks():
     lines = inspect.getsource(Trainer.fit).splitlines()
     assert len(lines) <= FIT_MAX_LINES, f"Trainer.fit is {len(lines)} lines"
+
+
+def test_construction_builds_each_component_in_one_screen():
+    lines = inspect.getsource(Trainer.__init__).splitlines()
+    assert len(lines) <= INIT_MAX_LINES, f"Trainer.__init__ is {len(lines)} lines"
 
 
 def test_the_scan_sees_every_way_to_move_latest_or_remove_a_tag():

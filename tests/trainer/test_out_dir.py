@@ -8,7 +8,7 @@ import yaml
 
 from aogpt import UsageError
 from aogpt.files import write_json_atomic
-from aogpt.model.run_folder import RunFolder
+from aogpt.run_folder import RunFolder
 from aogpt.trainer.out_dir import check_out_dir, finished_because, set_aside
 
 

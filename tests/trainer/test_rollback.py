@@ -13,6 +13,7 @@ import signal
 import subprocess
 import sys
 import time
+from dataclasses import replace
 
 import pytest
 import torch
@@ -26,13 +27,21 @@ from trainer_testing import (
 )
 
 from aogpt import UsageError
+from aogpt.model import AOGPT
+from aogpt.model import config as model_presets
 from aogpt.model.checkpoint import read_consolidated
-from aogpt.model.run_folder import RunFolder
+from aogpt.run_folder import RunFolder
 from aogpt.trainer.config import RecoveryConfig, load_config
 from aogpt.trainer.failsafe import EXIT_FAILED
 from aogpt.trainer.lr_schedule import learning_rate
 from aogpt.trainer.metrics import read_metrics
-from aogpt.trainer.recovery import POISON_VARIABLE, BadStep, Rollbacks, SpikeRule
+from aogpt.trainer.recovery import (
+    POISON_VARIABLE,
+    BadStep,
+    PoisonedSamples,
+    Rollbacks,
+    SpikeRule,
+)
 
 BAD_STEP = 6  # its data is poisoned; checkpoints at 4 and 8: the rollback goes back to step 4
 STEPS = 9
@@ -289,3 +298,25 @@ def test_an_unreadable_rollback_record_is_one_line(tmp_path):
     with pytest.raises(UsageError, match=r"rollbacks.json is unreadable .*: restore it, or delete "
                                         r"it to resume without the skips it records"):
         Rollbacks(RunFolder(tmp_path), RecoveryConfig())
+
+
+def test_the_poison_hook_wraps_the_steps_forward_only_when_asked(monkeypatch):
+    """AOGPT_TEST_POISON wraps the step's forward (the step holds no branch for it): the loss of
+    the samples it names is multiplied by their factor (NaN by default), the others' untouched;
+    without it the forward is the step's own."""
+    model = AOGPT(replace(model_presets.tiny(), vocab_size=64, block_size=16)).eval()
+    idx = torch.randint(0, 64, (3, 16))  # (micro, t)
+    orders = torch.stack([torch.randperm(16) for _ in range(3)])
+
+    def forward(idx, orders, sample_ids):
+        return model(idx, orders, return_mean=True)
+
+    monkeypatch.delenv(POISON_VARIABLE, raising=False)
+    assert PoisonedSamples.around(forward, torch.device("cpu")) is forward
+    monkeypatch.setenv(POISON_VARIABLE, "11,12:3")
+    poisoned = PoisonedSamples.around(forward, torch.device("cpu"))
+    with torch.no_grad():
+        nll, _ = forward(idx, orders, torch.tensor([10, 11, 12]))
+        bad_nll, bad_loss = poisoned(idx, orders, torch.tensor([10, 11, 12]))  # (micro, t)
+    assert torch.equal(bad_nll[0], nll[0]) and bad_nll[1].isnan().all()
+    assert torch.allclose(bad_nll[2], 3 * nll[2]) and bad_loss.isnan()

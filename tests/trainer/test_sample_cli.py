@@ -15,7 +15,8 @@ import aogpt
 from aogpt.data_prep.tokenizer import load_gpt2
 from aogpt.model import AOGPT, load_checkpoint, save_consolidated
 from aogpt.model.config import ModelConfig
-from aogpt.model.run_folder import RunFolder, tag_for
+from aogpt.run_folder import RunFolder, tag_for
+from aogpt.trainer import sample as sample_module
 from aogpt.trainer.sample import main
 
 N = 16
@@ -175,17 +176,30 @@ def test_planner_l2r_is_the_left_to_right_order(checkpoint, tmp_path):
 @pytest.mark.parametrize("flags, message", [
     (["--planner", "sideways"], "error: --planner 'sideways' is none of random, l2r, confidence, "
                                 "margin, entropy, threshold"),
-    (["--planner", "margin", "--candidates", "0"], "error: --candidates must be at least 1, got 0"),
-    (["--planner", "margin", "--reveal", "0"], "error: --reveal must be at least 1, got 0"),
+    (["--planner", "margin", "--candidates", "0"], "error: --candidates must be >= 1 (unset: all), "
+                                                   "got 0"),
+    (["--planner", "margin", "--reveal", "0"], "error: --reveal must be >= 1 (positions revealed "
+                                               "per call), got 0"),
     (["--planner", "threshold", "--threshold", "1"], "error: --threshold must be in (0, 1)"),
     (["--planner", "threshold", "--threshold", "0"], "error: --threshold must be in (0, 1)"),
-    (["--threshold", "0.5"], "error: --threshold is read by --planner threshold, not by a fixed"),
+    (["--threshold", "0.5"], "error: --threshold is read by --planner threshold, not by --sampler "
+                             "parallel"),
     (["--planner", "threshold", "--reveal", "2"],
      "error: --reveal is read by --planner confidence or margin or entropy, not by --planner "
      "threshold"),
-    (["--planner", "l2r", "--order", "random"], ""),  # random is --order's default: no conflict
-    (["--planner", "confidence", "--steps", "4"], "error: --steps sets the parallel sampler's "
-                                                  "calls; --planner confidence makes one call per"),
+    (["--planner", "l2r", "--order", "random"], "error: --planner l2r contradicts --order "
+                                                "random: give one"),
+    (["--planner", "l2r", "--order", "ltr"], ""),  # one order, by two of its names
+    (["--planner", "margin", "--reveal", str(N + 1)],
+     f"error: --reveal must be in 1..{N} (the {N} positions to generate), got {N + 1}"),
+    (["--planner", "threshold", "--candidates", str(N + 1)], "error: --candidates must be in "
+                                                            f"1..{N}"),
+    (["--planner", "entropy", "--block", str(N + 1)], f"error: --block must be in 1..{N}"),
+    (["--planner", "confidence", "--steps", "4"], "error: --steps is read by --sampler parallel, "
+                                                  "not by --planner confidence"),
+    (["--planner", "entropy", "--schedule", "cosine"], "error: --schedule is read by --sampler "
+                                                       "parallel, not by --planner entropy"),
+    (["--planner", "margin", "--sampler", "parallel"], ""),  # the default sampler: no conflict
     (["--planner", "margin", "--sampler", "speculative"], "error: --planner margin chooses "
                                                           "positions call by call"),
 ])
@@ -220,7 +234,12 @@ def test_a_text_past_the_block_slides_a_window_and_records_its_seams(checkpoint,
                                                  "does not fit in a sequence of 3 tokens"),
     (["--length", "40", "--infill", '{"39": "a b"}'], "error: --infill (--length 40): given text "
                                                       "at 39..40 does not fit"),
-    (["--stop-entropy", "0"], "error: --stop-entropy must be above 0 nats, got 0.0"),
+    (["--stop-entropy", "0"], "error: --stop-entropy must be a finite number of nats above 0, "
+                              "got 0.0"),
+    (["--stop-entropy", "nan"], "error: --stop-entropy must be a finite number of nats above 0, "
+                                "got nan"),
+    (["--stop-entropy", "inf"], "error: --stop-entropy must be a finite number of nats above 0, "
+                                "got inf"),
 ])
 def test_a_long_texts_bad_input_is_one_line(checkpoint, tmp_path, capsys, flags, message):
     code = main(["--ckpt", str(checkpoint), "--out", str(tmp_path / "x.jsonl"), *flags])
@@ -245,7 +264,10 @@ def test_a_long_texts_bad_input_is_one_line(checkpoint, tmp_path, capsys, flags,
     (["--steps", "17"], "--steps must be in 1..16"),
     (["--seq-len", "25"], "block size"),
     (["--top-p", "0"], "top_p"),
-    (["--steps", "0"], "--steps must be at least 1, got 0"),  # 0 never means "the default"
+    (["--top-p", "nan"], "top_p must be in (0, 1], got nan"),
+    (["--temperature", "nan"], "temperature must be a finite number >= 0 (0 = greedy), got nan"),
+    (["--temperature", "inf"], "temperature must be a finite number >= 0 (0 = greedy), got inf"),
+    (["--steps", "0"], "--steps must be >= 1, got 0"),  # 0 never means "the default"
     (["--seq-len", "0"], "--seq-len must be at least 1, got 0"),
     (["--batch-size", "0"], "--batch-size must be at least 1, got 0"),
     (["--judge-batch-size", "0"], "--judge-batch-size must be at least 1, got 0"),
@@ -253,9 +275,10 @@ def test_a_long_texts_bad_input_is_one_line(checkpoint, tmp_path, capsys, flags,
     (["--infill", "{0: 1}"], "--infill is not valid JSON"),
     (["--order", "reverse"], "error: --order: 'reverse' names no order: use l2r (also ltr, "
                              "left_to_right) or random (also uniform, ao, any, any_order)"),
-    (["--sampler", "speculative"], "error: --steps sets the parallel sampler's network calls; "
-                                   "the speculative sampler decides its own"),
-    (["--draft", "2"], "error: --draft is the speculative sampler's: add --sampler speculative"),
+    (["--sampler", "speculative"], "error: --steps is read by --sampler parallel, not by "
+                                   "--sampler speculative"),
+    (["--draft", "2"], "error: --draft is read by --sampler speculative, not by --sampler "
+                       "parallel"),
 ])
 def test_bad_input_is_one_line_and_exit_status_2(checkpoint, tmp_path, capsys, flags, message):
     assert main(["--ckpt", str(checkpoint), "--seq-len", str(N), "--steps", "4", *flags]) == 2
@@ -366,6 +389,40 @@ def test_each_record_names_the_checkpoint_read_its_step_the_settings_and_the_cod
         assert origin["settings"]["num_samples"] == 2 and origin["settings"]["seq_len"] == 8
         assert origin["aogpt_version"] == aogpt.__version__
         assert re.fullmatch(COMMIT, origin["git_sha"])
+
+
+@pytest.fixture
+def a_day_is_short(monkeypatch):
+    """Runs of 50 calls are timed, and a run of 10 ms is "over a day": the estimate and its
+    refusal at a test's scale (the timing itself is real)."""
+    monkeypatch.setattr(sample_module, "TIMED_FROM_CALLS", 50)
+    monkeypatch.setattr(sample_module, "LONG_RUN_S", 0.01)
+
+
+# 19 chunks of 4 calls each
+LONG = ["--length", "240", "--window", "12", "--num-samples", "1", "--steps", "4"]
+
+
+def test_a_run_estimated_past_a_day_is_refused_with_its_estimate(checkpoint, tmp_path, capsys,
+                                                                 a_day_is_short):
+    out = tmp_path / "long.jsonl"
+    assert main(["--ckpt", str(checkpoint), *LONG, "--out", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert re.fullmatch(r"error: the run would take about \d+ s \(76 network calls at most, "
+                        r"[\d.]+ ms each as timed on one chunk\): pass --long-run to start it "
+                        r"anyway, or generate less \(--length, --num-samples\)\n", err), err
+    assert not out.exists()
+
+
+@pytest.mark.slow  # 19 chunks sampled
+def test_a_long_run_says_its_estimate_and_its_progress_chunk_by_chunk(checkpoint, tmp_path,
+                                                                      capsys, a_day_is_short):
+    code, records = planned(checkpoint, tmp_path, *LONG, "--long-run")
+    assert code == 0 and len(records[0]["tokens"]) == 240
+    out, err = capsys.readouterr()
+    assert re.search(r"^estimate: about \d+ s \(76 network calls at most, [\d.]+ ms each", out,
+                     re.MULTILINE), out
+    assert re.search(r"^sampling: 19/19 chunk \(100%\), [\d.,]+ chunk/s$", err, re.MULTILINE), err
 
 
 def test_progress_written_to_a_log_file_has_no_carriage_returns(checkpoint, tmp_path):

@@ -38,7 +38,7 @@ from trainer_testing import (
 from aogpt.data_prep.shared_memory import SHM, STREAMING_BLOCK
 from aogpt.model import load_checkpoint
 from aogpt.model.checkpoint import read_consolidated
-from aogpt.model.run_folder import RunFolder
+from aogpt.run_folder import RunFolder
 from aogpt.trainer.config import load_config
 from aogpt.trainer.failsafe import EXIT_PREEMPTED
 from aogpt.trainer.main import main

@@ -13,7 +13,8 @@ from trainer_testing import REPO, SEQ_LEN, TINY_RUN
 from aogpt.model.orders import KINDS
 from aogpt.trainer import main as main_module
 from aogpt.trainer.config import load_config
-from aogpt.trainer.main import main, unused_settings
+from aogpt.trainer.main import main
+from aogpt.trainer.preflight import unused_settings
 from aogpt.trainer.run_lock import RunLock
 
 

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from aogpt import UsageError
-from aogpt.model.run_folder import RunFolder, tag_for
+from aogpt.run_folder import RunFolder, tag_for
 from aogpt.trainer.checkpoint import (
     RUN_STATE,
     check_resumable,

@@ -163,13 +163,15 @@ class Launcher:
         return {**os.environ, "OMP_NUM_THREADS": "1", **extra}
 
     def command(self, launcher: str, args: list[str], script: str | Path = MAIN) -> list[str]:
-        """`launcher` (deepspeed or torchrun) starting `script` (trainer/main.py, or a test's
-        wrapper of it) on 2 processes with these arguments, on a fresh port."""
+        """`launcher` (deepspeed, aogpt.launch: deepspeed's wrapped, or torchrun) starting
+        `script` (trainer/main.py, or a test's wrapper of it) on 2 processes with these
+        arguments, on a fresh port."""
         port = free_port()
         self.ports.append(port)
-        if launcher == "deepspeed":
-            return [str(BIN / "deepspeed"), "--num_gpus", "2", "--master_port", str(port),
-                    str(script), *args]
+        if launcher in ("deepspeed", "aogpt.launch"):
+            start = ([str(BIN / "deepspeed")] if launcher == "deepspeed"
+                     else [sys.executable, "-m", "aogpt.launch"])
+            return [*start, "--num_gpus", "2", "--master_port", str(port), str(script), *args]
         return [str(BIN / "torchrun"), "--nproc_per_node", "2", "--master_port", str(port),
                 str(script), *args]
 

@@ -5,7 +5,7 @@ import json
 import pytest
 
 from aogpt import UsageError
-from aogpt.model.run_folder import (
+from aogpt.run_folder import (
     RunFolder,
     complete_record,
     named_tag,

