@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 
-from gpu_report_plan import PARTS, train_grid
+from gpu_report_plan import PARTS, describe, train_grid
 from gpu_report_run import ACCUMULATION, REPO, SETTING, percent, setting_of
 
 GOALS = {"small": 0.45, "medium": 0.50}  # MFU on one H100 (llm-foundry reaches 43-50% on A100)
@@ -104,7 +104,7 @@ def markdown(report: dict) -> str:
         lines += checks_lines(report["checks"])
     lines += anatomy_lines(report)
     if "train" in report:
-        lines += train_lines(report["train"])
+        lines += train_lines(report["train"]) + lever_lines(report)
     for part, title, body in SECTIONS:
         if part in report:
             error = report[part].get("error")
@@ -210,6 +210,30 @@ def train_lines(rows: list[dict]) -> list[str]:
                     "attention halved (6N + 6 L d T, Megatron's and MaxText's count). lever: a "
                     "speed lever of trainer/speed.py (docs/performance.md). loader / step: the "
                     "loader alone against what a step consumes (>= 10x needed).", ""]
+
+
+def against_default(report: dict) -> list[tuple[str, float]]:
+    """Each measured lever row's tokens/s over its preset's default recipe's (measured in the
+    same report), fastest first: what a lever gains, the number that makes it a default."""
+    ratios = []
+    for row in report.get("train", []):
+        default = _default_row(report, row["preset"]) if row["preset"] in GOALS else None
+        if (setting_of(row, "lever") or row.get("scope") == "network") and default \
+                and "error" not in row:
+            name = describe({k: setting_of(row, k) for k in SETTING}).removeprefix("train ")
+            ratios.append((name, row["tokens_per_s"] / default["tokens_per_s"]))
+    return sorted(ratios, key=lambda pair: -pair[1])
+
+
+def lever_lines(report: dict) -> list[str]:
+    """The speed levers against the default recipe, one line each: a lever above 1 is a
+    candidate for the presets' default (docs/performance.md, "The speed levers")."""
+    ratios = against_default(report)
+    if not ratios:
+        return []
+    return (["The speed levers against the default recipe (tokens/s, lever / default; one "
+             "measurement each):", ""] + [f"- {name}: {ratio:.3f}x" for name, ratio in ratios]
+            + [""])
 
 
 def decode_lines(d: dict) -> list[str]:

@@ -221,3 +221,19 @@ def test_the_report_sets_the_profilers_time_per_class_beside_the_anatomys_predic
         section = text.split(f"{what} (ms")[1]
         assert (f"| matmul | {predicted['kernels']} | 10 | {predicted['predicted_s'] * 1e3:.3f} "
                 f"| 2.000 | {0.002 / predicted['predicted_s']:.2f} |") in section
+
+
+def test_the_report_sets_each_lever_against_the_default_recipe_fastest_first():
+    """Lever rows beside the committed H200 report's default small row: each named by what it
+    changes, its tokens/s over the default's, the one that gains first; a failed row is left
+    out (it measured nothing)."""
+    report = json.loads((REPO / "docs" / "gpu-report.json").read_text())
+    default = gpu_report_render._default_row(report, "small")
+    report["train"] += [
+        {**default, "lever": "coalesce_grad_reduction", "tokens_per_s": default["tokens_per_s"]},
+        {**default, "scope": "network", "tokens_per_s": 1.1 * default["tokens_per_s"]},
+        {**default, "lever": "cuda_graphs", "error": "capture failed"}]
+    text = gpu_report_render.markdown(report)
+    levers = text.split("The speed levers against the default recipe")[1].split("\n\n")[1]
+    assert levers.splitlines() == ["- small (scope network): 1.100x",
+                                   "- small (coalesce_grad_reduction): 1.000x"]

@@ -7,7 +7,6 @@ trains with them as with the others)."""
 
 import dataclasses
 
-import deepspeed
 import pytest
 import torch
 from trainer_testing import one_process_group
@@ -18,6 +17,7 @@ from aogpt.trainer import speed
 from aogpt.trainer.config import RunConfig
 from aogpt.trainer.ds_config import resolve_ds_config
 from aogpt.trainer.ema import ShardedEMA, gather_full_weights
+from aogpt.trainer.loop import start_engine
 
 pytestmark = pytest.mark.filterwarnings("ignore::FutureWarning", "ignore::DeprecationWarning")
 TINY = ModelConfig(n_layer=2, n_head=2, n_embd=16, block_size=16, cond_dim=8, vocab_size=64,
@@ -40,16 +40,12 @@ def run_config(**levers) -> RunConfig:
 
 
 def engine_for(cfg: RunConfig, stage: int, device: torch.device):
-    """The trainer's engine for `cfg` (trainer/loop.py's construction, the speed levers
-    included) over the same initial weights."""
+    """The trainer's engine for `cfg` (trainer/loop.py's start_engine, the speed levers
+    included) over the same initial weights, and its EMA as the Trainer fuses it."""
     torch.manual_seed(0)
-    model = AOGPT(TINY).to(device)
-    speed.compile_model(model, cfg, device)
     ds_config = resolve_ds_config({"zero_optimization": {"stage": stage},
                                    "steps_per_print": 10**9}, cfg, world_size=1)
-    engine, *_ = deepspeed.initialize(model=model, optimizer=speed.adamw(model, cfg),
-                                      config=speed.engine_ds_config(ds_config, cfg, device))
-    speed.compile_engine(engine, cfg, device)
+    engine = start_engine(AOGPT(TINY).to(device), cfg, ds_config, device)
     ema = ShardedEMA(engine, decay=0.5)
     speed.fuse_ema(engine, ema, cfg)
     return engine, ema
