@@ -128,3 +128,27 @@ def test_the_committed_anatomies_hold_the_prediction_its_classes_and_kernels(nam
     assert set(data["validation"]) >= {"configuration", "predicted", "measured", "source"}
     assert data["validation"]["measured"] > 0  # the H200 report measured each of these
     assert set(data["by_gpu"]) == set(roofline.GPUS)  # what a GPU report sets beside its own
+
+
+@pytest.mark.parametrize("name, expected", [
+    ("nvjet_tst_128x256_64x4_1x2_h_bz_coopB_TNT", "matmul"),  # cuBLAS >= 12.8 on Hopper
+    ("sm90_xmma_gemm_bf16bf16_bf16f32_f32_tn_n_tilesize128x256x64_warpgroupsize2x1x1_execute_"
+     "segment_k_off_kernel__5x_cublas", "matmul"),
+    ("void pytorch_flash::flash_fwd_kernel<Flash_fwd_kernel_traits<64, 128, 128, 4, false, "
+     "false, cutlass::bfloat16_t>>(pytorch_flash::Flash_fwd_params)", "attention"),
+    ("fmha_cutlassF_bf16_aligned_64x64_rf_sm80(PyTorchMemEffAttention::AttentionKernel<"
+     "cutlass::bfloat16_t, cutlass::arch::Sm80, true, 64, 64, 64, true, true>::Params)",
+     "attention"),
+    ("void at::native::(anonymous namespace)::multi_tensor_apply_kernel<at::native::(anonymous "
+     "namespace)::TensorListMetadata<4>, at::native::(anonymous namespace)::FusedAdamMathFunctor"
+     "<float, 4, (at::native::ADAM_MODE)1, false>>", "optimizer + EMA"),
+    ("triton_per_fused__to_copy_add_mean_mul_pow_rsqrt_0", "norm + AdaLN"),
+    ("triton_red_fused_logsumexp_sub_3", "loss"),
+    ("void at::native::(anonymous namespace)::indexSelectLargeIndex<float, long, unsigned int, "
+     "2, 2, -2, true>", "orders/gathers"),
+])
+def test_a_gpu_profiles_kernels_are_classed_as_the_census_classes_them(name, expected):
+    """The profiler's time per class (the GPU report's column beside the prediction) is only as
+    good as the class each kernel name gets: a matmul counted as "other" would read as the
+    anatomy overestimating the matmuls."""
+    assert roofline.gpu_kernel_class(name) == expected
