@@ -72,7 +72,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--kernels", type=Path,
                         help="a folder: the recorded kernels are kept there, or, if it holds "
                              "them, read from there instead of recorded (a new prediction from "
-                             "the same recording)")
+                             "the same recording; one cut short goes on from those it "
+                             "finished)")
     parser.add_argument("--record", type=int, help=argparse.SUPPRESS)  # a child: this micro
     parser.add_argument("--record-to", type=Path, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
@@ -147,14 +148,18 @@ def record_child(args: argparse.Namespace, micro: int, data: Path, out: Path) ->
 
 
 def training_kernels(args: argparse.Namespace) -> list:
-    """The kernels of one optimizer step at --micro and --accumulation."""
+    """The kernels of one optimizer step at --micro and --accumulation (the recordings --kernels
+    holds are read, the others made: a run cut short after one goes on from it)."""
     files = [f"kernels_{micro}.json" for micro in anatomy.RECORDED_MICRO_BATCHES]
     with tempfile.TemporaryDirectory(prefix="aogpt_anatomy_") as scratch:
         folder = args.kernels or Path(scratch)
-        if not all((folder / name).is_file() for name in files):
+        missing = [(micro, name) for micro, name in zip(anatomy.RECORDED_MICRO_BATCHES, files,
+                                                        strict=True)
+                   if not (folder / name).is_file()]
+        if missing:
             folder.mkdir(parents=True, exist_ok=True)
             data = make_data(Path(scratch), seq_len(args.preset))
-            for micro, name in zip(anatomy.RECORDED_MICRO_BATCHES, files, strict=True):
+            for micro, name in missing:
                 record_child(args, micro, data, folder / name)
         recorded = [anatomy.from_json(json.loads((folder / name).read_text())) for name in files]
     step = anatomy.extrapolate(*recorded, args.micro)
