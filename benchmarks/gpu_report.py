@@ -27,7 +27,8 @@ the call's 600 less the wheels' install and the interpreter's start). In order:
               (benchmarks/decode_step.py): kernels per step and ms, the numbers that decide
               sample.py's --compile auto; its kernels' time per class beside the anatomy's
               prediction (docs/step-anatomy-decode.json)
-  train medium  the default recipe for medium
+  train medium  the default recipe for medium, its kernels' time per class beside the anatomy's
+              (docs/step-anatomy-medium.json)
   levers      each speed lever against small's default recipe, one training row each: those of
               trainer/speed.py (one reduction per step, optimizer and EMA in one pass, compiled
               autograd, DeepCompile, CUDA graphs) and one compiled graph for the network (norm,

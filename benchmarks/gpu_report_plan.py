@@ -63,7 +63,7 @@ LEVER_CHANGES = [*({"lever": lever} for lever in LEVERS), {"scope": "network"}]
 
 def train_grid(smoke: bool) -> list[dict]:
     """The training configurations measured, most important first: the default recipe for small
-    (its kernels profiled per class of the anatomy) and medium, each speed lever against small's
+    and medium (their kernels profiled per class of the anatomy), each speed lever against small's
     default, then one other change at a time from it."""
     if smoke:
         return [{"preset": "tiny", "zero": 1, "precision": "fp32", "compile": False, "attn": "sdpa",
@@ -76,7 +76,8 @@ def train_grid(smoke: bool) -> list[dict]:
                {"precision": "bf16"}, {"micro": 32}, {"workers": 8}, {"compile": False}]
     if flash_attn_func is not None:  # not on the lent machines so far: not promised
         changes.insert(0, {"attn": "flash_attn"})
-    grid = [{"preset": "small", **default, "profile": True}, {"preset": "medium", **default}]
+    grid = [{"preset": "small", **default, "profile": True},
+            {"preset": "medium", **default, "profile": True}]
     grid += [{"preset": "small", **default, **change} for change in LEVER_CHANGES + changes]
     return grid + [{"preset": "medium", **default, "zero": 2}]
 

@@ -115,22 +115,24 @@ def markdown(report: dict) -> str:
     return "\n".join(lines)
 
 
-ANATOMIES = {"training step": "step-anatomy.json", "decode call": "step-anatomy-decode.json"}
+# each anatomy the report sets its profile beside: its JSON, and the measured row that matches it
+ANATOMIES = {"small's training step": ("step-anatomy.json",
+                                       lambda r: _default_row(r, "small")),
+             "medium's training step": ("step-anatomy-medium.json",
+                                        lambda r: _default_row(r, "medium")),
+             "decode call": ("step-anatomy-decode.json", _as_sample_py)}
 
 
 def anatomy_lines(report: dict) -> list[str]:
     """Where the time goes, per kernel class: the anatomy's prediction for this GPU (the
     committed docs/step-anatomy*.json, counted on a CPU by benchmarks/step_anatomy.py) beside
-    what the profiler measured here (small's default step, the decode call as sample.py runs
-    it)."""
-    row, step = _default_row(report, "small"), _as_sample_py(report)
-    measured = {"training step": row and row.get("classes"),
-                "decode call": step and step.get("classes")}
+    what the profiler measured here (small's and medium's default steps, the decode call as
+    sample.py runs it)."""
     lines = []
-    for what, name in ANATOMIES.items():
-        anatomy = _anatomy(name, report["environment"]["device"])
-        if measured[what] and anatomy:
-            lines += class_table(what, anatomy, measured[what])
+    for what, (name, row_of) in ANATOMIES.items():
+        anatomy, row = _anatomy(name, report["environment"]["device"]), row_of(report)
+        if anatomy and row and row.get("classes"):
+            lines += class_table(what, anatomy, row["classes"])
     return (["## Where the time goes: the anatomy's prediction and the profiler's measurement",
              ""] + lines) if lines else []
 

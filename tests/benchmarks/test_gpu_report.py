@@ -206,19 +206,18 @@ def test_without_a_gpu_only_the_smoke_run_and_the_plan_are_offered(run_main, tmp
 
 
 def test_the_report_sets_the_profilers_time_per_class_beside_the_anatomys_prediction():
-    """The committed H200 report's default small row and decode call, given the per-class
-    times a profile would add: the markdown holds each class's predicted (the committed
-    anatomy's, for this GPU) and measured kernels and milliseconds side by side."""
+    """The committed H200 report's default small and medium rows and decode call, given the
+    per-class times a profile would add: the markdown holds each class's predicted (the
+    committed anatomy's, for this GPU) and measured kernels and milliseconds side by side."""
     report = json.loads((REPO / "docs" / "gpu-report.json").read_text())
     classes = {name: {"kernels": 10, "measured_s": 0.002} for name in roofline.CLASSES}
-    gpu_report_render._default_row(report, "small")["classes"] = classes
-    gpu_report_render._as_sample_py(report)["classes"] = classes
+    for _, row_of in gpu_report_render.ANATOMIES.values():
+        row_of(report)["classes"] = classes
     text = gpu_report_render.markdown(report)
     assert "## Where the time goes: the anatomy's prediction and the profiler's measurement" in text
-    for name, what in (("step-anatomy.json", "training step"),
-                       ("step-anatomy-decode.json", "decode call")):
+    for what, (name, _) in gpu_report_render.ANATOMIES.items():
         predicted = json.loads((REPO / "docs" / name).read_text())["by_gpu"]["H200"]["matmul"]
-        section = text.split(f"{what} (ms")[1]
+        section = text.split(f"{what} (ms")[1].split("\n\n")[1]
         assert (f"| matmul | {predicted['kernels']} | 10 | {predicted['predicted_s'] * 1e3:.3f} "
                 f"| 2.000 | {0.002 / predicted['predicted_s']:.2f} |") in section
 

@@ -21,7 +21,7 @@ from kernel_census import Kernel, KernelCensus  # noqa: E402
 
 SEQ = 128  # tiny's block size
 # the committed anatomies (made by step_anatomy.py on a CPU: minutes each, not a test's)
-ANATOMIES = ["step-anatomy.json", "step-anatomy-decode.json"]
+ANATOMIES = ["step-anatomy.json", "step-anatomy-medium.json", "step-anatomy-decode.json"]
 # tiny with a vocabulary of 512, so that the head does not outweigh the blocks' FLOPs (with
 # GPT-2's 50K it is 97% of them, and a miscounted block would hide within 2%)
 SMALL_VOCAB = replace(tiny(), vocab_size=512)
