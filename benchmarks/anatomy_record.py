@@ -61,14 +61,14 @@ def _loss_backward_in_phase(census: KernelCensus, loss: torch.Tensor) -> None:
 def mark_trainer(trainer, census: KernelCensus) -> None:
     """Marks each part of the trainer's step with what it does, and counts its micro-steps."""
     engine, head = trainer.engine, trainer.engine.module.lm_head
-    sampler = trainer.sampler
+    draw = trainer.orders
 
     def orders(*args, **kwargs):  # a micro-step's first work
         census.micro += 1
         with census.phase("orders"):
-            return sampler(*args, **kwargs)
+            return draw(*args, **kwargs)
 
-    trainer.sampler = orders
+    trainer.orders = orders
     _mark(engine, "forward", census, "forward")
     original_head = head.forward
 

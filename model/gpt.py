@@ -168,7 +168,8 @@ class LMHead(nn.Linear):
         self._reuse_cast, self._cast_weight = True, None
 
     def forward(self, hidden: torch.Tensor, targets: torch.Tensor | None = None,
-                chunk_size: int = 0, return_mean: bool = False):
+                chunk_size: int = 0, return_mean: bool = False,
+                weights: torch.Tensor | None = None):
         if targets is None:
             return super().forward(hidden)
         cast, dtype = None, compute_dtype(hidden)
@@ -178,7 +179,7 @@ class LMHead(nn.Linear):
                 self._cast_weight = self.weight.detach().to(dtype)
             cast = self._cast_weight
         return linear_cross_entropy(hidden, self.weight, self.bias, targets, chunk_size,
-                                    return_mean, cast)
+                                    return_mean, cast, weights)
 
 
 def _require_left_to_right(orders: torch.Tensor) -> None:
@@ -400,17 +401,21 @@ class AOGPT(nn.Module):
                 torch.cat([start, orders[:, :-1]], dim=1), orders)
 
     def forward(self, idx: torch.Tensor, orders: torch.Tensor | None = None,
-                return_mean: bool = False):
+                return_mean: bool = False, weights: torch.Tensor | None = None):
         """-log p of the k-th token of each order given the ones before it: (b, t) fp32 (fp64
         for a float64 model).
 
         idx (b, t) token ids; orders (b, t) permutations of 0..t-1 (None = left to right). The
         training loss is the mean: return_mean=True returns (nll, nll.mean()), whose mean
-        backpropagates without a device sync (model/loss.py). The logits are made
-        config.loss_chunk_size tokens at a time.
+        backpropagates without a device sync (model/loss.py). weights (t,) or (b, t): the k-th
+        prediction's weight in that mean, (nll * weights).mean() (order.weighting; the nll stays
+        unweighted); None is the plain mean. The logits are made config.loss_chunk_size tokens
+        at a time.
         """
         hidden, targets = self.hidden_states(idx, orders)
-        return self.lm_head(hidden, targets, self.config.loss_chunk_size, return_mean)
+        if weights is not None:
+            weights = weights.to(hidden.device).expand_as(targets)
+        return self.lm_head(hidden, targets, self.config.loss_chunk_size, return_mean, weights)
 
     def nll_and_hidden(self, idx: torch.Tensor, orders: torch.Tensor | None = None
                        ) -> tuple[torch.Tensor, torch.Tensor]:

@@ -13,9 +13,11 @@ softmax is at hand (as Liger-Kernel's fused linear cross-entropy does):
 
 The function returns the per-token NLL and their mean. Training backpropagates the mean: its
 gradient g = grad / n is the same for every token by construction, so the backward pass only
-scales what the forward pass summed, with no device sync. If a caller backpropagates the
-per-token NLL instead (a weighted loss), the backward pass checks whether that gradient is
-uniform (one device sync) and otherwise makes the chunks' logits again for grad_W and grad_b.
+scales what the forward pass summed, with no device sync. A weighted mean, mean(w_i nll_i)
+(order.weighting), is summed the same way with each E_i scaled by w_i in the forward pass;
+weights of ones give the unweighted numbers bit for bit. If a caller backpropagates the
+per-token NLL instead, the backward pass checks whether that gradient is uniform (one device
+sync) and otherwise makes the chunks' logits again for the gradients.
 
 The softmax of a chunk (upcast, logsumexp, exp, minus the one-hot) is a few passes over
 (chunk x vocab) numbers that cost more memory traffic than the head's matmul itself. On a GPU
@@ -185,23 +187,38 @@ def _chunked_pass(h: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None, targ
     return nll, grad_h, grad_w, grad_b
 
 
+def _weighted_mean(nll: torch.Tensor, token_weights: torch.Tensor | None) -> torch.Tensor:
+    return nll.mean() if token_weights is None else (nll * token_weights).mean()
+
+
 class _ChunkedLinearCrossEntropy(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, hidden, weight, bias, targets, chunk_size, cast_weight):  # hidden (n, d)
-        h, w, b = _in_compute_dtype(hidden, weight, bias, cast_weight)
+    def forward(ctx, hidden, weight, bias, targets, chunk_size, cast_weight, token_weights):
+        h, w, b = _in_compute_dtype(hidden, weight, bias, cast_weight)  # hidden (n, d)
         want = tuple(ctx.needs_input_grad[:3])
-        nll, grad_h, grad_w, grad_b = _chunked_pass(h, w, b, targets, chunk_size, want)
-        ctx.save_for_backward(hidden, weight, bias, targets, grad_h, grad_w, grad_b)
+        nll, grad_h, grad_w, grad_b = _chunked_pass(h, w, b, targets, chunk_size, want,
+                                                    token_weights)
+        ctx.save_for_backward(hidden, weight, bias, targets, grad_h, grad_w, grad_b,
+                              token_weights)
         ctx.chunk_size, ctx.want, ctx.dtype = chunk_size, want, h.dtype
         ctx.set_materialize_grads(False)  # an output nobody differentiates gets None, not zeros
-        return nll, nll.mean()
+        return nll, _weighted_mean(nll, token_weights)
 
     @staticmethod
     def backward(ctx, grad_nll, grad_mean):
-        hidden, weight, bias, targets, grad_h, grad_w, grad_b = ctx.saved_tensors
+        hidden, weight, bias, targets, grad_h, grad_w, grad_b, token_weights = ctx.saved_tensors
         n = len(hidden)
-        # d mean / d nll_i = 1/n for every token: uniform, known without looking at the device
+        # d mean / d nll_i = w_i/n: what forward summed, scaled; known without the device
         g = None if grad_mean is None else _upcast(grad_mean) / n  # a 0-dim tensor
+        if grad_nll is not None and token_weights is not None:
+            # per-token gradients on top of a weighted mean's: make every gradient again
+            g = _upcast(grad_nll) + (0.0 if g is None else g * token_weights)
+            h, w, b = (None if t is None else t.to(ctx.dtype) for t in (hidden, weight, bias))
+            _, grad_h, grad_w, grad_b = _chunked_pass(h, w, b, targets, ctx.chunk_size,
+                                                      ctx.want, g)
+            return (None if grad_h is None else grad_h.to(hidden.dtype),
+                    None if grad_w is None else grad_w.to(weight.dtype),
+                    None if grad_b is None else grad_b.to(bias.dtype), None, None, None, None)
         if grad_nll is not None:
             per_token = _upcast(grad_nll)
             g = per_token if g is None else per_token + g
@@ -219,12 +236,13 @@ class _ChunkedLinearCrossEntropy(torch.autograd.Function):
                 _, _, grad_w, grad_b = _chunked_pass(h, w, b, targets, ctx.chunk_size, want, g)
         return (grad_h,
                 None if grad_w is None else grad_w.to(weight.dtype),
-                None if grad_b is None else grad_b.to(bias.dtype), None, None, None)
+                None if grad_b is None else grad_b.to(bias.dtype), None, None, None, None)
 
 
 def linear_cross_entropy(hidden: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
                          targets: torch.Tensor, chunk_size: int,
-                         return_mean: bool = False, cast_weight: torch.Tensor | None = None):
+                         return_mean: bool = False, cast_weight: torch.Tensor | None = None,
+                         token_weights: torch.Tensor | None = None):
     """-log softmax(hidden @ weight.T + bias)[targets] per token, shaped like targets: fp32
     (fp64 for a float64 model). With return_mean, (nll, nll.mean()): backpropagate the mean,
     the training loss, and the backward pass needs no device sync.
@@ -232,23 +250,26 @@ def linear_cross_entropy(hidden: torch.Tensor, weight: torch.Tensor, bias: torch
     hidden is (*targets.shape, d). chunk_size tokens at a time (on a CPU at most
     cache_fitted_chunk's); 0 makes all logits at once (the straightforward path, kept as the
     baseline). cast_weight: weight already in compute_dtype (detached), used if that dtype is
-    the one needed; gradients still go to `weight`.
+    the one needed; gradients still go to `weight`. token_weights (shaped like targets): the
+    mean is (nll * token_weights).mean() instead, the nll unweighted; None: no product at all.
     """
     flat_hidden = hidden.reshape(-1, hidden.size(-1))  # (b*t, d)
     flat_targets = targets.reshape(-1)
+    flat_weights = None if token_weights is None else token_weights.reshape(-1).to(
+        torch.promote_types(hidden.dtype, torch.float32))
     if hidden.device.type == "cpu" and chunk_size:
         chunk_size = min(chunk_size, cache_fitted_chunk(weight.shape[0]))
     if chunk_size == 0:
         logits = _upcast(F.linear(flat_hidden, weight, bias))
         nll = F.cross_entropy(logits, flat_targets, reduction="none")
-        mean = nll.mean()
+        mean = _weighted_mean(nll, flat_weights)
     elif torch.is_grad_enabled() and any(t is not None and t.requires_grad
                                          for t in (hidden, weight, bias)):
         nll, mean = _ChunkedLinearCrossEntropy.apply(flat_hidden, weight, bias, flat_targets,
-                                                     chunk_size, cast_weight)
+                                                     chunk_size, cast_weight, flat_weights)
     else:
         nll = _chunked_pass(*_in_compute_dtype(flat_hidden, weight, bias, cast_weight),
                             flat_targets, chunk_size, want=(False, False, False))[0]
-        mean = nll.mean()
+        mean = _weighted_mean(nll, flat_weights)
     nll = nll.view_as(targets)
     return (nll, mean) if return_mean else nll

@@ -9,12 +9,17 @@ OrderSampler draws them for training. Every random number is a counter-based has
 batch it sits in, the world size, the rank or what was drawn before. Resuming or changing the
 number of GPUs reproduces the same orders, and no per-sample Python loop or Generator is needed.
 
+Two kinds need more than counters: order.kind=planner reads a share of the sequences in the
+order a planner takes on them given the model (model/planned_orders.py: TrainingOrders wraps
+this sampler, which draws the rest), and order.weighting=bell weighs the k-th prediction of every
+order by how much of the sequence it sees (prediction_weights).
+
 READINGS names the two ways a sequence is read (left to right, any order) once for every
-command, ORDER_KINDS the ways training draws its orders, and Stream numbers every independent
-stream of random numbers of the project. Each is a closed vocabulary: a table defines its words,
-and every place that does something per word dispatches through a table of its own that is
-checked against them at import (per_reading), so a new word cannot fall through an `if` into
-another word's behaviour (docs/extending.md lists the tables).
+command, ORDER_KINDS the ways training draws its orders, WEIGHTINGS how its predictions count,
+and Stream numbers every independent stream of random numbers of the project. Each is a closed
+vocabulary: a table defines its words, and every place that does something per word dispatches
+through a table of its own that is checked against them at import (per_reading), so a new word
+cannot fall through an `if` into another word's behaviour (docs/extending.md lists the tables).
 """
 
 from __future__ import annotations
@@ -108,13 +113,19 @@ def per_reading(site: str, entries: dict[str, _Entry]) -> dict[str, _Entry]:
     return entries
 
 
+# The planners a training order can follow (model/sampler/planners.py scores them): each reveals
+# a fixed number of positions per call, so a sequence's order is a function of its tokens.
+TRAINING_PLANNERS = ("confidence", "margin", "entropy")
+
+
 @dataclass
 class OrderConfig:
     """How the generation order of each training sequence is drawn."""
 
     # mixture: left-to-right with probability p_left_to_right, else any order (the paper, p = 0.1)
     # random (also uniform): any order; l2r: left to right; fixed: one random order for every
-    # sample; blockwise: contiguous blocks of block_size, see block_mode.
+    # sample; blockwise: contiguous blocks of block_size, see block_mode; planner: the order
+    # `planner` takes on the sequence given the model with probability p_planner, else any order.
     kind: Literal[KINDS] = field(default="mixture", metadata={"aliases": ALIASES})
     p_left_to_right: float = 0.1
     # p_left_to_right moves to p_left_to_right_end over schedule_steps (constant: never moves).
@@ -130,6 +141,21 @@ class OrderConfig:
     # blockwise: True draws one block-structured order from fixed_seed for every sample (the
     # paper's "fixed block-wise random" of Fig. 2a); False draws a fresh one per sample and step.
     blockwise_fixed: bool = True
+    # planner: whose order is trained, as the sampler's planner of that name picks the next
+    # position (docs/orders.md)
+    planner: Literal[TRAINING_PLANNERS] = "margin"
+    p_planner: float = 0.5  # planner: the share of sequences read in the planner's order
+    # planner: positions revealed between two scorings of the remaining ones (1: the order of one
+    # call per position, as a planner decodes; R: about R times cheaper)
+    refresh: int = 1
+    # planner: how many positions are given first, [min, max]: a uniform number in that range,
+    # read in position order, as the sampler reads a prompt or a puzzle's clues
+    planner_givens: list[int] = field(default_factory=lambda: [0, 0])
+    # how the k-th prediction of an order counts in the loss: uniform (all alike: the any-order
+    # loss, the paper's) or bell (a Gaussian in the share of the sequence it sees, (k + 1/2) / n,
+    # centred on 1/2 with standard deviation bell_width, scaled to mean 1: docs/orders.md).
+    weighting: Literal[WEIGHTING_NAMES] = "uniform"
+    bell_width: float = 0.25  # bell: the Gaussian's standard deviation, in shares of the sequence
 
     def __post_init__(self):
         self.kind = ALIASES.get(self.kind, self.kind)  # an alias is kept as its reading's word
@@ -148,6 +174,22 @@ class OrderConfig:
                              f"length ({seq_len})")
         if self.fixed_file is not None and self.kind != "fixed":
             raise UsageError(f"order.fixed_file is only read by order.kind=fixed, not {self.kind}")
+        if not 0.0 <= self.p_planner <= 1.0:
+            raise UsageError(f"order.p_planner must be in [0, 1], got {self.p_planner}")
+        if not 1 <= self.refresh <= seq_len:
+            raise UsageError(f"order.refresh must be in 1..{seq_len} (positions the planner "
+                             f"reveals per call), got {self.refresh}")
+        givens = self.planner_givens
+        if len(givens) != 2 or not 0 <= givens[0] <= givens[1] < seq_len:
+            raise UsageError(f"order.planner_givens must be [min, max] with 0 <= min <= max < "
+                             f"{seq_len} (at least one position is left to the planner), got "
+                             f"{givens}")
+        if self.bell_width <= 0:
+            raise UsageError(f"order.bell_width must be positive, got {self.bell_width}")
+
+    def describe(self) -> str:
+        """The orders in a few words, for a run's banner."""
+        return ORDER_KINDS[self.kind].describe(self) + WEIGHTINGS[self.weighting].describe(self)
 
 
 def shuffle(x: torch.Tensor, orders: torch.Tensor) -> torch.Tensor:
@@ -184,6 +226,9 @@ class Stream(IntEnum):
     PERMUTATION = 1  # OrderSampler: a random order's keys (per block for blockwise within_blocks)
     COIN = 2  # OrderSampler: the mixture's coin, left to right or not, per sample and step
     BLOCKS = 3  # OrderSampler: blockwise across_blocks' order of the blocks
+    PLANNED = 4  # TrainingOrders: the coin that gives a sample the planner's order, or not
+    GIVEN = 5  # TrainingOrders: how many positions a planned sample has given first
+    PLANNER_SAMPLE = 6  # TrainingOrders: the id of a planned sample in the sampler (tie breaks)
     SAMPLE_ORDER = 11  # KVCacheSampler: the order of the positions not given
     REVEAL = 12  # KVCacheSampler: the binomial counts, a uniform per position
     TOKEN = 13  # KVCacheSampler: the uniform each position's token (or draft) is drawn with
@@ -391,6 +436,21 @@ def _never(config: OrderConfig) -> bool:
     return False
 
 
+def _kind_word(config: OrderConfig) -> str:
+    return config.kind
+
+
+def _mixture_words(c: OrderConfig) -> str:
+    moves = f" -> {c.p_left_to_right_end}, {c.schedule}" if c.schedule != "constant" else ""
+    return f"mixture (p_left_to_right {c.p_left_to_right}{moves})"
+
+
+def _planner_words(c: OrderConfig) -> str:
+    given = "-".join(map(str, sorted(set(c.planner_givens))))
+    return (f"planner {c.planner} (p_planner {c.p_planner}, refresh {c.refresh}, {given} given "
+            "first)")
+
+
 @dataclass(frozen=True)
 class OrderKind:
     """What order.kind=<word> draws: the one definition of a kind, which OrderConfig accepts and
@@ -400,13 +460,58 @@ class OrderKind:
     # one order for every sample and step (drawn once, from order.fixed_seed), or a fresh one each
     fixed: Callable[[OrderConfig], bool] = _never
     mixture: bool = False  # left to right with probability p_left_to_right, else `draw`
+    # a share of the orders are a planner's, made from the tokens and the model by
+    # model/planned_orders.py's TrainingOrders (`draw` gives the others, and every order where no
+    # model is at hand)
+    planned: bool = False
+    describe: Callable[[OrderConfig], str] = _kind_word  # in a run's banner
 
 
 ORDER_KINDS = {
-    "mixture": OrderKind(_permutations, mixture=True),
+    "mixture": OrderKind(_permutations, mixture=True, describe=_mixture_words),
     ANY_ORDER.word: OrderKind(_permutations),
     LEFT_TO_RIGHT.word: OrderKind(_identity, fixed=_always),
     "fixed": OrderKind(_permutations, fixed=_always),  # or order.fixed_file's
     "blockwise": OrderKind(_blocks, fixed=lambda config: config.blockwise_fixed),
+    "planner": OrderKind(_permutations, planned=True, describe=_planner_words),
 }
 KINDS = tuple(ORDER_KINDS)  # order.kind's words
+
+
+# ---- how the predictions of an order count in the loss -----------------------------------------
+
+
+def seen_shares(n: int) -> torch.Tensor:
+    """(n,) float64: the share of the sequence the k-th prediction of an order sees, (k + 1/2) / n
+    (the midpoint of its step: prediction k knows k tokens, the next knows k + 1)."""
+    return (torch.arange(n, dtype=torch.float64) + 0.5) / n
+
+
+def _bell(config: OrderConfig, n: int) -> torch.Tensor:
+    """exp(-(u - 1/2)^2 / (2 width^2)) at u = seen_shares(n), divided by its mean: the loss keeps
+    its scale, and predictions that see about half the sequence count most."""
+    bell = torch.exp(-((seen_shares(n) - 0.5) ** 2) / (2 * config.bell_width ** 2))
+    return (bell / bell.mean()).float()
+
+
+@dataclass(frozen=True)
+class Weighting:
+    """What order.weighting=<word> does to the loss: the weight of each prediction of an order."""
+
+    # (n,) float32 weights of predictions 0..n-1 of an order, mean 1, or None: every prediction
+    # counts alike, the loss is the plain mean and is computed exactly as without weights
+    weights: Callable[[OrderConfig, int], torch.Tensor | None]
+    describe: Callable[[OrderConfig], str]  # appended to the kind's in a run's banner
+
+
+WEIGHTINGS = {
+    "uniform": Weighting(lambda config, n: None, lambda config: ""),
+    "bell": Weighting(_bell, lambda config: f", bell-weighted (width {config.bell_width})"),
+}
+WEIGHTING_NAMES = tuple(WEIGHTINGS)  # order.weighting's words
+
+
+def prediction_weights(config: OrderConfig, n: int) -> torch.Tensor | None:
+    """The training loss's weight of the k-th prediction of every order of n positions, (n,)
+    with mean 1; None for order.weighting=uniform (the model's plain mean, bit for bit)."""
+    return WEIGHTINGS[config.weighting].weights(config, n)

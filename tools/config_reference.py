@@ -54,7 +54,7 @@ def default_of(field: dataclasses.Field) -> str:
     if field.default is not dataclasses.MISSING:
         return repr(field.default) if isinstance(field.default, str) else str(field.default)
     value = field.default_factory()
-    return "[]" if value == [] else ""
+    return repr(value) if isinstance(value, list) else ""
 
 
 def section(cls: type, prefix: str) -> list[str]:

@@ -34,9 +34,10 @@ import deepspeed
 import torch
 from deepspeed.utils import set_z3_leaf_modules
 
-from aogpt.model import AOGPT, OrderSampler
+from aogpt.model import AOGPT
 from aogpt.model.gpt import Block
-from aogpt.model.orders import ANY_ORDER, LEFT_TO_RIGHT
+from aogpt.model.orders import ANY_ORDER, LEFT_TO_RIGHT, prediction_weights
+from aogpt.model.planned_orders import TrainingOrders
 from aogpt.model.warm_start import warm_start
 from aogpt.trainer import speed
 from aogpt.trainer.checkpoint import Checkpointer, Progress
@@ -75,9 +76,12 @@ class Trainer:
         self.ema = ShardedEMA(self.engine, cfg.ema.decay) if cfg.ema.enabled else None
         speed.fuse_ema(self.engine, self.ema, cfg)
         self.reduction = speed.Reduction(self.engine, cfg.speed.coalesce_grad_reduction)
-        self.sampler = OrderSampler(cfg.order, cfg.model.block_size, cfg.train.seed)
+        self.orders = TrainingOrders(cfg.order, cfg.model.block_size, cfg.train.seed,
+                                     self.engine.module)
         if cfg.train.compile:
-            self.sampler.compile()
+            self.orders.compile()
+        weights = prediction_weights(cfg.order, cfg.model.block_size)  # None: the plain mean
+        self.weights = None if weights is None else weights.to(self.device)
         self.batches = TrainBatches(cfg, plan.manifests, dist_env, self.device)
         self.validator = Validator(cfg, dist_env, self.engine, self.ema, plan.manifests,
                                    plan.zero_shot_sets, Path(cfg.out_dir))
@@ -96,8 +100,6 @@ class Trainer:
 
     def describe(self) -> str:
         cfg, env = self.cfg, self.env
-        mixture = (f" (p_left_to_right {cfg.order.p_left_to_right})"
-                   if cfg.order.kind == "mixture" else "")
         return (
             f"model: {cfg.model.n_layer} layers x {cfg.model.n_embd}, "
             f"{self.num_params / 1e6:.2f}M parameters, attention {self.attention_backend}"
@@ -106,7 +108,7 @@ class Trainer:
             f"world size {env.world_size} ({env.local_world_size} per node) | per step: "
             f"{cfg.train.micro_batch_size} sequences x {self.accum} accumulation x "
             f"{env.world_size} ranks = {cfg.sequences_per_step} x {cfg.model.block_size} tokens | "
-            f"orders: {cfg.order.kind}{mixture} | EMA: "
+            f"orders: {cfg.order.describe()} | EMA: "
             f"{cfg.ema.decay if cfg.ema.enabled else 'off'} | out_dir: {cfg.out_dir}"
         )
 
@@ -149,7 +151,7 @@ class Trainer:
                 data_wait += time.perf_counter() - start
                 # Orders key on (step, the sample's index in the dataset): they never depend on
                 # the rank or micro-batch a sample lands in, whatever the world size.
-                orders, is_l2r = self.sampler(update, sample_ids)
+                orders, is_l2r = self.orders(update, sample_ids, idx)
                 nll, loss = self.forward(idx, orders, sample_ids)  # (micro, t), scalar
                 self.engine.backward(loss)
                 self.reduction.after_backward()
@@ -167,8 +169,9 @@ class Trainer:
     def micro_batch_loss(self, idx: torch.Tensor, orders: torch.Tensor,
                          sample_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """The network's per-token loss (micro, t) of a micro-batch of the dataset samples
-        `sample_ids` (micro,) in `orders`, and its mean (what backward takes)."""
-        return self.engine(idx, orders, return_mean=True)
+        `sample_ids` (micro,) in `orders`, and its mean (what backward takes): weighted by
+        order.weighting's prediction weights where it makes any."""
+        return self.engine(idx, orders, return_mean=True, weights=self.weights)
 
     # ---- the loop --------------------------------------------------------------------------------
 
@@ -242,6 +245,7 @@ class Trainer:
                           if self.device.type == "cuda" else None),
             **({"skipped_samples": self.skipped_now, "rollbacks": len(self.recovery.rollbacks)}
                if self.skipped_now else {}),
+            **(self.orders.cost.report(window.steps) if self.orders.planned else {}),
         }
 
     def mfu(self, tokens_per_s: float) -> dict:

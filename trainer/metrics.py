@@ -184,6 +184,8 @@ def step_line(record: dict, step: int, max_steps: int, seconds_left: float | Non
         parts.append(f"MFU {100 * record['mfu']:.1f}%{causal}")
     if record.get("skipped_samples"):
         parts.append(f"{record['skipped_samples']} samples skipped")
+    if record.get("planner_s") is not None:  # order.kind=planner's no-grad passes, in step_time
+        parts.append(f"planner {record['planner_s']:.2f} s/step")
     if seconds_left is not None and step < max_steps:
         parts.append(f"{duration(seconds_left)} left")
     return " | ".join(parts)

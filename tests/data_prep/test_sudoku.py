@@ -98,6 +98,27 @@ def test_the_verifier_names_each_kind_of_error():
     assert not sudoku.solves(other, puzzle.grid)
 
 
+def test_wrong_cells_are_the_filled_cells_sharing_a_digit_in_a_unit_never_a_kept_given():
+    sudoku = Sudoku(2, 3)
+    rng = grid_rng(0, 2, 0)
+    solution = sudoku.random_grid(rng)
+    puzzle = sudoku.make_puzzle(solution, 12, rng)
+    assert sudoku.wrong_cells(solution, puzzle.grid) == []
+    cell = int(np.flatnonzero(~puzzle.given_mask)[0])
+    row = cell // 6
+    neighbour = next(c for c in range(row * 6, row * 6 + 6) if c != cell)
+    wrong = solution.copy()
+    wrong[cell] = solution[neighbour]
+    peers = {int(c) for members in sudoku.units if cell in members for c in members
+             if wrong[c] == wrong[cell]}  # every cell of cell's row, column and box with its digit
+    expected = sorted(c for c in peers if not puzzle.given_mask[c])
+    assert cell in expected and sudoku.wrong_cells(wrong, puzzle.grid) == expected
+    changed = wrong.copy()
+    given = int(np.flatnonzero(puzzle.given_mask)[0])
+    changed[given] = BLANK
+    assert given in sudoku.wrong_cells(changed, puzzle.grid)
+
+
 def test_techniques_rank_puzzles_from_easiest():
     sudoku = Sudoku(2, 3)
     solution = sudoku.random_grid(grid_rng(0, 3, 0))
@@ -190,9 +211,12 @@ def test_an_out_path_that_is_a_file_is_refused(tmp_path):
     assert (tmp_path / "taken").read_text() == "a user's file"
 
 
-def test_the_preset_is_a_model_of_the_default_folders_grids(repo):
+@pytest.mark.parametrize("preset, box, folder", [("sudoku.yaml", (2, 3), "data/sudoku"),
+                                                   ("sudoku9.yaml", (3, 3), "data/sudoku9")])
+def test_each_preset_is_a_model_of_its_folders_grids(repo, preset, box, folder):
     from aogpt.trainer.config import load_config
 
-    config, sudoku = load_config(repo / "configs" / "sudoku.yaml"), Sudoku(2, 3)  # --box 2x3
+    config, sudoku = load_config(repo / "configs" / preset), Sudoku(*box)  # --box 2x3, 3x3
     assert (config.model.vocab_size, config.model.block_size) == (sudoku.size, sudoku.cells)
-    assert config.data.path == "data/sudoku"
+    assert config.data.path == folder
+    config.validate(world_size=1)

@@ -1,6 +1,7 @@
 """experiments/: arms as config overrides, the runs of the suite, the commands of each scale."""
 
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import findings_testing  # noqa: F401  (puts experiments/ on the import path)
@@ -31,7 +32,9 @@ def test_the_key_arms_train_every_seed_and_the_others_the_first(tmp_path):
     names = [run.name for run in runs]
     assert names == ["l2r-s1337", "l2r-s1338", "uniform-s1337", "uniform-s1338",
                      "mixture10-s1337", "mixture10-s1338", "fixed_random-s1337",
-                     "blockwise8-s1337", "blockwise32-s1337", "curriculum-s1337"]
+                     "blockwise8-s1337", "blockwise32-s1337", "curriculum-s1337",
+                     "curriculum-s1338", "planner-s1337", "planner-s1338", "bell-s1337",
+                     "bell-s1338"]
     steps = {run.config.train.max_steps for run in runs}
     tokens = {run.config.train.tokens_per_step for run in runs}
     assert len(steps) == 1 and len(tokens) == 1  # every arm trains the same tokens
@@ -65,6 +68,39 @@ def test_the_curriculum_reads_left_to_right_first_over_half_the_run(extra, sched
     assert order.schedule_steps == schedule_steps
 
 
+def test_the_new_recipes_train_planner_aligned_and_bell_weighted_orders(tmp_path):
+    arms = (plan.ARMS_BY_NAME["planner"], plan.ARMS_BY_NAME["bell"])
+    planner, bell = plan.plan_runs("cpu", arms, (1,), tmp_path, tmp_path / "data", [],
+                                   "synthetic")
+    assert (planner.config.order.kind, planner.config.order.planner,
+            planner.config.order.p_planner, planner.config.order.weighting) == (
+        "planner", "margin", 0.5, "uniform")
+    assert (bell.config.order.kind, bell.config.order.weighting) == ("random", "bell")
+
+
+@pytest.mark.parametrize("arm", plan.ARMS, ids=[arm.name for arm in plan.ARMS])
+def test_on_the_synthetic_language_every_arm_learns_its_128_token_ids(arm, tmp_path):
+    (run,) = plan.plan_runs("cpu", (arm,), (1,), tmp_path, tmp_path / "data", [], "synthetic")
+    shakespeare = plan.plan_runs("cpu", (arm,), (1,), tmp_path, tmp_path / "data", [])[0]
+    assert run.config.model.vocab_size == 128 and shakespeare.config.model.vocab_size == 50304
+    # the arm is the same recipe (a schedule spans its share of each base's steps)
+    assert replace(run.config.order, schedule_steps=0) == replace(shakespeare.config.order,
+                                                                  schedule_steps=0)
+    command = plan.train_command("cpu", run, "synthetic")
+    assert command[command.index("--config") + 1] == "experiments/configs/base_cpu_synthetic.yaml"
+
+
+def test_synthetic_dry_run_draws_the_language_and_scores_the_planners_order(tmp_path, capsys):
+    out = tmp_path / "findings"
+    assert main(["--suite", "findings", "--corpus", "synthetic", "--out", str(out),
+                 "--only", "planner", "--dry-run"]) == 0
+    printed = capsys.readouterr().out
+    assert "data_prep/synthetic_to_mds.py --out" in printed and "--seq-len 64" in printed
+    assert "--config experiments/configs/base_cpu_synthetic.yaml" in printed
+    assert "--planners margin" in printed
+    assert not out.exists()
+
+
 def test_steps_set_the_schedule_too_on_cpu():
     assert plan.SCALE_SETTINGS["cpu"].step_keys == ("train.max_steps", "optim.decay_steps")
 
@@ -75,7 +111,7 @@ def test_gpu_dry_run_prints_one_deepspeed_launch_per_run_and_writes_nothing(tmp_
                      str(out), "--data", str(tmp_path / "owt"), "--dry-run")
     assert result.returncode == 0, result.stderr
     trains = [line for line in result.stdout.splitlines() if "trainer/main.py" in line]
-    assert len(trains) == 10  # plan.ARMS: 3 arms with both seeds, 4 with the first
+    assert len(trains) == 15  # plan.ARMS: 6 arms with both seeds, 3 with the first
     for line in trains:
         assert line.startswith(str(Path(sys.executable).parent / "deepspeed") + " --master_port ")
         assert "--num_gpus" not in line  # the launcher's default: every local GPU
@@ -83,7 +119,7 @@ def test_gpu_dry_run_prints_one_deepspeed_launch_per_run_and_writes_nothing(tmp_
                 "--config experiments/configs/base_gpu.yaml") in line
         assert f"data.path={tmp_path / 'owt'}" in line
     evals = [line for line in result.stdout.splitlines() if "trainer/evaluate.py" in line]
-    assert len(evals) == 10 + 2  # every run, and the ensemble of each mixture10 run
+    assert len(evals) == 15 + 2  # every run, and the ensemble of each mixture10 run
     assert all("torchrun --standalone --nproc_per_node gpu" in line for line in evals)
     assert all(line.endswith(" --force") for line in evals)  # a stale evaluation is redone
     assert "benchmarks/generation_speed.py --preset small" in result.stdout
@@ -106,6 +142,8 @@ def test_cpu_dry_run_trains_single_processes(tmp_path, capsys):
     (["--only", "l2r,sideways"], "error: --only 'l2r,sideways': unknown arm(s) sideways"),
     (["--seeds", "1,1"], "error: --seeds '1,1': give distinct non-negative integers"),
     (["--scale", "gpu", "--data", "d", "--parallel", "2"], "error: --parallel 2:"),
+    (["--scale", "gpu", "--data", "d", "--corpus", "synthetic"],
+     "error: --corpus synthetic is a --scale cpu suite"),
     # --dry-run: were a count accepted, the suite would only print its commands, not run them
     # (--parallel 0 is not its default)
     (["--parallel", "0", "--dry-run"], "error: --parallel must be at least 1, got 0"),

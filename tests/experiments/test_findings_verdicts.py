@@ -79,9 +79,11 @@ def test_sampling_speed_shape_of_fig4():
 # ---- the report from synthetic metric files ------------------------------------------------------
 
 
-def write_suite(out, arm_offsets: dict[str, list[float]], steps: int = 200):
+def write_suite(out, arm_offsets: dict[str, list[float]], steps: int = 200,
+                entropy: float | None = None):
     """A suite folder as run.py leaves it: one run per (arm, seed) whose training loss is
-    offset + 4 / sqrt(step), and suite.json."""
+    offset + 4 / sqrt(step), validated every 10 steps at offset + 2 / sqrt(step), and suite.json
+    (with the data's entropy, if given)."""
     runs = {}
     for arm, offsets in arm_offsets.items():
         for seed, offset in zip((1337, 1338), offsets, strict=False):
@@ -89,7 +91,9 @@ def write_suite(out, arm_offsets: dict[str, list[float]], steps: int = 200):
             run_dir = out / "runs" / name
             run_dir.mkdir(parents=True)
             lines = [json.dumps({"step": s, "tokens_seen": 1024 * s,
-                                 "loss": offset + 4 / math.sqrt(s)}) for s in range(1, steps + 1)]
+                                 "loss": offset + 4 / math.sqrt(s),
+                                 **({"val_loss_ao": offset + 2 / math.sqrt(s)} if s % 10 == 0
+                                    else {})}) for s in range(1, steps + 1)]
             (run_dir / "metrics.jsonl").write_text("\n".join(lines) + "\n")
             runs[name] = {"arm": arm, "label": arm, "seed": seed, "out_dir": str(run_dir),
                           "overrides": [f"train.seed={seed}"], "max_steps": steps,
@@ -97,7 +101,8 @@ def write_suite(out, arm_offsets: dict[str, list[float]], steps: int = 200):
     suite = {"suite": "findings", "scale": "cpu", "seeds": [1337, 1338], "runs": runs,
              "steps_text": f"{steps} steps", "git_commit": "abc123",
              "hardware": {"summary": "a CPU"}, "software": "python", "wall_s": 600.0,
-             "data": {"path": "data", "description": "text"}, "base_config": "base_cpu.yaml",
+             "data": {"path": "data", "description": "text", "entropy": entropy},
+             "base_config": "base_cpu.yaml",
              "eval_command": "evaluate", "ensemble_command": "ensemble", "speed_command": "speed"}
     (out / "suite.json").write_text(json.dumps(suite))
 
@@ -174,3 +179,28 @@ def test_an_undecided_finding_names_its_runs_that_do_not_use_their_context_yet(t
             "uniform-s1338 +0.0600 / +0.0700, mixture10-s1337 +0.0400 / +0.0550, "
             "mixture10-s1338 +0.0500 / +0.0650).") in text
     assert text.count("Why it is undecided here") == 1  # Finding 1 is decided; l2r uses context
+
+
+def test_finding_f_times_the_recipes_to_the_entropy_and_compares_the_best_with_uniform(tmp_path):
+    """Entropy 1.0, threshold 1.05: planner's seeds (offsets 0.85, 0.86) reach it at steps 100
+    and 120 (validations every 10 steps), bell's (0.9) at 180; uniform's (0.95, 0.96) never in
+    200 steps, so their value is a lower bound, 200 steps' tokens."""
+    write_suite(tmp_path, {"uniform": [0.95, 0.96], "planner": [0.85, 0.86], "bell": [0.9, 0.9]},
+                entropy=1.0)
+    report, findings = write_report(tmp_path)
+    floor = {f.key: f for f in findings}["F"]
+    assert floor.verdict == REPRODUCED
+    (comparison,) = floor.comparisons
+    assert (comparison.lower_name, comparison.higher_name) == ("planner", "uniform")
+    assert comparison.lower == [0.1024, 0.12288] and comparison.higher == [0.2048, 0.2048]
+    text = report.read_text()
+    assert "Not reached by uniform-s1337, uniform-s1338" in text
+    assert "| planner-s1337 | 102,400 |" in text and "| uniform-s1337 | >= 204,800 |" in text
+    assert (tmp_path / "floor.png").read_bytes().startswith(PNG_MAGIC)
+
+
+def test_finding_f_is_not_run_where_the_entropy_is_not_known(tmp_path):
+    write_suite(tmp_path, {"uniform": [0.95, 0.96], "planner": [0.85, 0.86]})
+    _, findings = write_report(tmp_path)
+    floor = {f.key: f for f in findings}["F"]
+    assert floor.verdict == "not run" and "--corpus synthetic" in floor.body[0]

@@ -158,6 +158,13 @@ def test_schedules_move_p_from_start_to_end():
     assert p("cosine", 25) == pytest.approx(0.2 + 0.8 * 0.5 * (1 + math.cos(math.pi / 4)))
 
 
+def test_the_planner_kind_draws_uniform_orders_where_no_planner_runs():
+    """Without the model and tokens (model/planned_orders.py plans the p_planner share), the
+    planner kind's orders are the uniformly random ones its unplanned sequences are read in."""
+    planned, uniform = draw(step=3, kind="planner"), draw(step=3, kind="uniform")
+    assert torch.equal(planned[0], uniform[0]) and not planned[1].any()
+
+
 def test_mixture_follows_the_schedule():
     config = dict(kind="mixture", schedule="step", p_left_to_right=1.0, p_left_to_right_end=0.0,
                   schedule_steps=10)
@@ -170,6 +177,12 @@ def test_mixture_follows_the_schedule():
     (dict(p_left_to_right=1.5), "p_left_to_right"),
     (dict(schedule="linear"), "schedule_steps"),
     (dict(kind="uniform", fixed_file="x.txt"), "fixed_file"),
+    (dict(kind="planner", p_planner=-0.1), "p_planner"),
+    (dict(kind="planner", refresh=0), "refresh"),
+    (dict(kind="planner", planner_givens=[5, 2]), "planner_givens"),
+    (dict(kind="planner", planner_givens=[0, N]), "planner_givens"),
+    (dict(kind="planner", planner_givens=[3]), "planner_givens"),
+    (dict(weighting="bell", bell_width=0), "bell_width"),
 ])
 def test_bad_order_configs_are_usage_errors(config, message):
     with pytest.raises(UsageError, match=message):
