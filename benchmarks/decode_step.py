@@ -44,7 +44,9 @@ from pathlib import Path
 
 import torch
 import torch._inductor.config
+from decode_state import sampler_at_step, step_shape
 from results import ResultsFile
+from roofline import measured_classes
 from torch.autograd import DeviceType
 from torch.profiler import ProfilerActivity, profile
 
@@ -52,9 +54,6 @@ from aogpt import UsageError, check_counts, cli_entry
 from aogpt.model import AOGPT
 from aogpt.model.config import medium, small, tiny
 from aogpt.model.precision import auto_dtype, resolve_device
-from aogpt.model.sampler import KVCacheSampler, SamplingConfig
-from aogpt.model.sampler.parallel import WHOLE_CACHE_ROWS
-from aogpt.model.sampler.strategy import bucket, bucket_keys
 
 # Inductor's C++ kernels are then named in the profile (its GPU kernels are, always)
 torch._inductor.config.cpp.enable_kernel_profile = True
@@ -100,29 +99,8 @@ def as_sample_py(row: str, device: torch.device) -> str:
     return {"graphs": "on a GPU", "compiled + graphs": "on a GPU, long runs"}.get(row, "")
 
 
-def sampler_at_step(model: AOGPT, args: argparse.Namespace, compiled: bool,
-                    graphs: bool) -> KVCacheSampler:
-    """A sampler whose state is that of a generation with `known` tokens revealed, all samples
-    alike: the step's inputs are the same, whatever their values."""
-    b, n, c, r = args.batch_size, args.seq_len, args.known, args.targets
-    sampler = KVCacheSampler(model, b, n, SamplingConfig(steps=n, seed=0), cuda_graphs=graphs,
-                             compile=compiled)
-    generator = torch.Generator().manual_seed(0)
-    sampler.orders.copy_(torch.stack([torch.randperm(n, generator=generator) for _ in range(b)]))
-    sampler.ordered[:, :n].copy_(torch.randint(0, 50257, (b, n), generator=generator))
-    sampler.uniforms.copy_(torch.rand(b, n, generator=generator, dtype=torch.float64))
-    sampler.strategy.bounds.copy_(torch.tensor([[c], [c], [c + r]]).expand(3, b))  # lo, c, hi
-    return sampler
-
-
-def step_shape(args: argparse.Namespace) -> tuple[int, int, int]:
-    """(rows, targets, keys) as the sampler's bucketed plan gives them
-    (model/sampler/parallel.py)."""
-    rows = max(args.targets, 1)
-    keys = bucket_keys(args.known + rows, args.seq_len)
-    if args.device.type == "cpu" and rows <= WHOLE_CACHE_ROWS:
-        keys = args.seq_len + 1
-    return bucket(rows, args.seq_len), bucket(args.targets, args.seq_len), keys
+def call_shape(args: argparse.Namespace) -> tuple[int, int, int]:
+    return step_shape(args.seq_len, args.known, args.targets, args.device.type == "cuda")
 
 
 def synchronize(device: torch.device) -> None:
@@ -135,17 +113,24 @@ def _is_view(name: str) -> bool:
     return packet is not None and any(getattr(packet, o).is_view for o in packet.overloads())
 
 
-def kernels(run, device: torch.device) -> int:
-    """What one run launches. On a GPU: the kernels the device ran (those of a graph's replay
-    too), copies and memsets left out. On a CPU: the top-level aten ops (not inside another aten
-    op) that are not views, and the kernels inductor generated (recorded by name)."""
+def kernels(run, device: torch.device) -> tuple[int, dict | None]:
+    """What one run launches, and on a GPU the kernels' time per class of
+    benchmarks/step_anatomy.py (roofline.measured_classes). On a GPU: the kernels the device ran
+    (those of a graph's replay too), copies and memsets left out. On a CPU: the top-level aten
+    ops (not inside another aten op) that are not views, and the kernels inductor generated
+    (recorded by name)."""
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
     with profile(activities=activities) as prof:
         run()
         synchronize(device)
     if device.type == "cuda":
         return sum(1 for event in prof.events() if event.device_type == DeviceType.CUDA
-                   and not event.name.startswith(("Memcpy", "Memset", "[memory]")))
+                   and not event.name.startswith(("Memcpy", "Memset", "[memory]"))), \
+            measured_classes(prof.events(), runs=1)
+    return _cpu_operations(prof), None
+
+
+def _cpu_operations(prof) -> int:
     count = 0
     for event in prof.events():
         inside_op = event.cpu_parent is not None and event.cpu_parent.name.startswith("aten::")
@@ -157,8 +142,9 @@ def kernels(run, device: torch.device) -> int:
 
 
 def measure(model: AOGPT, args: argparse.Namespace, compiled: bool, graphs: bool) -> dict:
-    sampler = sampler_at_step(model, args, compiled, graphs)
-    shape = step_shape(args)
+    sampler = sampler_at_step(model, args.batch_size, args.seq_len, args.known, args.targets,
+                              compiled, graphs)
+    shape = call_shape(args)
     ordered = sampler.ordered.clone()
     with torch.no_grad():
         def step():
@@ -175,7 +161,7 @@ def measure(model: AOGPT, args: argparse.Namespace, compiled: bool, graphs: bool
         drawn = sampler.ordered.gather(1, target_slots.clamp(max=args.seq_len - 1)).clone()
         logits = logits.clone()
         reset()
-        launched = kernels(step, args.device)
+        launched, classes = kernels(step, args.device)
         best = float("inf")
         for _ in range(args.repeats):
             reset()
@@ -186,14 +172,15 @@ def measure(model: AOGPT, args: argparse.Namespace, compiled: bool, graphs: bool
     # the configuration that ran: a compiler or capture that failed left the sampler eager
     fell_back = (sampler.compiled, sampler.cuda_graphs) != (compiled, graphs)
     return {"compiled": sampler.compiled, "cuda_graphs": sampler.cuda_graphs,
-            "fell_back": fell_back, "kernels": launched, "step_ms": best * 1e3,
+            "fell_back": fell_back, "kernels": launched, "classes": classes,
+            "step_ms": best * 1e3,
             "warm_up_s": warm_up_s, "logits": logits, "drawn": drawn}
 
 
 def results_file(args: argparse.Namespace, dtype: torch.dtype) -> ResultsFile:
     """The --json file's header (the setting and the step's shape), also said."""
     name = torch.cuda.get_device_name(args.device) if args.device.type == "cuda" else "cpu"
-    rows, targets, keys = step_shape(args)
+    rows, targets, keys = call_shape(args)
     print(f"{args.preset} on {name} ({dtype}), {torch.get_num_threads()} threads: batch "
           f"{args.batch_size}, n = {args.seq_len}, {args.known} known, {args.targets} drawn "
           f"(step shape: {rows} rows, {targets} targets, {keys} keys), best of {args.repeats}")

@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
+from roofline import measured_classes
 
 from aogpt import cli_entry
 from aogpt.files import write_json_atomic
@@ -46,7 +47,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--json", type=Path, help="also write the results here (rank 0)")
     parser.add_argument("--profile", type=Path,
                         help="write a table of the GPU kernels of 2 more steps here "
-                             "(torch.profiler)")
+                             "(torch.profiler), and their time per kernel class of "
+                             "benchmarks/step_anatomy.py into --json")
     parser.add_argument("--local_rank", type=int, default=None, help=argparse.SUPPRESS)
     return parser.parse_args(argv)
 
@@ -68,8 +70,9 @@ def time_steps(trainer: Trainer, warmup: int, steps: int) -> tuple[float, float]
     return time.perf_counter() - start, data_wait
 
 
-def profile_steps(trainer: Trainer, first_update: int, path: Path) -> None:
-    """The kernels (and host ops) of 2 optimizer steps, most time first, as a text table."""
+def profile_steps(trainer: Trainer, first_update: int, path: Path) -> dict:
+    """The kernels (and host ops) of 2 optimizer steps, most time first, as a text table; returns
+    their GPU time per step by kernel class (roofline.measured_classes)."""
     from torch.profiler import ProfilerActivity, profile
     activities = [ProfilerActivity.CPU]
     if trainer.device.type == "cuda":
@@ -81,6 +84,7 @@ def profile_steps(trainer: Trainer, first_update: int, path: Path) -> None:
     sort = "cuda_time_total" if trainer.device.type == "cuda" else "cpu_time_total"
     table = prof.key_averages().table(sort_by=sort, row_limit=40, max_name_column_width=80)
     path.write_text(table)
+    return measured_classes(prof.events(), runs=2)
 
 
 def time_loader(trainer: Trainer, batches: int) -> float:
@@ -113,19 +117,21 @@ class Timing:
     step_seconds: float
     data_wait: float  # of step_seconds
     loader_seconds: float
+    classes: dict | None = None  # the profiled steps' GPU time per kernel class (--profile)
 
     @classmethod
     def of(cls, trainer: Trainer, args: argparse.Namespace) -> Timing:
         """Times the steps (and profiles 2 more with --profile), then the loader (collective)."""
+        classes = None
         try:
             step_seconds, data_wait = time_steps(trainer, args.warmup, args.steps)
             if args.profile and trainer.env.is_main:
-                profile_steps(trainer, args.warmup + args.steps, args.profile)
+                classes = profile_steps(trainer, args.warmup + args.steps, args.profile)
             loader_seconds = time_loader(trainer, args.loader_batches)
         finally:
             trainer.close()  # loader workers ignore SIGTERM: they would hold the exit
         totals = all_reduce_sum([step_seconds, data_wait, loader_seconds], trainer.device)
-        return cls(*(float(t) / trainer.env.world_size for t in totals))
+        return cls(*(float(t) / trainer.env.world_size for t in totals), classes=classes)
 
 
 def report(trainer: Trainer, args: argparse.Namespace, timing: Timing) -> tuple[list[str], dict]:
@@ -136,8 +142,9 @@ def report(trainer: Trainer, args: argparse.Namespace, timing: Timing) -> tuple[
                      / timing.loader_seconds)
     # per rank: what one loader gives vs one rank eats
     ratio = loader_tokens / (step_tokens / world)
-    peak = trainer.peak_flops
-    mfu = trainer.flops_per_token * step_tokens / (peak * world) if peak else None
+    mfu = trainer.mfu(step_tokens)
+    mfu_line = (f"{mfu['mfu']:.1%} (causal attention halved: {mfu['mfu_causal']:.1%})"
+                if mfu["mfu"] is not None else "n/a (no GPU peak known)")
     compiled = ", compiled" if cfg.train.compile else ""
     verdict = "ok" if ratio >= NEEDED_RATIO else f"TOO SLOW: needs >= {NEEDED_RATIO:.0f}x"
     lines = [
@@ -151,7 +158,7 @@ def report(trainer: Trainer, args: argparse.Namespace, timing: Timing) -> tuple[
         f"training step: {step_tokens:,.0f} tokens/s ({step_tokens / world:,.0f} per device), "
         f"{timing.step_seconds / args.steps:.3f} s/step, data wait "
         f"{timing.data_wait / timing.step_seconds:.1%}, "
-        f"MFU {f'{mfu:.1%}' if mfu is not None else 'n/a (no GPU peak known)'}",
+        f"MFU {mfu_line}",
         f"data loader alone: {loader_tokens:,.0f} tokens/s per rank "
         f"({args.loader_batches} micro-batches of {cfg.train.micro_batch_size}, "
         f"{cfg.data.num_workers} workers)",
@@ -164,10 +171,10 @@ def report(trainer: Trainer, args: argparse.Namespace, timing: Timing) -> tuple[
         "params": trainer.num_params, "tokens_per_s": step_tokens,
         "tokens_per_s_per_device": step_tokens / world,
         "step_s": timing.step_seconds / args.steps,
-        "data_wait_fraction": timing.data_wait / timing.step_seconds, "mfu": mfu,
+        "data_wait_fraction": timing.data_wait / timing.step_seconds, **mfu,
         "peak_memory_gib": (torch.cuda.max_memory_allocated(device) / 2**30
                             if device.type == "cuda" else None),
-        "loader_ratio": ratio}
+        "loader_ratio": ratio, "classes": timing.classes}
     return lines, record
 
 

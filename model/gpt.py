@@ -296,8 +296,11 @@ class AOGPT(nn.Module):
             {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0},
         ]
 
-    def flops_per_token(self, seq_len: int) -> float:
-        """Training FLOPs per token, 6N + 12 L d T (forward + backward), for MFU.
+    def flops_per_token(self, seq_len: int, causal: bool = False) -> float:
+        """Training FLOPs per token, 6N + 12 L d T (forward + backward), for MFU: attention
+        counted whole, as nanoGPT and PaLM count it. causal=True halves the attention term,
+        6N + 6 L d T, as Megatron and MaxText now count causal attention (a causal kernel
+        computes half the scores).
 
         N counts the parameters used in matmuls: embedding tables are lookups, except wte when the
         head is tied to it. (The paper's script counted the untied wte too, which overstates MFU.)
@@ -309,7 +312,7 @@ class AOGPT(nn.Module):
             lookups.append(self.transformer.wte)
         n = self.num_params() - sum(m.weight.numel() for m in lookups)
         c = self.config
-        return 6 * n + 12 * c.n_layer * c.n_embd * seq_len
+        return 6 * n + (6 if causal else 12) * c.n_layer * c.n_embd * seq_len
 
     # ---- the network -----------------------------------------------------------------------------
 
@@ -428,7 +431,7 @@ class AOGPT(nn.Module):
         tokens, positions, target_positions, targets = self.training_stream(idx, orders)
         return self.forward_stream(tokens, positions, target_positions), targets
 
-    def compile_for_training(self, scope: str = "block") -> None:
+    def compile_for_training(self, scope: str = "block", mode: str | None = None) -> None:
         """torch.compile the network and the loss's per-chunk softmax (model/loss.py).
 
         scope "block": each block's forward is compiled, not its module call, so that hooks
@@ -436,13 +439,14 @@ class AOGPT(nn.Module):
         "network": forward_stream as one graph (embeddings, AdaLN tables, blocks, final layer),
         so inductor also fuses across block boundaries (a residual add with the next norm); it
         compiles for longer and holds no hooks. Shapes are static either way: a run compiles
-        once per sequence shape and never again.
+        once per sequence shape and never again. mode: torch.compile's ("reduce-overhead": the
+        graphs replayed as CUDA graphs).
         """
         if scope == "network":
-            self.forward_stream = torch.compile(self.forward_stream, dynamic=False)
+            self.forward_stream = torch.compile(self.forward_stream, dynamic=False, mode=mode)
         else:
             for block in self.transformer.h:
-                block.forward = torch.compile(block.forward, dynamic=False)
+                block.forward = torch.compile(block.forward, dynamic=False, mode=mode)
         compile_chunk_math()
 
     def token_nll(self, idx: torch.Tensor, orders: torch.Tensor | None = None) -> torch.Tensor:

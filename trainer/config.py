@@ -227,6 +227,24 @@ class LoggingConfig:
 
 
 @dataclass
+class SpeedConfig:
+    """Levers on the training step's speed (trainer/speed.py), each off until a GPU measures it
+    faster (docs/performance.md says what each does, benchmarks/gpu_report.py measures them)."""
+
+    # one gradient reduction per optimizer step: the micro-steps' gradients summed locally, then
+    # reduced once (DeepSpeed's engine.coalesce_grad_reduction); not under DeepSpeed's bf16
+    # optimizer wrapper (train.precision=bf16)
+    coalesce_grad_reduction: bool = False
+    # the optimizer's update and the EMA's in one compiled pass over the fp32 master weights
+    fused_optimizer_ema: bool = False
+    # DeepSpeed's engine.compile of the whole model instead of train.compile_scope's graphs:
+    # "compiled_autograd" (the backward compiled too) or "deepcompile" (CUDA only); ZeRO-1/2
+    engine_compile: Literal["off", "compiled_autograd", "deepcompile"] = "off"
+    # the compiled graphs replayed as CUDA graphs (inductor's reduce-overhead mode; CUDA only)
+    cuda_graphs: bool = False
+
+
+@dataclass
 class RunConfig:
     out_dir: str = "runs/default"
     model: ModelConfig = field(default_factory=ModelConfig)
@@ -239,6 +257,7 @@ class RunConfig:
     recovery: RecoveryConfig = field(default_factory=RecoveryConfig)
     eval: EvalConfig = field(default_factory=EvalConfig)
     logging: LoggingConfig = field(default_factory=LoggingConfig)
+    speed: SpeedConfig = field(default_factory=SpeedConfig)
 
     def validate(self, world_size: int | None = None) -> None:
         """Each section checks its own fields; here only the rules between sections (and, with

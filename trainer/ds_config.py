@@ -98,11 +98,28 @@ def resolve_ds_config(ds_config: dict, cfg: RunConfig, world_size: int) -> dict:
         raise UsageError(f"zero_optimization.stage is {stage}: "
                          "use 1, 2 or 3 (ds_configs/zero*.json); "
                          "the EMA follows the fp32 master partition that ZeRO keeps")
+    _check_speed_levers(cfg, resolved)
     leftover = [key for key, value in _walk(resolved) if value == AUTO]
     if leftover:
         raise UsageError(f"the DeepSpeed config has \"auto\" for {', '.join(leftover)}, which this "
                          "trainer does not fill: give a concrete value")
     return resolved
+
+
+def _check_speed_levers(cfg: RunConfig, resolved: dict) -> None:
+    """Refuses a speed lever (trainer/speed.py) that cannot run with this engine."""
+    speed = cfg.speed
+    if speed.coalesce_grad_reduction and bf16_enabled(resolved):
+        raise UsageError("speed.coalesce_grad_reduction needs DeepSpeed's fp32 engine "
+                         "(train.precision=autocast_bf16 or fp32): its bf16 optimizer wrapper "
+                         "reduces gradients its own way")
+    if speed.engine_compile != "off":
+        if zero_stage(resolved) == 3:
+            raise UsageError(f"speed.engine_compile={speed.engine_compile} is for ZeRO-1/2: ZeRO-3 "
+                             "gathers each block's weights around it (train.compile_scope=block)")
+        if cfg.train.compile is False:
+            raise UsageError(f"speed.engine_compile={speed.engine_compile} compiles the model: "
+                             "set train.compile=true")
 
 
 def _resolve_precision(resolved: dict, precision: str) -> None:

@@ -39,6 +39,7 @@ from aogpt.model.gpt import Block
 from aogpt.model.orders import ANY_ORDER, LEFT_TO_RIGHT, prediction_weights
 from aogpt.model.planned_orders import TrainingOrders
 from aogpt.model.warm_start import warm_start
+from aogpt.trainer import speed
 from aogpt.trainer.checkpoint import Checkpointer, Progress
 from aogpt.trainer.config import RunConfig, config_to_dict
 from aogpt.trainer.data import TrainBatches, training_locations
@@ -66,12 +67,15 @@ class Trainer:
                             announce=dist_env.is_main)
         self.num_params = model.num_params()
         self.flops_per_token = model.flops_per_token(cfg.model.block_size)
+        self.flops_per_token_causal = model.flops_per_token(cfg.model.block_size, causal=True)
         self.attention_backend = model.attention_backend
         self.peak_flops = (peak_flops(torch.cuda.get_device_name(self.device))
                            if self.device.type == "cuda" else None)  # for the MFU
-        self.engine = start_engine(model, cfg, self.ds_config)
+        self.engine = start_engine(model, cfg, self.ds_config, self.device)
         self.forward = PoisonedSamples.around(self.micro_batch_loss, self.device)
         self.ema = ShardedEMA(self.engine, cfg.ema.decay) if cfg.ema.enabled else None
+        speed.fuse_ema(self.engine, self.ema, cfg)
+        self.reduction = speed.Reduction(self.engine, cfg.speed.coalesce_grad_reduction)
         self.orders = TrainingOrders(cfg.order, cfg.model.block_size, cfg.train.seed,
                                      self.engine.module)
         if cfg.train.compile:
@@ -134,29 +138,29 @@ class Trainer:
         float64 vector of 4, on the device, not yet reduced) and the seconds spent waiting for data.
         """
         self.lr = learning_rate(update, self.cfg.optim) * self.recovery.lr_factor(update + 1)
-        for group in self.engine.optimizer.param_groups:
-            group["lr"] = self.lr
+        speed.set_lr(self.engine.optimizer, self.lr)
         self.skipped_now = self.recovery.skip_bad_data(update + 1)
         # changed by the last step: cast them once for this one
         self.engine.module.lm_head.weights_changed()
         sums = torch.zeros(4, dtype=torch.float64, device=self.device)
         data_wait = 0.0
-        for _ in range(self.accum):
-            start = time.perf_counter()
-            idx, sample_ids = next(self.batches)  # (micro, t), (micro,)
-            data_wait += time.perf_counter() - start
-            # Orders key on (step, the sample's index in the dataset): they never depend on the
-            # rank or micro-batch a sample lands in, whatever the world size.
-            orders, is_l2r = self.orders(update, sample_ids, idx)
-            nll, loss = self.forward(idx, orders, sample_ids)  # (micro, t), scalar
-            self.engine.backward(loss)
-            self.engine.step()  # DeepSpeed steps the optimizer on the last micro-step only
-            with torch.no_grad():
-                per_sample = nll.detach().double().sum(dim=1)  # (micro,)
-                tokens = is_l2r.double() * nll.shape[1]
-                sums += torch.stack([(per_sample * is_l2r).sum(), tokens.sum(),
-                                     (per_sample * ~is_l2r).sum(),
-                                     nll.shape[1] * idx.shape[0] - tokens.sum()])
+        with self.reduction.micro_steps():
+            for _ in range(self.accum):
+                start = time.perf_counter()
+                idx, sample_ids = next(self.batches)  # (micro, t), (micro,)
+                data_wait += time.perf_counter() - start
+                # Orders key on (step, the sample's index in the dataset): they never depend on
+                # the rank or micro-batch a sample lands in, whatever the world size.
+                orders, is_l2r = self.orders(update, sample_ids, idx)
+                nll, loss = self.forward(idx, orders, sample_ids)  # (micro, t), scalar
+                self.engine.backward(loss)
+                self.reduction.after_backward()
+                with torch.no_grad():
+                    per_sample = nll.detach().double().sum(dim=1)  # (micro,)
+                    tokens = is_l2r.double() * nll.shape[1]
+                    sums += torch.stack([(per_sample * is_l2r).sum(), tokens.sum(),
+                                         (per_sample * ~is_l2r).sum(),
+                                         nll.shape[1] * idx.shape[0] - tokens.sum()])
         self.recovery.note(update + 1, sums, self.engine.get_global_grad_norm())
         if self.ema is not None:
             self.ema.update()
@@ -236,14 +240,20 @@ class Trainer:
             "tokens_seen": self.progress.tokens_seen,
             "step_time": seconds / window.steps,
             "data_wait": window.data_wait / window.steps,
-            "mfu": (self.flops_per_token * tokens_per_s / (self.peak_flops * self.env.world_size)
-                    if self.peak_flops else None),
+            **self.mfu(tokens_per_s),
             "memory_gb": (torch.cuda.max_memory_allocated(self.device) / 2**30
                           if self.device.type == "cuda" else None),
             **({"skipped_samples": self.skipped_now, "rollbacks": len(self.recovery.rollbacks)}
                if self.skipped_now else {}),
             **(self.orders.cost.report(window.steps) if self.orders.planned else {}),
         }
+
+    def mfu(self, tokens_per_s: float) -> dict:
+        """MFU both ways: "mfu" counts attention whole (6N + 12 L d T per token), "mfu_causal"
+        halves it for causal attention (6N + 6 L d T, Megatron's and MaxText's count)."""
+        peak = self.peak_flops * self.env.world_size if self.peak_flops else None
+        return {"mfu": self.flops_per_token * tokens_per_s / peak if peak else None,
+                "mfu_causal": self.flops_per_token_causal * tokens_per_s / peak if peak else None}
 
 
 def join_the_run(cfg: RunConfig, device: torch.device) -> torch.distributed.ProcessGroup:
@@ -273,21 +283,20 @@ def build_model(cfg: RunConfig, device: torch.device, resumed: bool, announce: b
     return model
 
 
-def start_engine(model: AOGPT, cfg: RunConfig, ds_config: dict) -> deepspeed.DeepSpeedEngine:
-    """The DeepSpeed engine over `model` (compiled first when train.compile) and its AdamW."""
-    if cfg.train.compile:
-        model.compile_for_training(cfg.train.compile_scope)
-    optimizer = torch.optim.AdamW(
-        model.param_groups(cfg.optim.weight_decay), lr=cfg.optim.lr,
-        betas=(cfg.optim.beta1, cfg.optim.beta2), eps=cfg.optim.eps,
-        fused=True,  # one kernel per step, and its step count stays on the device (no .item())
-    )
+def start_engine(model: AOGPT, cfg: RunConfig, ds_config: dict,
+                 device: torch.device) -> deepspeed.DeepSpeedEngine:
+    """The DeepSpeed engine over `model` (compiled first when train.compile) and its AdamW, with
+    the speed section's levers (trainer/speed.py)."""
+    speed.compile_model(model, cfg, device)
+    optimizer = speed.adamw(model, cfg)
     if zero_stage(ds_config) == 3:
         # each block's weights gathered once, around the whole block, not around each of its
         # layers: with a hook on every layer, a compiled block broke its graph at each one and
         # dynamo compiled DeepSpeed's hook code too (28 graphs for a 2-layer model, not 5)
         set_z3_leaf_modules(model, [Block])
-    engine, _, _, _ = deepspeed.initialize(model=model, optimizer=optimizer, config=ds_config)
+    engine, _, _, _ = deepspeed.initialize(
+        model=model, optimizer=optimizer, config=speed.engine_ds_config(ds_config, cfg, device))
+    speed.compile_engine(engine, cfg, device)
     return engine
 
 

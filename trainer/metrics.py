@@ -168,7 +168,10 @@ def step_line(record: dict, step: int, max_steps: int, seconds_left: float | Non
     """The log line of a log step, from its metrics record:
 
     step 120/400 | 491,520 tokens | loss 6.5124 (left to right 5.4021, any order 6.6343) |
-    lr 4.80e-03 | grad norm 0.412 | 2,812 tokens/s | MFU 38.1% | 13 min 02 s left
+    lr 4.80e-03 | grad norm 0.412 | 2,812 tokens/s | MFU 38.1% (causal 35.2%) | 13 min 02 s left
+
+    MFU counts attention whole (6N + 12 L d T per token); "causal" halves it, as Megatron and
+    MaxText count causal attention.
     """
     parts = [f"step {step}/{max_steps}", f"{record['tokens_seen']:,} tokens",
              training_loss(record), f"lr {record['lr']:.2e}"]
@@ -176,7 +179,9 @@ def step_line(record: dict, step: int, max_steps: int, seconds_left: float | Non
         parts.append(f"grad norm {record['grad_norm']:.3g}")
     parts.append(f"{record['tokens_per_s']:,.0f} tokens/s")
     if record.get("mfu") is not None:
-        parts.append(f"MFU {100 * record['mfu']:.1f}%")
+        causal = (f" (causal {100 * record['mfu_causal']:.1f}%)"
+                  if record.get("mfu_causal") is not None else "")
+        parts.append(f"MFU {100 * record['mfu']:.1f}%{causal}")
     if record.get("skipped_samples"):
         parts.append(f"{record['skipped_samples']} samples skipped")
     if record.get("planner_s") is not None:  # order.kind=planner's no-grad passes, in step_time

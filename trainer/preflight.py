@@ -16,7 +16,7 @@ from aogpt.data_prep.tokenizer import load_gpt2
 from aogpt.files import git_sha
 from aogpt.model.warm_start import check_source
 from aogpt.run_folder import RunFolder
-from aogpt.trainer import training_samples, zero_shot
+from aogpt.trainer import speed, training_samples, zero_shot
 from aogpt.trainer.checkpoint import check_resumable, read_run_state
 from aogpt.trainer.config import RunConfig, load_config, resolve_device_choices
 from aogpt.trainer.data import check_data
@@ -62,7 +62,8 @@ def preflight(config: str, ds_config_file: str, overrides: list[str], dist_env: 
     if tag is None and not start_over:
         check_fresh_start(run_folder)
     if dist_env.is_main:
-        for line in filter(None, [*sync_warnings(ds_config), warning, *unused_settings(cfg)]):
+        for line in filter(None, [*sync_warnings(ds_config), warning, *unused_settings(cfg),
+                                  *speed.unavailable(cfg, dist_env.device)]):
             print(f"warning: {line}", file=sys.stderr, flush=True)
     elastic = tag is not None and resumes_elastically(run_folder, tag, cfg, ds_config, dist_env)
     if elastic:

@@ -16,11 +16,16 @@ from conftest import REPO, run_cli
 
 sys.path.insert(0, str(REPO / "benchmarks"))
 import gpu_report  # noqa: E402
+import gpu_report_render  # noqa: E402
+import gpu_report_run  # noqa: E402
+import roofline  # noqa: E402
+from gpu_report_run import LEVERS  # noqa: E402
 from results import STOP_VARIABLE  # noqa: E402
 
 STANDIN = REPO / "tests" / "benchmarks" / "paper_standin"
 PROMISED = ["checks: pytest -m gpu", "train small (default recipe)", "decode: one step",
-            "paper: both trainers", "paper: both samplers", "train medium (default recipe)"]
+            "train medium (default recipe)", *(f"train small ({lever})" for lever in LEVERS),
+            "train small (scope network)"]
 
 
 def plan_of(stdout: str) -> list[tuple[float, float, str]]:
@@ -38,15 +43,17 @@ def test_the_plan_fits_one_device_call_with_the_checks_first_and_every_promised_
     assert names[0].startswith("checks")  # correctness before any measurement
     order = [next(n for n, name in enumerate(names) if name.startswith(p)) for p in PROMISED]
     assert order == sorted(order)  # in order of value
-    # what does not fit is named, with the call that measures it
+    # what does not fit is named, with the call that measures it (the paper's side is kept from
+    # the H200 report by --merge)
     assert "left for a second call (make gpu-report REPORT_FLAGS=--merge" in result.stdout
-    for left in ("generation: decoder vs encoder", "e2e: trainer/main.py", "train small (zero 2)"):
+    for left in ("generation: decoder vs encoder", "e2e: trainer/main.py", "train small (zero 2)",
+                 "paper: both trainers"):
         assert left in result.stdout.split("left for a second call")[1]
 
 
 @pytest.mark.parametrize("args, dropped", [
-    (["--budget", "300"], "paper: both samplers"),  # the default plan, in too little time
-    (["--only", "checks,paper,generation,e2e"], "e2e: trainer/main.py"),  # --only: every item
+    (["--budget", "300"], "train medium (default recipe)"),  # the default plan, in too little time
+    (["--only", "checks,paper,generation,e2e"], "generation: decoder vs encoder"),  # --only: all
 ])
 def test_a_plan_that_would_drop_a_promised_item_is_refused(run_main, args, dropped):
     code, _, err = run_main(gpu_report.main, "--dry-run", *args)
@@ -88,7 +95,7 @@ def test_a_run_without_the_papers_code_is_refused_before_any_work(tmp_path):
 
 def test_a_command_past_its_time_is_ended_and_its_output_kept():
     """What no item may do: run past the budget. Ended with its whole process group."""
-    code, output, seconds = gpu_report.run(
+    code, output, seconds = gpu_report_run.run(
         [sys.executable, "-c", "import time; print('a row', flush=True); time.sleep(600)"],
         timeout=3)
     assert code == 124 and "a row" in output and "timed out after 3 s" in output
@@ -196,3 +203,36 @@ def test_without_a_gpu_only_the_smoke_run_and_the_plan_are_offered(run_main, tmp
     assert code == 2
     assert "no CUDA GPU here" in err and "--smoke" in err
     assert "--dry-run" in err
+
+
+def test_the_report_sets_the_profilers_time_per_class_beside_the_anatomys_prediction():
+    """The committed H200 report's default small and medium rows and decode call, given the
+    per-class times a profile would add: the markdown holds each class's predicted (the
+    committed anatomy's, for this GPU) and measured kernels and milliseconds side by side."""
+    report = json.loads((REPO / "docs" / "gpu-report.json").read_text())
+    classes = {name: {"kernels": 10, "measured_s": 0.002} for name in roofline.CLASSES}
+    for _, row_of in gpu_report_render.ANATOMIES.values():
+        row_of(report)["classes"] = classes
+    text = gpu_report_render.markdown(report)
+    assert "## Where the time goes: the anatomy's prediction and the profiler's measurement" in text
+    for what, (name, _) in gpu_report_render.ANATOMIES.items():
+        predicted = json.loads((REPO / "docs" / name).read_text())["by_gpu"]["H200"]["matmul"]
+        section = text.split(f"{what} (ms")[1].split("\n\n")[1]
+        assert (f"| matmul | {predicted['kernels']} | 10 | {predicted['predicted_s'] * 1e3:.3f} "
+                f"| 2.000 | {0.002 / predicted['predicted_s']:.2f} |") in section
+
+
+def test_the_report_sets_each_lever_against_the_default_recipe_fastest_first():
+    """Lever rows beside the committed H200 report's default small row: each named by what it
+    changes, its tokens/s over the default's, the one that gains first; a failed row is left
+    out (it measured nothing)."""
+    report = json.loads((REPO / "docs" / "gpu-report.json").read_text())
+    default = gpu_report_render._default_row(report, "small")
+    report["train"] += [
+        {**default, "lever": "coalesce_grad_reduction", "tokens_per_s": default["tokens_per_s"]},
+        {**default, "scope": "network", "tokens_per_s": 1.1 * default["tokens_per_s"]},
+        {**default, "lever": "cuda_graphs", "error": "capture failed"}]
+    text = gpu_report_render.markdown(report)
+    levers = text.split("The speed levers against the default recipe")[1].split("\n\n")[1]
+    assert levers.splitlines() == ["- small (scope network): 1.100x",
+                                   "- small (coalesce_grad_reduction): 1.000x"]

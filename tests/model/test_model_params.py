@@ -106,6 +106,8 @@ def test_flops_per_token_counts_matmul_parameters_and_attention():
     tied = on_meta(sigma_gpt(small()))  # the tied wte is the head's matmul: it counts
     assert tied.flops_per_token(1024) == (6 * (125_161_728 - 787_200 - 786_432 - 768)
                                           + 12 * 12 * 768 * 1024)
+    # Megatron's and MaxText's count: a causal kernel computes half the scores
+    assert model.flops_per_token(1024, causal=True) == 6 * n + 6 * 12 * 768 * 1024
 
 
 @pytest.mark.parametrize("change, message", [

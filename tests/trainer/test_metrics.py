@@ -89,6 +89,14 @@ def test_metric_names_and_log_labels_come_from_the_readings():
         "step 1 | validation (ema weights): left to right 5.0000 (ppl 148.41)")
 
 
+def test_the_log_line_gives_mfu_both_ways():
+    """Attention counted whole (6N + 12 L d T), and halved for causal attention (Megatron's and
+    MaxText's count), each named."""
+    record = {"loss": 6.5, "tokens_seen": 512, "lr": 1e-3, "tokens_per_s": 100.0,
+              "mfu": 0.381, "mfu_causal": 0.352}
+    assert "| MFU 38.1% (causal 35.2%) |" in step_line(record, 1, 2, None) + " |"
+
+
 def test_the_work_between_steps_stays_out_of_the_log_intervals_time(tmp_path):
     """Evaluations, samples and checkpoints run between steps and are timed on their own: a log
     interval's seconds (tokens_per_s, step_time, mfu) are its steps' alone, the interval after a

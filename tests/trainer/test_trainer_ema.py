@@ -7,10 +7,10 @@ from pathlib import Path
 import deepspeed
 import pytest
 import torch
+from trainer_testing import one_process_group
 
 from aogpt import UsageError
 from aogpt.model import AOGPT, ModelConfig
-from aogpt.trainer.dist_env import free_port, init_process_group
 from aogpt.trainer.ema import ShardedEMA, gather_full_weights
 
 pytestmark = pytest.mark.filterwarnings("ignore::FutureWarning", "ignore::DeprecationWarning")
@@ -22,17 +22,8 @@ SIGMA = ModelConfig(n_layer=1, n_head=2, n_embd=16, block_size=16, target_inject
 
 @pytest.fixture(scope="module", autouse=True)
 def process_group():
-    names = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
-    saved = {name: os.environ.get(name) for name in names}
-    os.environ.update(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", LOCAL_WORLD_SIZE="1",
-                      MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()))
-    init_process_group(timeout_s=60)  # the trainer's, as the engines below expect
-    yield
-    for name, value in saved.items():
-        if value is None:
-            os.environ.pop(name, None)
-        else:
-            os.environ[name] = value
+    with one_process_group():
+        yield
 
 
 def test_the_trainers_process_group_builds_no_inference_op_and_no_dev_shm_workspace():

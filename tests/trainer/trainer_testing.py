@@ -3,6 +3,7 @@ language's made by synthetic_to_mds.py, 2-process launches (each on a fresh free
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 import json
 import os
@@ -16,7 +17,7 @@ from pathlib import Path
 
 import psutil
 
-from aogpt.trainer.dist_env import free_port
+from aogpt.trainer.dist_env import free_port, init_process_group
 from aogpt.trainer.metrics import read_metrics
 
 REPO = Path(__file__).resolve().parents[2]
@@ -235,3 +236,23 @@ def step_samples(overrides: list[str], steps: int) -> dict[int, list[int]]:
                             cwd=REPO, env=env, capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stderr
     return dict(enumerate(json.loads(result.stdout.splitlines()[-1]), start=1))
+
+
+@contextlib.contextmanager
+def one_process_group():
+    """The trainer's process group (init_process_group) for a world of one in this process, with
+    the launcher's variables it reads set inside and restored after: for tests that build
+    DeepSpeed engines in the test process."""
+    names = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
+    saved = {name: os.environ.get(name) for name in names}
+    os.environ.update(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", LOCAL_WORLD_SIZE="1",
+                      MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()))
+    init_process_group(timeout_s=60)  # the trainer's, as the engines expect
+    try:
+        yield
+    finally:
+        for name, value in saved.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
