@@ -26,11 +26,12 @@ from pathlib import Path
 
 import numpy as np
 import torch
+from results import show_table
 from sampling_model import sampling_model
 
 from aogpt import UsageError, check_counts, check_unique, cli_entry
 from aogpt.data_prep.synthetic import load_language
-from aogpt.files import OutputFile, check_output_file, write_json_atomic, write_text_atomic
+from aogpt.files import OutputFile, check_output_file, write_json_atomic
 from aogpt.model.precision import device_name
 from aogpt.model.sampler import SAMPLERS, KVCacheSampler, SamplingConfig
 from aogpt.model.sampler.window import check_window, chunks, generate_long
@@ -173,10 +174,7 @@ def main(argv: list[str] | None = None) -> int:
               f"{r['seams_over_rest']:.3f}", flush=True)
         if args.json:
             write_json_atomic({**header, "rows": rows}, args.json, indent=2)
-    text = table(rows, header)
-    print("\n" + text)
-    if args.table:
-        write_text_atomic(args.table, text)
+    show_table(table(rows, header), args.table)
     return 0
 
 

@@ -23,7 +23,7 @@ import re
 import sys
 from pathlib import Path
 
-from aogpt.files import write_json_atomic
+from aogpt.files import write_json_atomic, write_text_atomic
 
 STOP_VARIABLE = "AOGPT_TEST_STOP_AFTER_ROWS"
 STOPPED = 3  # the exit status of a run the test hook stopped
@@ -49,6 +49,14 @@ class ResultsFile:
     def _write(self) -> None:
         if self.path is not None:
             write_json_atomic(self.data, self.path, indent=2)
+
+
+def show_table(text: str, path: Path | None) -> None:
+    """A benchmark's table of results: printed after its rows' lines, and written to its --table
+    file where one is given."""
+    print("\n" + text)
+    if path:
+        write_text_atomic(path, text)
 
 
 EXCEPTION_LINE = re.compile(r"\b\w*(?:Error|Exception)\b\s*[:(]")

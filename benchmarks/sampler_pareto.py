@@ -40,6 +40,7 @@ from dataclasses import asdict
 from pathlib import Path
 
 import torch
+from results import show_table
 from sampling_model import sampling_model
 
 from aogpt import UsageError, check_counts, cli_entry, comma_counts
@@ -48,7 +49,6 @@ from aogpt.files import (
     check_output_file,
     png_provenance,
     write_json_atomic,
-    write_text_atomic,
 )
 from aogpt.model.orders import ANY_ORDER, LEFT_TO_RIGHT, reading_named
 from aogpt.model.precision import device_name
@@ -320,10 +320,7 @@ def main(argv: list[str] | None = None) -> int:
     rows = [strip(row) for row in rows]
     if args.json:
         write_json_atomic({**header, "rows": rows}, args.json, indent=2)
-    text = table(rows, header)
-    print("\n" + text)
-    if args.table:
-        write_text_atomic(args.table, text)
+    show_table(table(rows, header), args.table)
     if args.plot:
         plot(rows, header, args.plot)
         print(f"wrote {args.plot}")

@@ -44,7 +44,7 @@ from pathlib import Path
 import torch
 
 from aogpt import UsageError, check_counts, cli_entry, comma_counts
-from aogpt.files import OutputFile, check_output_file, png_provenance, write_text_atomic
+from aogpt.files import OutputFile, check_output_file, png_provenance
 from aogpt.model import load_checkpoint
 from aogpt.model.checkpoint import locate_checkpoint, provenance, read_consolidated
 from aogpt.model.orders import LEFT_TO_RIGHT
@@ -60,7 +60,7 @@ from aogpt.trainer.judge import (
 from aogpt.trainer.ranks import RankShare
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from results import ResultsFile  # noqa: E402
+from results import ResultsFile, show_table  # noqa: E402
 
 JSON = OutputFile("benchmarks/sampling_race.py", "race", (".json",))
 TABLE = OutputFile("benchmarks/sampling_race.py", "table", (".md",))
@@ -387,10 +387,7 @@ def report(rows: list[dict], results: ResultsFile, header: dict, args, ao, gpt) 
                              f"{gpt.config.family} {gpt.num_params() / 1e6:.2f}M, n = "
                              f"{header['seq_len']}, {header['device']}")
     results.finish()
-    text = table(rows, results.data)
-    print("\n" + text)
-    if args.table:
-        write_text_atomic(args.table, text)
+    show_table(table(rows, results.data), args.table)
     if args.plot:
         plot(rows, results.data, args.plot)
         print(f"wrote {args.plot}")

@@ -14,6 +14,16 @@ from aogpt.data_prep.remote import RemoteOutput, check_url, is_remote, join
 from aogpt.files import URL_LIKE, check_writable_folder
 
 
+def builder_parser(prog: str, doc: str, noun: str) -> argparse.ArgumentParser:
+    """A builder's parser whose help is its module's docstring (the first paragraph, then the rest
+    as written), with the output flags every builder takes (the built data called `noun`)."""
+    parser = argparse.ArgumentParser(
+        prog=prog, description=doc.split("\n\n")[0], epilog=doc.split("\n\n", 1)[1],
+        formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_output_flags(parser, noun)
+    return parser
+
+
 def add_output_flags(parser: argparse.ArgumentParser, noun: str = "dataset") -> None:
     """--out, --staging and --overwrite, as every builder takes them."""
     add = parser.add_argument

@@ -31,7 +31,7 @@ import numpy as np
 
 import aogpt
 from aogpt import UsageError, check_counts, cli_entry
-from aogpt.data_prep.cli import add_output_flags, build_output, check_out, split_lines
+from aogpt.data_prep.cli import build_output, builder_parser, check_out, split_lines
 from aogpt.data_prep.manifest import new_manifest
 from aogpt.data_prep.packing import write_rows
 from aogpt.data_prep.remote import open_output
@@ -47,11 +47,8 @@ GRIDS_PER_PUZZLE = 100  # grids tried for one puzzle before its givens count is 
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(
-        prog="python data_prep/sudoku_to_mds.py", description=__doc__.split("\n\n")[0],
-        epilog=__doc__.split("\n\n", 1)[1], formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = builder_parser("python data_prep/sudoku_to_mds.py", __doc__, "grids' data")
     add = parser.add_argument
-    add_output_flags(parser, "grids' data")
     add("--box", default="2x3", help="box rows x columns: 2x2, 2x3 (default), 3x3, ...")
     add("--train-grids", type=int, default=200_000, help="solved grids in train/ (default 200000)")
     add("--val-grids", type=int, default=2_000, help="solved grids in val/ (default 2000)")

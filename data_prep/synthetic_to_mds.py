@@ -35,7 +35,7 @@ import numpy as np
 
 import aogpt
 from aogpt import UsageError, check_counts, cli_entry
-from aogpt.data_prep.cli import add_output_flags, build_output, check_out, split_lines
+from aogpt.data_prep.cli import build_output, builder_parser, check_out, split_lines
 from aogpt.data_prep.manifest import new_manifest
 from aogpt.data_prep.packing import write_rows
 from aogpt.data_prep.remote import open_output
@@ -64,11 +64,8 @@ FLAG_HELP = {
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(
-        prog="python data_prep/synthetic_to_mds.py", description=__doc__.split("\n\n")[0],
-        epilog=__doc__.split("\n\n", 1)[1], formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = builder_parser("python data_prep/synthetic_to_mds.py", __doc__, "language's data")
     add = parser.add_argument
-    add_output_flags(parser, "language's data")
     add("--preset", choices=tuple(SPECS), default=LanguageSpec.preset,
         help="topics (default: uncertain next tokens) or words (nearly certain ones, hard to "
              "draft)")

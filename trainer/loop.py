@@ -76,10 +76,7 @@ class Trainer:
         self.ema = ShardedEMA(self.engine, cfg.ema.decay) if cfg.ema.enabled else None
         speed.fuse_ema(self.engine, self.ema, cfg)
         self.reduction = speed.Reduction(self.engine, cfg.speed.coalesce_grad_reduction)
-        self.orders = TrainingOrders(cfg.order, cfg.model.block_size, cfg.train.seed,
-                                     self.engine.module)
-        if cfg.train.compile:
-            self.orders.compile()
+        self.orders = training_orders(cfg, self.engine.module)
         weights = prediction_weights(cfg.order, cfg.model.block_size)  # None: the plain mean
         self.weights = None if weights is None else weights.to(self.device)
         self.batches = TrainBatches(cfg, plan.manifests, dist_env, self.device)
@@ -281,6 +278,15 @@ def build_model(cfg: RunConfig, device: torch.device, resumed: bool, announce: b
         if announce:
             print(f"model.init_from: started from the {started_from}", flush=True)
     return model
+
+
+def training_orders(cfg: RunConfig, module: AOGPT) -> TrainingOrders:
+    """Each step's orders (a planner's need the network being trained: `module`), compiled with
+    the step where it is."""
+    orders = TrainingOrders(cfg.order, cfg.model.block_size, cfg.train.seed, module)
+    if cfg.train.compile:
+        orders.compile()
+    return orders
 
 
 def start_engine(model: AOGPT, cfg: RunConfig, ds_config: dict,
