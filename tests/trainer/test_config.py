@@ -148,8 +148,8 @@ def test_a_run_config_validates_every_section(repo):
               "optim": "optim.beta1=1", "ema": "ema.decay=0", "checkpoint": "checkpoint.every=0",
               "recovery": "recovery.lr_steps=-1", "eval": "eval.every=-1",
               "model": "model.dropout=1", "order": "order.p_left_to_right=2"}
-    # logging has no rule; speed's are against the DeepSpeed JSON it runs with (trainer/ds_config.py,
-    # tests/trainer/test_speed_levers.py)
+    # logging has no rule; speed's are against the DeepSpeed JSON it runs with
+    # (trainer/ds_config.py, tests/trainer/test_speed_levers.py)
     sections = [f.name for f in dataclasses.fields(RunConfig)
                 if f.name not in ("out_dir", "logging", "speed")]
     assert sorted(broken) == sorted(sections)  # a new section adds its broken rule here
