@@ -404,6 +404,11 @@ def parsers_stopped() -> Iterator[None]:
         argparse.ArgumentParser.parse_args, argparse.ArgumentParser.parse_known_args = saved
 
 
+# a module that runs as a script (not one whose text merely names __main__, as a package's
+# docstring naming its __main__.py does)
+RUNS_AS_SCRIPT = re.compile(r"^if __name__ == ['\"]__main__['\"]:", re.M)
+
+
 @functools.cache
 def command_files() -> dict[str, str]:
     """Every command (a file that runs as a script) by its path, its basename where that is one
@@ -412,7 +417,7 @@ def command_files() -> dict[str, str]:
     for name, path in code().files.items():
         relative = path.relative_to(REPO).as_posix()
         source = path.read_text()
-        if path.name != "__main__.py" and "__main__" not in source:
+        if path.name != "__main__.py" and not RUNS_AS_SCRIPT.search(source):
             continue
         found[relative] = relative
         found[name.removesuffix(".__main__")] = relative

@@ -78,6 +78,13 @@ def test_a_flag_alone_must_be_one_of_the_commands_its_paragraph_names():
                   "--deep")
 
 
+def test_a_flag_alone_with_no_command_near_must_be_one_some_command_takes():
+    """With no command named, the flag is looked for in every command's parser (the sampler's
+    --tree comes from its ways' table, so no command's text spells it)."""
+    assert_caught("Some samplers keep candidates: `--no-such-tree 3`.\n",
+                  "Some samplers keep candidates: `--tree 3`.\n", "--no-such-tree")
+
+
 def test_a_config_key_that_does_not_exist_fails():
     assert_caught("Set `train.max_stepz`, `recovery.spike_*` and `order.kinds`:\n\n"
                   "    python tools/demo.py order.p_left_to_rite=0.5\n",
