@@ -231,6 +231,28 @@ def run_cli(*args: str, env: dict | None = None, cwd: Path = REPO) -> subprocess
     return subprocess.run([sys.executable, *args], capture_output=True, text=True, cwd=cwd, env=env)
 
 
+# What a launcher sets for its processes. A test that leaves them set in its worker (a command's
+# main run in-process, filling in a world of one) makes every launch a later test starts from that
+# worker inherit them: a 2-process deepspeed run then reads LOCAL_WORLD_SIZE=1, its data loader
+# counts two nodes of one rank, and both ranks create the same shared-memory block.
+LAUNCH_VARIABLES = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "MASTER_ADDR",
+                    "MASTER_PORT")
+
+
+@pytest.fixture(autouse=True)
+def launch_variables_left_as_found():
+    before = {name: os.environ.get(name) for name in LAUNCH_VARIABLES}
+    yield
+    after = {name: os.environ.get(name) for name in LAUNCH_VARIABLES}
+    for name, value in before.items():  # put back first, so that one leak fails one test only
+        if value is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = value
+    changed = {name: after[name] for name in LAUNCH_VARIABLES if after[name] != before[name]}
+    assert not changed, f"the test left launcher variables set in its process: {changed}"
+
+
 @pytest.fixture
 def run_main(capsys):
     """run_main(main, *argv) -> (exit status, stdout, stderr): a command's cli_entry main in this

@@ -15,6 +15,7 @@ travel as Python objects over a gloo group (host memory only: a GPU launch gathe
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import timedelta
@@ -39,9 +40,15 @@ class RankShare:
     def join(cls) -> RankShare:
         """This process's place in its launch, with the process group the gathers use (none in a
         world of one)."""
-        env = setup_distributed_env()
-        if env.world_size > 1 and not dist.is_initialized():
-            dist.init_process_group("gloo", timeout=GATHER_TIMEOUT)
+        variables = dict(os.environ)
+        env = setup_distributed_env(variables)
+        if env.world_size > 1:
+            # a launched process: the group meets through them (srun's mapped to torch's names)
+            os.environ.update(variables)
+            if not dist.is_initialized():
+                dist.init_process_group("gloo", timeout=GATHER_TIMEOUT)
+        # a world of one leaves the environment as it found it: a launch started later from this
+        # process (a test's, a notebook's) must not inherit WORLD_SIZE=1 and LOCAL_WORLD_SIZE=1
         return cls(env)
 
     @property
