@@ -1,5 +1,5 @@
 """Debian's headless Chromium driven by Playwright's Python client: what the browser tests
-(tests/browser_testing.py) and tools/screenshots.py open pages with.
+(tests/conftest.py: the browser and page fixtures) and tools/screenshots.py open pages with.
 
 Playwright launches the system's browser (`apt-get install chromium`; .ci/run installs it) and
 never downloads one of its own. Each launch gets a fresh, empty profile (Playwright makes a

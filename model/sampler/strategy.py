@@ -22,7 +22,7 @@ strategy reads them. Its step then writes, in place:
     as it goes) and `cache` (it copies the chosen row's keys and values into its slot);
   - its own tensors, which `state()` lists (those a call changes).
 Nothing else: a CUDA graph's warm-up run is undone by restoring exactly these (engine._snapshot),
-and tests/model/test_strategies.py checks that a call changes no engine tensor it did not
+and tests/model/test_ways.py checks that a call changes no engine tensor it did not
 declare. `uniforms` belong to the engine: a strategy that needs other streams keeps its own.
 
 Two seams a strategy may use besides:
