@@ -44,6 +44,19 @@ def test_every_page_the_code_points_to_exists_with_the_section_it_names():
     assert not problems, "\n".join(problems)
 
 
+def test_every_test_file_the_code_names_exists():
+    """Comments send readers to the tests that check a rule (`tests/model/test_ways.py checks
+    that ...`): the file is there."""
+    code = subprocess.run(["git", "ls-files", "*.py", "*.sh", "*.yaml", "Makefile", ".ci/run"],
+                          cwd=REPO, capture_output=True, text=True, check=True).stdout.split()
+    problems = [f"{name}: {target}: no such file"
+                for name in code if name != THESE_TESTS
+                for target in sorted(set(re.findall(r"\btests/[\w/]+\.py\b",
+                                                    (REPO / name).read_text())))
+                if not (REPO / target).is_file()]
+    assert not problems, "\n".join(problems)
+
+
 def problems_of(text: str) -> list[str]:
     return check(page(FAKE, text))
 
