@@ -15,6 +15,7 @@ travel as Python objects over a gloo group (host memory only: a GPU launch gathe
 
 from __future__ import annotations
 
+import atexit
 import os
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -47,6 +48,10 @@ class RankShare:
             os.environ.update(variables)
             if not dist.is_initialized():
                 dist.init_process_group("gloo", timeout=GATHER_TIMEOUT)
+                # left at exit, each rank on its own (no collective: the others may still be
+                # writing): a process that ends with gloo's threads alive can abort ("terminate
+                # called without an active exception") though its work is done
+                atexit.register(leave_process_group)
         # a world of one leaves the environment as it found it: a launch started later from this
         # process (a test's, a notebook's) must not inherit WORLD_SIZE=1 and LOCAL_WORLD_SIZE=1
         return cls(env)
@@ -93,3 +98,8 @@ class RankShare:
             return None
         total = sum(len(part) for part in parts)
         return [parts[k % world][k // world] for k in range(total)]
+
+
+def leave_process_group() -> None:
+    if dist.is_initialized():
+        dist.destroy_process_group()
