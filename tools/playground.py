@@ -203,26 +203,36 @@ class Playground:
                                                  f"last {KEPT_RESULTS} results)"}
 
     def work(self) -> None:
+        finished: tuple[int, dict] | None = None
         while True:
             with self.lock:
+                if finished is not None:
+                    self.keep(*finished)
+                # the next job starts in the same hold of the lock as the last one ends: a job
+                # that waits always has one running ahead of it (never "0 requests ahead")
+                self.running = None
                 while not self.waiting:
                     self.lock.wait()
                 job = self.running = self.waiting.popleft()
                 request = self.requests.pop(job)
-            try:
-                result = {"state": "done", "replay": self.sample(request)}
-            except UsageError as err:
-                result = {"state": "failed", "error": str(err)}
-            except Exception as err:  # a bug: the page gets one line, the log the traceback
-                traceback.print_exc()
-                cause = (str(err).strip().splitlines() or [""])[0][:200]
-                result = {"state": "failed", "error": f"the sampler failed ({type(err).__name__}: "
-                                                      f"{cause}): the server's log has the trace"}
-            with self.lock:
-                self.results[job] = result
-                while len(self.results) > KEPT_RESULTS:
-                    self.results.popitem(last=False)
-                self.running = None
+            finished = job, self.result_of(request)
+
+    def keep(self, job: int, result: dict) -> None:
+        """A job's result, among the last KEPT_RESULTS (the caller holds the lock)."""
+        self.results[job] = result
+        while len(self.results) > KEPT_RESULTS:
+            self.results.popitem(last=False)
+
+    def result_of(self, request: Request) -> dict:
+        try:
+            return {"state": "done", "replay": self.sample(request)}
+        except UsageError as err:
+            return {"state": "failed", "error": str(err)}
+        except Exception as err:  # a bug: the page gets one line, the log the traceback
+            traceback.print_exc()
+            cause = (str(err).strip().splitlines() or [""])[0][:200]
+            return {"state": "failed", "error": f"the sampler failed ({type(err).__name__}: "
+                                                f"{cause}): the server's log has the trace"}
 
     @torch.no_grad()
     def sample(self, request: Request) -> dict:
