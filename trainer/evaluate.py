@@ -42,7 +42,7 @@ import torch
 import torch.distributed as dist
 
 import aogpt
-from aogpt import UsageError, check_unique, cli_entry
+from aogpt import UsageError, check_unique, cli_entry, comma_counts
 from aogpt.files import OutputFile, check_output_file, write_json_atomic
 from aogpt.model import AOGPT, load_checkpoint
 from aogpt.model.checkpoint import (
@@ -113,17 +113,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 def parse_sizes(text: str) -> tuple[int, ...]:
     """"1,2,4" -> (1, 2, 4): the ensemble sizes, ascending (each given once)."""
-    if not text:
-        return ()
-    try:
-        sizes = [int(part) for part in text.split(",")]
-    except ValueError:
-        sizes = []
-    if not sizes or min(sizes) < 1:
-        raise UsageError(f"--ensemble {text!r}: give positive integers separated by commas, "
-                         "e.g. --ensemble 1,2,4,8")
-    check_unique(sizes, "--ensemble", text)
-    return tuple(sorted(sizes))
+    return tuple(sorted(comma_counts(text, "--ensemble"))) if text else ()
 
 
 def settings_from_args(args: argparse.Namespace, any_order: bool) -> EvalSettings:

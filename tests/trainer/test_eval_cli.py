@@ -238,9 +238,10 @@ BAD_INPUTS = {
                      "does not exist"),
     "data of another tokenizer": (_other_tokenizer, "tokenized with 'cl100k_base'"),
     "ensemble size zero": (lambda f, t: ["--ckpt", f["adaln"], "--data", f["data"],
-                                         "--ensemble", "0,2"], "positive integers"),
+                                         "--ensemble", "0,2"], "--ensemble values must be >= 1"),
     "ensemble size not a number": (lambda f, t: ["--ckpt", f["adaln"], "--data", f["data"],
-                                                 "--ensemble", "2,four"], "positive integers"),
+                                                 "--ensemble", "2,four"],
+                                   "--ensemble takes a comma list of whole numbers"),
     "random orders on a left-to-right GPT": (
         lambda f, t: ["--ckpt", f["none"], "--data", f["data"], "--orders", "l2r,random"],
         "left-to-right GPT"),
