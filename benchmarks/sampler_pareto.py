@@ -35,13 +35,12 @@ from __future__ import annotations
 import argparse
 import math
 import sys
-import time
 from dataclasses import asdict
 from pathlib import Path
 
 import torch
 from results import show_table
-from sampling_model import sampling_model
+from sampling_model import sampling_model, timed
 
 from aogpt import UsageError, check_counts, cli_entry, comma_counts
 from aogpt.files import (
@@ -174,15 +173,6 @@ def settings(n: int, steps: list[int] | None, drafts: list[int] | None, planners
     return rows
 
 
-def draw(sampler: KVCacheSampler, ids: torch.Tensor, device: torch.device) -> tuple:
-    """(generation, seconds) of one batch."""
-    start = time.perf_counter()
-    out = sampler.generate(ids)
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-    return out, time.perf_counter() - start
-
-
 def measure(model, label: str, fields: dict, args, n: int, judge: Judge | None,
             device: torch.device) -> dict:
     """One setting's row: calls, seconds and the judge's numbers."""
@@ -191,7 +181,7 @@ def measure(model, label: str, fields: dict, args, n: int, judge: Judge | None,
     sampler = KVCacheSampler(model, widest, n, config)
     tokens, calls, batch_calls, decided, accepted = [], [], [], 0, 0
     for first in range(0, args.num_samples, widest):
-        out, _ = draw(sampler, torch.arange(first, min(first + widest, args.num_samples)), device)
+        out, _ = timed(sampler, torch.arange(first, min(first + widest, args.num_samples)), device)
         tokens += out.tokens.tolist()
         calls += out.sample_calls.tolist()
         batch_calls.append(out.network_calls)
@@ -213,11 +203,11 @@ def time_rows(rows: list[dict], args, n: int, device: torch.device) -> None:
     for size in args.batch_sizes:
         ids = torch.arange(size)
         for row in rows:
-            draw(row["samplers"][size], ids, device)  # warm-up (and, compiled, the compile)
+            timed(row["samplers"][size], ids, device)  # warm-up (and, compiled, the compile)
         best = {id(row): math.inf for row in rows}
         for _ in range(args.timed_batches):
             for row in rows:
-                out, seconds = draw(row["samplers"][size], ids, device)
+                out, seconds = timed(row["samplers"][size], ids, device)
                 best[id(row)] = min(best[id(row)], seconds / (size * n))
                 row.setdefault("batch_calls_per_token", {})[size] = out.network_calls / n
         for row in rows:

@@ -37,7 +37,6 @@ from __future__ import annotations
 import argparse
 import math
 import sys
-import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -61,6 +60,7 @@ from aogpt.trainer.ranks import RankShare
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from results import ResultsFile, show_table  # noqa: E402
+from sampling_model import timed  # noqa: E402
 
 JSON = OutputFile("benchmarks/sampling_race.py", "race", (".json",))
 TABLE = OutputFile("benchmarks/sampling_race.py", "table", (".md",))
@@ -173,15 +173,6 @@ def check_pair(ao, gpt) -> None:
 # ---- measuring -------------------------------------------------------------------------------
 
 
-def timed(sampler: KVCacheSampler, ids: torch.Tensor, device: torch.device) -> tuple:
-    """(seconds, generation) of one batch."""
-    start = time.perf_counter()
-    out = sampler.generate(ids)
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-    return time.perf_counter() - start, out
-
-
 def judged(model, contestant: Contestant, args, n: int, judge: Judge | None,
            device: torch.device, share: RankShare) -> dict | None:
     """A contestant's row: its calls and what the judge says of --num-samples samples (drawn
@@ -192,7 +183,7 @@ def judged(model, contestant: Contestant, args, n: int, judge: Judge | None,
     sampler = KVCacheSampler(model, widest, n, config, compile=False)
     drawn = []  # per batch of this rank's share: tokens, each sample's calls, drafts
     for first in share.mine(list(range(0, args.num_samples, widest))):
-        _, out = timed(sampler, torch.arange(first, min(first + widest, args.num_samples)), device)
+        out, _ = timed(sampler, torch.arange(first, min(first + widest, args.num_samples)), device)
         drawn.append((out.tokens.tolist(), out.sample_calls.tolist(),
                       int(out.stats.get("drafts_decided", torch.zeros(1)).sum()),
                       int(out.stats.get("drafts_accepted", torch.zeros(1)).sum())))
@@ -237,7 +228,7 @@ def time_rows(rows: list[dict], models: dict, args, n: int, device: torch.device
             best = {key: math.inf for key in samplers}
             for _ in range(args.repeats):
                 for key, sampler in samplers.items():  # interleaved: load hits all alike
-                    took, out = timed(sampler, ids, device)
+                    out, took = timed(sampler, ids, device)
                     best[key] = min(best[key], took)
                     batch_calls[key[0]] = out.network_calls  # the same each run: ids key draws
             for key in samplers:
