@@ -86,12 +86,15 @@ LEVER_ROWS = len(LEVER_CHANGES)  # after the two default rows
 
 
 def selected(grid: list[dict], filters: list[str]) -> list[dict]:
-    """The grid rows whose settings match every KEY=VALUE filter (compared as text)."""
+    """The grid rows whose settings match every KEY=VALUE filter (compared as text; VALUE may
+    list alternatives, KEY=A|B, and an empty one: lever=|cuda_graphs is the default row and that
+    lever's)."""
     wanted = [f.split("=", 1) for f in filters]
     bad = [f for f, w in zip(filters, wanted, strict=True) if len(w) != 2 or w[0] not in SETTING]
     if bad:
         raise UsageError(f"--train-filter {bad[0]}: use KEY=VALUE with KEY in {', '.join(SETTING)}")
-    return [row for row in grid if all(str(setting_of(row, k)) == v for k, v in wanted)]
+    return [row for row in grid
+            if all(str(setting_of(row, k)) in v.split("|") for k, v in wanted)]
 
 
 def describe(setting: dict) -> str:

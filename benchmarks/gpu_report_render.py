@@ -155,7 +155,20 @@ def class_table(what: str, predicted: dict, measured: dict) -> list[str]:
         ratio = (f"{got['measured_s'] / row['predicted_s']:.2f}" if row["predicted_s"] else "")
         lines.append(f"| {name} | {row['kernels']} | {got['kernels']:.0f} | "
                      f"{row['predicted_s'] * 1e3:.3f} | {got['measured_s'] * 1e3:.3f} | {ratio} |")
-    return lines + [""]
+    return lines + [""] + costliest_lines(predicted, measured)
+
+
+def costliest_lines(predicted: dict, measured: dict) -> list[str]:
+    """The costliest kernels the profiler named in each class that took over 1.25 times its
+    prediction: what the anatomy does not yet model."""
+    lines = []
+    for name, row in predicted.items():
+        got = measured.get(name, {})
+        if got.get("top") and got["measured_s"] > 1.25 * row["predicted_s"]:
+            lines.append(f"- {name}: " + "; ".join(
+                f"`{kernel[:70]}` {count:.0f} x, {seconds * 1e3:.2f} ms"
+                for kernel, count, seconds in got["top"]))
+    return lines + [""] if lines else []
 
 
 def call_lines(report: dict) -> list[str]:

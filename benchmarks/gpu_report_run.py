@@ -78,9 +78,19 @@ def failure(output: str) -> str:
     """The line of a failed run that says why: its last line naming an exception with a message,
     else its last error line, else its last line."""
     lines = [line.strip() for line in output.strip().splitlines() if line.strip()]
-    errors = [line for line in lines if re.search(r"error|Error|timed out", line)]
+    errors = [line for line in lines if re.search(r"error|Error|timed out", line)
+              and "Hint:" not in line]  # torch.compile's advice after its error
     named = why(output)
     return named if EXCEPTION_LINE.search(named) else (errors or lines or ["no output"])[-1][:300]
+
+
+LOG_TAIL_LINES = 60
+
+
+def log_tail(output: str) -> list[str]:
+    """A failed run's last LOG_TAIL_LINES lines, kept in the report's JSON: a GPU's traceback
+    is seen once, and its one-line reason rarely says enough to mend it on a CPU."""
+    return [line.rstrip()[:400] for line in output.strip().splitlines()[-LOG_TAIL_LINES:]]
 
 
 def read_rows(path: Path) -> dict | None:
@@ -108,7 +118,7 @@ def benchmark(command: list[str], result: Path, timeout: float,
     data = read_rows(result) or {}
     data["seconds"] = seconds
     if code or not data.get("complete"):
-        data["error"] = failure(output)
+        data["error"], data["log_tail"] = failure(output), log_tail(output)
     return data
 
 
@@ -235,7 +245,7 @@ def train_throughput(setting: dict, data: Path, report: Report, timeout: float) 
     code, output, seconds = run(command, timeout)
     if code == 0 and result.is_file():
         return {**json.loads(result.read_text()), "seconds": seconds}
-    return {"error": failure(output), "seconds": seconds}
+    return {"error": failure(output), "log_tail": log_tail(output), "seconds": seconds}
 
 
 def decode(report: Report, timeout: float) -> None:

@@ -191,18 +191,30 @@ def gpu_kernel_class(name: str, phase: str = "") -> str:
                 "other")
 
 
+TOP_KERNELS = 6  # the costliest kernel names kept per class of a profile
+
+
 def measured_classes(events, runs: int) -> dict[str, dict]:
     """Per class, the GPU kernels and their seconds per run in a torch.profiler's events of
-    `runs` runs (copies and memsets between host and device left out)."""
+    `runs` runs (copies and memsets between host and device left out), and its TOP_KERNELS
+    costliest kernel names (`top`: name, kernels and seconds per run), which say what a class
+    the anatomy does not predict is made of."""
     from torch.autograd import DeviceType
 
     table = {name: {"kernels": 0, "measured_s": 0.0} for name in CLASSES}
+    names: dict[str, dict[str, list]] = {name: {} for name in CLASSES}
     for event in events:
         if event.device_type != DeviceType.CUDA or event.name.startswith(
                 ("Memcpy", "Memset", "[memory]")):
             continue
-        row = table[gpu_kernel_class(event.name)]
-        row["kernels"] += 1
-        row["measured_s"] += event.time_range.elapsed_us() * 1e-6
-    return {name: {"kernels": row["kernels"] / runs, "measured_s": row["measured_s"] / runs}
+        cls = gpu_kernel_class(event.name)
+        seconds = event.time_range.elapsed_us() * 1e-6
+        table[cls]["kernels"] += 1
+        table[cls]["measured_s"] += seconds
+        count = names[cls].setdefault(event.name[:120], [0, 0.0])
+        count[0] += 1
+        count[1] += seconds
+    return {name: {"kernels": row["kernels"] / runs, "measured_s": row["measured_s"] / runs,
+                   "top": [[kernel, n / runs, s / runs] for kernel, (n, s) in
+                           sorted(names[name].items(), key=lambda kv: -kv[1][1])[:TOP_KERNELS]]}
             for name, row in table.items()}

@@ -149,6 +149,7 @@ class Trainer:
                 # Orders key on (step, the sample's index in the dataset): they never depend on
                 # the rank or micro-batch a sample lands in, whatever the world size.
                 orders, is_l2r = self.orders(update, sample_ids, idx)
+                speed.micro_step_begins(self.engine, self.cfg, self.device)
                 nll, loss = self.forward(idx, orders, sample_ids)  # (micro, t), scalar
                 self.engine.backward(loss)
                 self.reduction.after_backward()

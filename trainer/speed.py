@@ -60,6 +60,27 @@ def compile_model(model, cfg: RunConfig, device: torch.device) -> None:
                                mode="reduce-overhead" if cuda_graphs else None)
 
 
+def micro_step_begins(engine, cfg: RunConfig, device: torch.device) -> None:
+    """speed.cuda_graphs, before each micro-step's forward: a new step for inductor's CUDA-graph
+    trees, and every parameter's .grad allocated (zeros where it is None). Without a .grad to add
+    into, autograd installs the backward graph's output buffer itself as .grad, and the next
+    micro-step's replay overwrites that buffer while it still holds the sum: gradient
+    accumulation fails on CUDA graphs (pytorch/pytorch#169545, seen on the H200 in
+    'accessing tensor output of CUDAGraphs that has been overwritten by a subsequent run').
+    With one allocated, each micro-step's gradient is added into it in place."""
+    if not (cfg.speed.cuda_graphs and cfg.train.compile and device.type == "cuda"):
+        return
+    torch.compiler.cudagraph_mark_step_begin()
+    allocate_grads(engine.module)
+
+
+def allocate_grads(module: torch.nn.Module) -> None:
+    """A zero .grad for each trainable parameter that has none (micro_step_begins)."""
+    for parameter in module.parameters():
+        if parameter.requires_grad and parameter.grad is None:
+            parameter.grad = torch.zeros_like(parameter)
+
+
 def engine_ds_config(ds_config: dict, cfg: RunConfig, device: torch.device) -> dict:
     """The DeepSpeed JSON with DeepCompile turned on where it runs."""
     if cfg.speed.engine_compile == "deepcompile" and engine_compiles(cfg, device):
