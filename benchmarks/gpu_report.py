@@ -1,7 +1,8 @@
 """Everything this stack claims about GPUs, checked and measured in one command: `make gpu-report`.
 
     python benchmarks/gpu_report.py [--out docs/gpu-report.md] [--paper .paper] [--budget 560]
-        [--only checks,train,decode,paper,generation,e2e] [--train-filter KEY=VALUE] [--merge]
+        [--only checks,train,decode,paper,generation,race,e2e] [--train-filter KEY=VALUE]
+        [--merge]
     python benchmarks/gpu_report.py --dry-run      (any machine: the plan, its estimates, its fit)
     python benchmarks/gpu_report.py --smoke [--out /tmp/report.md]      (CPU, minutes: what CI runs)
 
@@ -41,6 +42,11 @@ and then, where the budget leaves room, the rest, named in the plan when it does
               process, compilation apart (measured on the H200; --merge keeps them)
   generation  the KV-cache decoder against the encoder baseline (benchmarks/generation_speed.py),
               batch 32, n = 1024, S = 64 and 1024, eager/eager and compiled/compiled
+  race        the sampling race (benchmarks/sampling_race.py): an AO-GPT and a GPT of the first
+              synthetic language (configs/synthetic.yaml, configs/gpt_synthetic.yaml) trained
+              on the spot, both at once, then the GPT sampling itself one token per call
+              against the AO-GPT's exact left-to-right speculative samples (K = 2 and 4, trees
+              of 1 and 3), at batch 1 and 32, compiled and replayed as CUDA graphs
   e2e         `trainer/main.py` with the small recipe for 30 steps in two launches (the loss falls,
               a checkpoint is written, the second launch resumes from it)
   train ...   one change at a time from small's default recipe (flash-attn where installed,

@@ -18,19 +18,20 @@ from aogpt import UsageError
 DEFAULT_PAPER = REPO / ".paper"
 PAPER_FILES = ("model_AOGPT_AdaLN6_NoRep_cond_128_trunc_qknorm.py", "ema.py",
                "model_AOGPT_generate.py", "catsample.py")  # paper_baseline.py's PAPER_FILES
-PARTS = ("checks", "train", "decode", "paper", "generation", "e2e")
+PARTS = ("checks", "train", "decode", "paper", "generation", "race", "e2e")
 # What the report's commands import (setup.py's requirements that a GPU machine's image may lack:
 # its first H200 run lost its training rows to a missing orjson)
 NEEDED_MODULES = ("deepspeed", "streaming", "orjson", "xxhash", "zstd", "yaml", "tiktoken",
                   "transformers", "pytest")
 # Seconds on one GPU, compilation included: the H200 report's items as they took (docs/
-# gpu-report.md, "The call": checks 177, data 1, training rows 27-39, decode 48, the paper's
-# trainer 116 and sampler 116), rounded up; generation and e2e from the first H100 report (150,
-# 94). A training row's profile of 2 more steps (the anatomy's classes) and a lever's row are
-# training rows. The report shows each item's real seconds beside its estimate: update these
-# from it.
-ESTIMATE_S = {"checks": 180, "data": 10, "train": 40, "decode": 50, "paper train": 120,
-              "paper generation": 120, "generation": 150, "e2e": 100}
+# gpu-report.md, "The call": checks 177, data 1, training rows 27-39 (a profiled one, 2 more
+# steps under the profiler: 51-64), decode 41-48, the paper's trainer 116 and sampler 116),
+# rounded; generation and e2e from the first H100 report (150, 94); the race not yet measured
+# (two trainings of 1,500 small steps at once, then 12 compiled samplers). The report shows each
+# item's real seconds beside its estimate: update these from it.
+ESTIMATE_S = {"checks": 180, "data": 10, "train": 35, "train profiled": 55, "decode": 50,
+              "paper train": 120, "paper generation": 120, "generation": 150, "race": 300,
+              "e2e": 100}
 
 
 def paper_problem(folder: Path) -> str | None:
@@ -57,8 +58,12 @@ class Item:
 
 
 # each speed lever against small's default: trainer/speed.py's, and the norm + AdaLN + residual
-# fusion across blocks (one compiled graph for the network, train.compile_scope)
-LEVER_CHANGES = [*({"lever": lever} for lever in LEVERS), {"scope": "network"}]
+# fusion across blocks (one compiled graph for the network, train.compile_scope); those no H200
+# call has measured against the default yet first (a lever's tokens/s: docs/gpu-report.md)
+LEVER_CHANGES = [{"scope": "network"}, *({"lever": lever} for lever in (
+    "cuda_graphs", "compiled_autograd", "deepcompile", "coalesce_grad_reduction",
+    "fused_optimizer_ema"))]
+assert {change["lever"] for change in LEVER_CHANGES[1:]} == set(LEVERS)
 
 
 def train_grid(smoke: bool) -> list[dict]:
@@ -148,7 +153,9 @@ def all_items(args: argparse.Namespace) -> list[Item]:
     promised = 1 if args.smoke else 2 + LEVER_ROWS
 
     def train(settings: list[dict], promised: bool) -> list[Item]:
-        return [Item("train", describe(s), ESTIMATE_S["train"], promised or filtered,
+        return [Item("train", describe(s),
+                     ESTIMATE_S["train profiled" if s.get("profile") else "train"],
+                     promised or filtered,
                      run.train_row(s, describe(s)), _holds_row(s)) for s in settings]
 
     return [Item("checks", "checks: pytest -m gpu, correctness first", ESTIMATE_S["checks"],
@@ -159,6 +166,8 @@ def all_items(args: argparse.Namespace) -> list[Item]:
             *train(grid[1:promised], True), *paper_items(chosen),
             Item("generation", "generation: decoder vs encoder, S = 64 and 1024",
                  ESTIMATE_S["generation"], chosen, run.generation, _holds("generation")),
+            Item("race", "race: exact left-to-right samples against a GPT, batch 1 and 32",
+                 ESTIMATE_S["race"], chosen, run.race, _holds("race")),
             Item("e2e", "e2e: trainer/main.py, 30 steps in two launches", ESTIMATE_S["e2e"],
                  chosen, run.end_to_end, lambda report: report.get("e2e", {}).get("ok", False)),
             *train(grid[promised:], False)]

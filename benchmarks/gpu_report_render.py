@@ -7,6 +7,7 @@ import json
 
 from gpu_report_plan import PARTS, describe, train_grid
 from gpu_report_run import ACCUMULATION, REPO, SETTING, percent, setting_of
+from sampling_race import table as race_table
 
 GOALS = {"small": 0.45, "medium": 0.50}  # MFU on one H100 (llm-foundry reaches 43-50% on A100)
 GENERATION_GOAL = 65.0  # encoder / decoder time at S = n = 1024 (Eso-LMs' claim over MDMs)
@@ -92,7 +93,9 @@ SECTIONS = (  # part, title, lines of its body
     ("decode", "One decoder step (`decode_step.py`)", lambda d: decode_lines(d)),
     ("paper", "The paper's code beside ours (`paper_baseline.py`)", lambda p: paper_lines(p)),
     ("generation", "Generation: KV-cache decoder vs the encoder baseline",
-     lambda g: generation_lines(g)))
+     lambda g: generation_lines(g)),
+    ("race", "The sampling race: exact left-to-right samples against a GPT (`sampling_race.py`)",
+     lambda r: race_lines(r)))
 
 
 def markdown(report: dict) -> str:
@@ -132,7 +135,7 @@ def anatomy_lines(report: dict) -> list[str]:
     for what, (name, row_of) in ANATOMIES.items():
         anatomy, row = _anatomy(name, report["environment"]["device"]), row_of(report)
         if anatomy and row and row.get("classes"):
-            lines += class_table(what, anatomy, row["classes"])
+            lines += class_table(what, anatomy, row["classes"]) + busy_lines(row)
     return (["## Where the time goes: the anatomy's prediction and the profiler's measurement",
              ""] + lines) if lines else []
 
@@ -158,6 +161,19 @@ def class_table(what: str, predicted: dict, measured: dict) -> list[str]:
     return lines + [""] + costliest_lines(predicted, measured)
 
 
+def busy_lines(row: dict) -> list[str]:
+    """How much of the measured step (or call) the profiled kernels fill: the rest the GPU waits
+    on the host (launches, Python) or the data, which no kernel's speed-up recovers."""
+    step_s = row.get("step_s") or row.get("step_ms", 0) / 1e3
+    kernels_s = sum(c["measured_s"] for c in row["classes"].values())
+    if not step_s:
+        return []
+    ms = lambda s: f"{s * 1e3:.1f}" if s >= 0.01 else f"{s * 1e3:.3f}"  # noqa: E731
+    return [f"The profiled kernels take {ms(kernels_s)} ms of the {ms(step_s)} ms "
+            f"measured: the GPU is busy {min(1.0, kernels_s / step_s):.0%} of the time, and waits "
+            "on the host or the data for the rest.", ""]
+
+
 def costliest_lines(predicted: dict, measured: dict) -> list[str]:
     """The costliest kernels the profiler named in each class that took over 1.25 times its
     prediction: what the anatomy does not yet model."""
@@ -166,7 +182,7 @@ def costliest_lines(predicted: dict, measured: dict) -> list[str]:
         got = measured.get(name, {})
         if got.get("top") and got["measured_s"] > 1.25 * row["predicted_s"]:
             lines.append(f"- {name}: " + "; ".join(
-                f"`{kernel[:70]}` {count:.0f} x, {seconds * 1e3:.2f} ms"
+                f"{kernel[:70]} ({count:.0f} x, {seconds * 1e3:.2f} ms)"
                 for kernel, count, seconds in got["top"]))
     return lines + [""] if lines else []
 
@@ -331,6 +347,22 @@ def generation_lines(g: dict) -> list[str]:
     return lines + [""]
 
 
+def race_lines(r: dict) -> list[str]:
+    """sampling_race.py's own table of the rows timed so far (its JSON keys the batch sizes as
+    text), under a line saying what raced."""
+    sizes = r.get("batch_sizes", [])
+    rows = [{**row, **{key: {int(size): x for size, x in row[key].items()}
+                       for key in ("tokens_per_s", "speedup")}}
+            for row in r.get("rows", []) if len(row.get("speedup", {})) == len(sizes)]
+    if not rows:
+        return []
+    entropy = r.get("entropy_rate")
+    return [f"{r.get('title', '')}; {r['num_samples']} samples judged"
+            + (f", the language's entropy {entropy:.4f} nats per token" if entropy else "")
+            + "; each sampler compiled and replayed as CUDA graphs on a GPU, the faster kept "
+            "where both ran.", "", race_table(rows, r).rstrip("\n"), ""]
+
+
 def e2e_lines(e: dict) -> list[str]:
     if "steps" not in e:
         return ["## End to end: `trainer/main.py`, the small recipe", "",
@@ -350,4 +382,4 @@ def failed_parts(report: dict) -> list[str]:
         (part == "train" and any("error" in r for r in report["train"]))
         or (part == "e2e" and not report["e2e"].get("ok"))
         or (part == "paper" and any(k.endswith("_error") for k in report["paper"]))
-        or (part in ("checks", "decode", "generation") and "error" in report[part]))]
+        or (part in ("checks", "decode", "generation", "race") and "error" in report[part]))]

@@ -165,8 +165,9 @@ def sequence_seconds(kernels: list[Kernel], gpu: GPU, causal: bool, in_graph: bo
 # What a GPU profile's kernel names say of their class (the census's classes, for the profiler's
 # measured time beside the prediction): library kernels by their vendors' names, inductor's
 # Triton kernels by the ops their names list (triton_per_fused_add_mean_mul_pow_rsqrt_0). cuBLAS
-# 12.8 and later names most of its Hopper and Blackwell GEMMs nvjet_* (nvjet_tst_128x256_...)
-LIBRARY_KERNELS = (("attention", ("flash", "fmha", "attention", "attn")),
+# 12.8 and later names most of its Hopper and Blackwell GEMMs nvjet_* (nvjet_tst_128x256_...);
+# cuDNN's flash backward opens with a rowwise dot of dO and O (cudnn::fusion::compute_dot_do_o)
+LIBRARY_KERNELS = (("attention", ("flash", "fmha", "attention", "attn", "dot_do_o")),
                    ("matmul", ("gemm", "xmma", "cutlass", "cublas", "splitkreduce", "wgmma",
                                "nvjet")),
                    ("optimizer + EMA", ("multi_tensor_apply", "adam", "lerp")),

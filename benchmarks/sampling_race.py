@@ -67,6 +67,15 @@ TABLE = OutputFile("benchmarks/sampling_race.py", "table", (".md",))
 PLOT = OutputFile("benchmarks/sampling_race.py", "plot", (".png",))
 OUTPUTS = {"json": JSON, "table": TABLE, "plot": PLOT}
 BASELINE = "GPT, one token per call"
+# configs/synthetic.yaml's and configs/gpt_synthetic.yaml's recipe on a language, a network and a
+# budget that train in seconds on a CPU: for the GPU report's smoke run and the tests
+TINY_LANGUAGE = ["--seq-len", "16", "--vocab", "16", "--train-samples", "512",
+                 "--val-samples", "32", "--topics", "2"]
+TINY_TRAINING = ["model.block_size=16", "model.vocab_size=16", "model.n_layer=1",
+                 "model.n_embd=32", "model.cond_dim=8", "train.max_steps=12",
+                 "optim.decay_steps=12", "optim.warmup_steps=2", "order.schedule_steps=4",
+                 "train.tokens_per_step=512", "train.micro_batch_size=32", "train.log_every=6",
+                 "eval.every=12", "eval.batches=1", "checkpoint.every=12", "data.num_workers=1"]
 # what the two runs must share for the race to compare samplers, not models
 SHAPE = ("n_layer", "n_head", "n_embd", "block_size", "vocab_size")
 

@@ -16,16 +16,18 @@ from conftest import REPO, run_cli
 
 sys.path.insert(0, str(REPO / "benchmarks"))
 import gpu_report  # noqa: E402
+import gpu_report_plan  # noqa: E402
 import gpu_report_render  # noqa: E402
 import gpu_report_run  # noqa: E402
 import roofline  # noqa: E402
-from gpu_report_run import LEVERS  # noqa: E402
+from gpu_report_plan import LEVER_CHANGES  # noqa: E402
 from results import STOP_VARIABLE  # noqa: E402
 
 STANDIN = REPO / "tests" / "benchmarks" / "paper_standin"
 PROMISED = ["checks: pytest -m gpu", "train small (default recipe)", "decode: one step",
-            "train medium (default recipe)", *(f"train small ({lever})" for lever in LEVERS),
-            "train small (scope network)"]
+            "train medium (default recipe)",
+            *(f"train small ({change.get('lever') or 'scope network'})"
+              for change in LEVER_CHANGES)]
 
 
 def plan_of(stdout: str) -> list[tuple[float, float, str]]:
@@ -116,9 +118,11 @@ def test_an_item_cut_short_keeps_the_rows_it_finished(tmp_path):
 
 @pytest.mark.slow  # trainer launches, both samplers, the paper's stand-in, pytest: 5-12 min
 def test_smoke_report_runs_every_item_and_writes_markdown_and_json(tmp_path):
+    """Every part but the race (its own test below, so that the two run side by side)."""
     out = tmp_path / "report.md"
     result = run_cli("benchmarks/gpu_report.py", "--smoke", "--out", str(out),
-                     "--paper", str(STANDIN))
+                     "--paper", str(STANDIN), "--only", ",".join(
+                         part for part in gpu_report_plan.PARTS if part != "race"))
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     report = json.loads(out.with_suffix(".json").read_text())
     assert [item["part"] for item in report["plan"]] == [
@@ -142,6 +146,24 @@ def test_smoke_report_runs_every_item_and_writes_markdown_and_json(tmp_path):
                     "## Training throughput", "## End to end", "## Generation",
                     "## One decoder step", "## The paper's code beside ours"):
         assert heading in text
+
+
+@pytest.mark.slow  # two trainer launches at once, then the race: ~1 min
+def test_smoke_race_trains_both_networks_and_races_them_left_to_right(tmp_path):
+    """The race item: a tiny synthetic language made, an AO-GPT and a GPT trained on it by
+    trainer/main.py, raced by sampling_race.py; the report holds its table."""
+    out = tmp_path / "report.md"
+    result = run_cli("benchmarks/gpu_report.py", "--smoke", "--only", "race", "--out", str(out))
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    race = json.loads(out.with_suffix(".json").read_text())["race"]
+    assert "error" not in race and race["complete"] and race["exact_judge"]
+    labels = [row["label"] for row in race["rows"]]
+    assert labels[0] == "GPT, one token per call"
+    assert any("speculative" in label for label in labels)
+    for row in race["rows"]:
+        assert set(row["speedup"]) == {"1", "3"} and 0 < row["calls_per_token"] <= 1
+    text = out.read_text()
+    assert "## The sampling race" in text and "| GPT, one token per call | 1.000 |" in text
 
 
 def assert_paper_rows(paper: dict) -> None:
@@ -236,3 +258,35 @@ def test_the_report_sets_each_lever_against_the_default_recipe_fastest_first():
     levers = text.split("The speed levers against the default recipe")[1].split("\n\n")[1]
     assert levers.splitlines() == ["- small (scope network): 1.100x",
                                    "- small (coalesce_grad_reduction): 1.000x"]
+
+
+def test_the_report_names_the_costliest_kernels_of_a_class_over_its_prediction_and_the_idle_time():
+    """A class measured over 1.25 times its prediction is followed by the kernel names the
+    profile kept for it (what the anatomy does not model); one near its prediction is not. The
+    kernels' sum against the measured step says how long the GPU waited (host or data)."""
+    report = json.loads((REPO / "docs" / "gpu-report.json").read_text())
+    predicted = json.loads((REPO / "docs" / "step-anatomy.json").read_text())["by_gpu"]["H200"]
+    row = gpu_report_render._default_row(report, "small")
+    row["classes"] = {name: {"kernels": 1, "measured_s": c["predicted_s"], "top": [["k", 1, 0]]}
+                      for name, c in predicted.items()}
+    row["classes"]["other"] = {"kernels": 5, "measured_s": 3 * predicted["other"]["predicted_s"],
+                               "top": [["triton_poi_fused_gelu_view_11", 96, 0.00707]]}
+    row["step_s"] = 2 * sum(c["measured_s"] for c in row["classes"].values())
+    section = gpu_report_render.markdown(report).split("small's training step (ms")[1]
+    section = section.split("medium's training step")[0]
+    costly = [line for line in section.splitlines() if line.startswith("- ")]
+    assert costly == ["- other: triton_poi_fused_gelu_view_11 (96 x, 7.07 ms)"]
+    assert "the GPU is busy 50% of the time" in section
+
+
+def test_a_failed_row_names_the_exception_not_torch_compiles_advice_and_keeps_the_log_tail():
+    """The H200's first lever rows were reported by torch.compile's closing hint alone; the row
+    now names the exception and keeps the log's last lines to mend it by."""
+    output = "\n".join([f"[rank0]:   frame {n}" for n in range(100)] + [
+        "[rank0]: torch._dynamo.exc.TorchRuntimeError: Dynamo failed to run FX node with fake "
+        "tensors: call_function <built-in method addmm>:",  # its message goes on below
+        "[rank0]: from user code:",
+        "[rank0]:   Hint: Your code may result in an error when running in eager."])
+    assert gpu_report_run.failure(output).startswith("[rank0]: torch._dynamo.exc.TorchRuntimeE")
+    tail = gpu_report_run.log_tail(output)
+    assert len(tail) == gpu_report_run.LOG_TAIL_LINES and tail[-1].endswith("in eager.")

@@ -22,13 +22,8 @@ from aogpt.trainer.judge import Judge, generative_perplexity
 sys.path.insert(0, str(REPO / "benchmarks"))
 import sampling_race  # noqa: E402
 
-N, VOCAB = 16, 16
-# configs/synthetic*.yaml's recipe on a network and a budget that train in seconds
-SHRUNK = [f"model.block_size={N}", f"model.vocab_size={VOCAB}", "model.n_layer=1",
-          "model.n_embd=32", "model.cond_dim=8", "train.max_steps=12", "optim.decay_steps=12",
-          "optim.warmup_steps=2", "order.schedule_steps=4", "train.tokens_per_step=512",
-          "train.micro_batch_size=32", "train.log_every=6", "eval.every=12", "eval.batches=1",
-          "checkpoint.every=12", "data.num_workers=1"]
+N, VOCAB = 16, 16  # sampling_race.TINY_LANGUAGE's
+SHRUNK = sampling_race.TINY_TRAINING
 
 
 def train(config: str, data: Path, out: Path) -> subprocess.Popen:
@@ -44,9 +39,8 @@ def train(config: str, data: Path, out: Path) -> subprocess.Popen:
 def runs(tmp_path_factory):
     root = tmp_path_factory.mktemp("race")
     data = root / "language"
-    built = run_cli("data_prep/synthetic_to_mds.py", "--out", str(data), "--seq-len", str(N),
-                    "--vocab", str(VOCAB), "--train-samples", "512", "--val-samples", "32",
-                    "--topics", "2")
+    built = run_cli("data_prep/synthetic_to_mds.py", "--out", str(data),
+                    *sampling_race.TINY_LANGUAGE)
     assert built.returncode == 0, built.stderr
     trainings = {name: train(config, data, root / name) for name, config in
                  (("ao", "configs/synthetic.yaml"), ("gpt", "configs/gpt_synthetic.yaml"))}

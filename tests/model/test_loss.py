@@ -112,3 +112,21 @@ def test_a_large_cpu_tensor_is_faulted_in_huge_pages():
     torch.ones(64 << 20, dtype=torch.uint8)
     faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before
     assert faults < pages // 4, f"{faults} page faults for {pages} pages of 4 KB"
+
+
+def test_the_bf16_weight_gradient_compiles_inside_a_traced_graph_as_it_runs_eager():
+    """Compiling the whole model (speed.engine_compile) traces the loss: the head's fp32-summing
+    weight gradient must run as it does eager (Inductor has no lowering of addmm's out_dtype,
+    and a probe of the device under tracing would see fake tensors, which take it anywhere)."""
+    g = torch.Generator().manual_seed(2)
+    grad_logits = torch.randn(64, VOCAB, generator=g).to(torch.bfloat16)
+    h = torch.randn(64, 16, generator=g).to(torch.bfloat16)
+
+    def summed(grad_w):
+        for rows in (slice(0, 32), slice(32, 64)):
+            loss._add_weight_grad(grad_w, grad_logits[rows], h[rows])
+        return grad_w * 1.0  # an op of the graph's own after the eager call
+
+    torch._dynamo.reset()
+    compiled = torch.compile(summed, backend="inductor")(torch.zeros(VOCAB, 16))
+    torch.testing.assert_close(compiled, summed(torch.zeros(VOCAB, 16)), rtol=0, atol=0)
