@@ -116,6 +116,9 @@ def per_reading(site: str, entries: dict[str, _Entry]) -> dict[str, _Entry]:
 # The planners a training order can follow (model/sampler/planners.py scores them): each reveals
 # a fixed number of positions per call, so a sequence's order is a function of its tokens.
 TRAINING_PLANNERS = ("confidence", "margin", "entropy")
+# planner: whose weights the planner's pass runs on (order.planner_weights): the network being
+# trained, or the EMA of its weights (a copy made once per optimizer step)
+PLANNER_WEIGHTS = ("current", "ema")
 
 
 @dataclass
@@ -151,6 +154,10 @@ class OrderConfig:
     # planner: how many positions are given first, [min, max]: a uniform number in that range,
     # read in position order, as the sampler reads a prompt or a puzzle's clues
     planner_givens: list[int] = field(default_factory=lambda: [0, 0])
+    # planner: the weights the planner scores with: "current" (the network being trained) or
+    # "ema" (the EMA's, the weights evaluation and sampling use: steadier orders, one copy of the
+    # full weights per optimizer step, and it plans under ZeRO-3 too)
+    planner_weights: Literal[PLANNER_WEIGHTS] = "current"
     # how the k-th prediction of an order counts in the loss: uniform (all alike: the any-order
     # loss, the paper's) or bell (a Gaussian in the share of the sequence it sees, (k + 1/2) / n,
     # centred on 1/2 with standard deviation bell_width, scaled to mean 1: docs/orders.md).
@@ -447,8 +454,9 @@ def _mixture_words(c: OrderConfig) -> str:
 
 def _planner_words(c: OrderConfig) -> str:
     given = "-".join(map(str, sorted(set(c.planner_givens))))
+    weights = ", EMA weights" if c.planner_weights == "ema" else ""
     return (f"planner {c.planner} (p_planner {c.p_planner}, refresh {c.refresh}, {given} given "
-            "first)")
+            f"first{weights})")
 
 
 @dataclass(frozen=True)

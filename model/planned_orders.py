@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import contextlib
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -75,16 +76,21 @@ class TrainingOrders:
     tokens). OrderSampler's draw, and for order.kind=planner a share replaced by the planner's
     order on each sequence's tokens, given `model` (the module being trained)."""
 
-    def __init__(self, config: OrderConfig, seq_len: int, seed: int, model: AOGPT | None = None):
+    def __init__(self, config: OrderConfig, seq_len: int, seed: int, model: AOGPT | None = None,
+                 planner_model: Callable[[int], AOGPT] | None = None):
+        """planner_model(step): the network the planner runs on at `step` where it is not
+        `model` itself (order.planner_weights=ema: a copy of the EMA's weights, made on every
+        rank at each step's first call, whether or not that rank plans then)."""
         self.config, self.seq_len, self.seed = config, seq_len, seed
         self.draw = OrderSampler(config, seq_len, seed)
         self.model = model if ORDER_KINDS[config.kind].planned else None
+        self.planner_model = planner_model
         self.cost = PlannerCost()
         self.eager = contextlib.nullcontext  # the planner pass's compile stance (compile())
         if ORDER_KINDS[config.kind].planned:
             if model is None:
                 raise ValueError(f"order.kind={config.kind} plans with the model: pass it")
-            if any(p.numel() == 0 for p in model.parameters()):
+            if planner_model is None and any(p.numel() == 0 for p in model.parameters()):
                 raise UsageError(f"order.kind={config.kind} runs the planner on each rank's "
                                  "whole weights, which ZeRO-3 partitions: use ZeRO stage 1 or "
                                  "2 (e.g. --ds_config ds_configs/zero2.json)")
@@ -108,23 +114,26 @@ class TrainingOrders:
         if not self.planned or tokens is None:
             return orders, is_l2r
         self.cost.drawn += len(sample_indices)
+        start = time.perf_counter()
+        model = self.model if self.planner_model is None else self.planner_model(step)
+        self.cost.seconds += time.perf_counter() - start  # the copy of the EMA's weights
         coin = counter_uniform(self.seed, step, sample_indices.to(torch.int64), Stream.PLANNED)
         rows = (coin < self.config.p_planner).nonzero()[:, 0]  # reads the device: planned ones
         if len(rows):
             start = time.perf_counter()
-            orders[rows] = self.plan(step, sample_indices[rows], tokens[rows].long(),
+            orders[rows] = self.plan(model, step, sample_indices[rows], tokens[rows].long(),
                                      orders[rows])
             self.cost.seconds += time.perf_counter() - start  # the pass ends reading the device
             self.cost.sequences += len(rows)
         return orders, is_l2r
 
     @torch.no_grad()
-    def plan(self, step: int, sample_indices: torch.Tensor, tokens: torch.Tensor,
+    def plan(self, model: AOGPT, step: int, sample_indices: torch.Tensor, tokens: torch.Tensor,
              random_orders: torch.Tensor) -> torch.Tensor:
-        """The planner's orders (p, n) on tokens (p, n): the first `given` positions of each
-        random order given (in position order), the rest in the order the planner reveals the
-        sequence's own tokens in."""
-        c, n, model = self.config, self.seq_len, self.model
+        """The planner's orders (p, n) on tokens (p, n), given `model`: the first `given`
+        positions of each random order given (in position order), the rest in the order the
+        planner reveals the sequence's own tokens in."""
+        c, n = self.config, self.seq_len
         ids = sample_indices.to(torch.int64)
         low, high = c.planner_givens
         given = low + (counter_uniform(self.seed, step, ids, Stream.GIVEN)

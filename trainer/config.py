@@ -269,6 +269,10 @@ class RunConfig:
         self.order.validate(self.model.block_size)
         if self.order.kind != LEFT_TO_RIGHT.word:
             self.model.require_any_order(f"set order.kind={LEFT_TO_RIGHT.word}")
+        if self.order.planner_weights == "ema" and not self.ema.enabled:
+            raise UsageError("order.planner_weights=ema plans with the EMA's weights, and "
+                             "ema.enabled is false: turn the EMA on or plan with "
+                             "order.planner_weights=current")
         tokens_per_micro_batch = self.train.micro_batch_size * self.model.block_size
         if self.train.tokens_per_step % tokens_per_micro_batch:
             raise UsageError(

@@ -76,12 +76,12 @@ class Trainer:
         self.ema = ShardedEMA(self.engine, cfg.ema.decay) if cfg.ema.enabled else None
         speed.fuse_ema(self.engine, self.ema, cfg)
         self.reduction = speed.Reduction(self.engine, cfg.speed.coalesce_grad_reduction)
-        self.orders = training_orders(cfg, self.engine.module)
         weights = prediction_weights(cfg.order, cfg.model.block_size)  # None: the plain mean
         self.weights = None if weights is None else weights.to(self.device)
         self.batches = TrainBatches(cfg, plan.manifests, dist_env, self.device)
         self.validator = Validator(cfg, dist_env, self.engine, self.ema, plan.manifests,
                                    plan.zero_shot_sets, Path(cfg.out_dir))
+        self.orders = training_orders(cfg, self.engine.module, self.validator)
         bad_steps = BadSteps(cfg.recovery, self.device)  # its spike rule's state is checkpointed
         self.checkpointer = Checkpointer(
             cfg, dist_env, self.engine, self.ema, self.ds_config,
@@ -281,10 +281,14 @@ def build_model(cfg: RunConfig, device: torch.device, resumed: bool, announce: b
     return model
 
 
-def training_orders(cfg: RunConfig, module: AOGPT) -> TrainingOrders:
-    """Each step's orders (a planner's need the network being trained: `module`), compiled with
-    the step where it is."""
-    orders = TrainingOrders(cfg.order, cfg.model.block_size, cfg.train.seed, module)
+def training_orders(cfg: RunConfig, module: AOGPT, validator: Validator) -> TrainingOrders:
+    """Each step's orders (a planner's need the network being trained: `module`, or with
+    order.planner_weights=ema the validator's copy of the EMA's weights at that step, which
+    evaluation at the end of the step before has already made), compiled with the step where it
+    is."""
+    ema_copy = ((lambda update: validator.model(update, "ema"))
+                if cfg.order.planner_weights == "ema" else None)
+    orders = TrainingOrders(cfg.order, cfg.model.block_size, cfg.train.seed, module, ema_copy)
     if cfg.train.compile:
         orders.compile()
     return orders

@@ -141,3 +141,30 @@ def test_other_kinds_ignore_the_model_and_draw_as_the_order_sampler():
     expected = OrderSampler(config, N, 3)(2, ids)
     drawn = orders(2, ids, TEXTS[ids])
     assert not orders.planned and torch.equal(drawn[0], expected[0])
+
+
+def test_planner_weights_ema_plans_with_the_network_it_is_given_for_the_step():
+    """order.planner_weights=ema: the planner runs on planner_model(step) (the trainer's copy of
+    the EMA's weights), fetched once per call whether or not the call plans, and its orders are
+    those that network takes, not the trained one's."""
+    trained, other = network(), network()
+    with torch.no_grad():
+        for p in other.parameters():
+            p.add_(0.3 * torch.randn_like(p))
+    asked = []
+
+    def ema_copy(step):
+        asked.append(step)
+        return other
+
+    config = OrderConfig(kind="planner", p_planner=1.0, planner_weights="ema")
+    orders = TrainingOrders(config, N, 3, trained, ema_copy)
+    ids = torch.arange(6)
+    planned, _ = orders(5, ids, TEXTS[ids])
+    assert asked == [5]
+    assert torch.equal(planned, planner_orders(other, step=5)[0][0])
+    assert not torch.equal(planned, planner_orders(trained, step=5)[0][0])
+    none = OrderConfig(kind="planner", p_planner=0.0, planner_weights="ema")
+    TrainingOrders(none, N, 3, trained, ema_copy)(6, ids, TEXTS[ids])
+    assert asked == [5, 6]  # a rank that plans nothing at a step still takes part in the copy
+    assert "EMA weights" in config.describe()

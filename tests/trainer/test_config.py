@@ -120,6 +120,8 @@ def test_bad_overrides_name_the_problem(repo, override, message):
     ("recovery.spike_window=0", 1, "recovery.spike_window must be positive, got 0"),
     ("recovery.max_rollbacks=0", 1, "recovery.max_rollbacks must be positive, got 0"),
     ("recovery.lr_factor=0", 1, "recovery.lr_factor must be in (0, 1] and recovery.lr_steps >= 0"),
+    ("order.kind=planner order.planner_weights=ema ema.enabled=false", 1,
+     "order.planner_weights=ema plans with the EMA's weights, and ema.enabled is false"),
 ])
 def test_cross_field_rules(repo, override, world, message):
     cfg = load_config(repo / "configs" / "tiny.yaml", override.split())
