@@ -57,13 +57,16 @@ class Item:
     measured: Callable[[dict], bool]  # whether a report's JSON holds it, without an error
 
 
-# each speed lever against small's default: trainer/speed.py's, and the norm + AdaLN + residual
-# fusion across blocks (one compiled graph for the network, train.compile_scope); those no H200
-# call has measured against the default yet first (a lever's tokens/s: docs/gpu-report.md)
-LEVER_CHANGES = [{"scope": "network"}, *({"lever": lever} for lever in (
-    "cuda_graphs", "compiled_autograd", "deepcompile", "coalesce_grad_reduction",
-    "fused_optimizer_ema"))]
-assert {change["lever"] for change in LEVER_CHANGES[1:]} == set(LEVERS)
+# each speed lever against small's default, those no H200 call has measured against it first:
+# the norm + AdaLN + residual fusion across blocks (one compiled graph for the network,
+# train.compile_scope), trainer/speed.py's untried ones, and micro-batches of 32 and 64 (the
+# H200's profile found the GPU idle 8-24% of a step, waiting on the host's ~10,000 launches:
+# twice the sequences per micro-step halves the launches per token, and 14.9 GiB of 141 leaves
+# room). The levers measured slower (docs/performance.md) follow with the other changes.
+LEVER_CHANGES = [{"scope": "network"}, {"lever": "cuda_graphs"}, {"micro": 32}, {"micro": 64},
+                 {"lever": "compiled_autograd"}, {"lever": "deepcompile"}]
+MEASURED_SLOWER = [{"lever": "coalesce_grad_reduction"}, {"lever": "fused_optimizer_ema"}]
+assert {c["lever"] for c in LEVER_CHANGES + MEASURED_SLOWER if "lever" in c} == set(LEVERS)
 
 
 def train_grid(smoke: bool) -> list[dict]:
@@ -77,8 +80,8 @@ def train_grid(smoke: bool) -> list[dict]:
 
     default = {"zero": 1, "precision": "autocast_bf16", "compile": True, "attn": "sdpa",
                "scope": "block", "micro": 16, "workers": 2, "lever": ""}
-    changes = [{"zero": 2, "lever": "coalesce_grad_reduction"}, {"zero": 2},
-               {"precision": "bf16"}, {"micro": 32}, {"workers": 8}, {"compile": False}]
+    changes = [*MEASURED_SLOWER, {"zero": 2, "lever": "coalesce_grad_reduction"}, {"zero": 2},
+               {"precision": "bf16"}, {"workers": 8}, {"compile": False}]
     if flash_attn_func is not None:  # not on the lent machines so far: not promised
         changes.insert(0, {"attn": "flash_attn"})
     grid = [{"preset": "small", **default, "profile": True},

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 
-from gpu_report_plan import PARTS, describe, train_grid
+from gpu_report_plan import LEVER_CHANGES, MEASURED_SLOWER, PARTS, describe, train_grid
 from gpu_report_run import ACCUMULATION, REPO, SETTING, percent, setting_of
 from sampling_race import table as race_table
 
@@ -246,11 +246,12 @@ def train_lines(rows: list[dict]) -> list[str]:
 def against_default(report: dict) -> list[tuple[str, float]]:
     """Each measured lever row's tokens/s over its preset's default recipe's (measured in the
     same report), fastest first: what a lever gains, the number that makes it a default."""
-    ratios = []
+    ratios, levers = [], LEVER_CHANGES + MEASURED_SLOWER
+    base = train_grid(False)[0]
     for row in report.get("train", []):
         default = _default_row(report, row["preset"]) if row["preset"] in GOALS else None
-        if (setting_of(row, "lever") or row.get("scope") == "network") and default \
-                and "error" not in row:
+        changed = {k: setting_of(row, k) for k in SETTING[1:] if setting_of(row, k) != base[k]}
+        if changed in levers and default and "error" not in row:
             name = describe({k: setting_of(row, k) for k in SETTING}).removeprefix("train ")
             ratios.append((name, row["tokens_per_s"] / default["tokens_per_s"]))
     return sorted(ratios, key=lambda pair: -pair[1])

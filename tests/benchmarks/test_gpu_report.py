@@ -20,14 +20,13 @@ import gpu_report_plan  # noqa: E402
 import gpu_report_render  # noqa: E402
 import gpu_report_run  # noqa: E402
 import roofline  # noqa: E402
-from gpu_report_plan import LEVER_CHANGES  # noqa: E402
+from gpu_report_plan import LEVER_CHANGES, describe, train_grid  # noqa: E402
 from results import STOP_VARIABLE  # noqa: E402
 
 STANDIN = REPO / "tests" / "benchmarks" / "paper_standin"
 PROMISED = ["checks: pytest -m gpu", "train small (default recipe)", "decode: one step",
             "train medium (default recipe)",
-            *(f"train small ({change.get('lever') or 'scope network'})"
-              for change in LEVER_CHANGES)]
+            *(describe({**train_grid(False)[0], **change}) for change in LEVER_CHANGES)]
 
 
 def plan_of(stdout: str) -> list[tuple[float, float, str]]:
@@ -253,10 +252,13 @@ def test_the_report_sets_each_lever_against_the_default_recipe_fastest_first():
     report["train"] = [default,  # the committed report's own lever rows left out
         {**default, "lever": "coalesce_grad_reduction", "tokens_per_s": default["tokens_per_s"]},
         {**default, "scope": "network", "tokens_per_s": 1.1 * default["tokens_per_s"]},
+        {**default, "micro": 32, "tokens_per_s": 1.05 * default["tokens_per_s"]},
+        {**default, "workers": 8, "tokens_per_s": 1.2 * default["tokens_per_s"]},  # no lever
         {**default, "lever": "cuda_graphs", "error": "capture failed"}]
     text = gpu_report_render.markdown(report)
     levers = text.split("The speed levers against the default recipe")[1].split("\n\n")[1]
     assert levers.splitlines() == ["- small (scope network): 1.100x",
+                                   "- small (micro 32): 1.050x",
                                    "- small (coalesce_grad_reduction): 1.000x"]
 
 
