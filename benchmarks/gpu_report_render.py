@@ -7,7 +7,7 @@ import json
 
 from gpu_report_plan import LEVER_CHANGES, MEASURED_SLOWER, PARTS, describe, train_grid
 from gpu_report_run import ACCUMULATION, REPO, SETTING, percent, setting_of
-from sampling_race import table as race_table
+from race_table import table as race_table
 
 GOALS = {"small": 0.45, "medium": 0.50}  # MFU on one H100 (llm-foundry reaches 43-50% on A100)
 GENERATION_GOAL = 65.0  # encoder / decoder time at S = n = 1024 (Eso-LMs' claim over MDMs)

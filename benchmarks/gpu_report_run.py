@@ -22,8 +22,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
+from race_table import TINY_LANGUAGE, TINY_TRAINING
 from results import EXCEPTION_LINE, why
-from sampling_race import TINY_LANGUAGE, TINY_TRAINING
 
 from aogpt.files import write_json_atomic, write_text_atomic
 from aogpt.run_folder import RunFolder
@@ -326,7 +326,7 @@ def generation(report: Report, timeout: float) -> None:
 
 
 # the race's two networks, trained as a user trains them (a smoke run shrinks them)
-RACE_CONFIGS = (("ao", "configs/synthetic.yaml"), ("gpt", "configs/gpt_synthetic.yaml"))
+RACE_CONFIGS = (("aogpt", "configs/synthetic.yaml"), ("gpt", "configs/gpt_synthetic.yaml"))
 # on a GPU: batch 1 (latency) and 32 (throughput), each sampler compiled and replayed as CUDA
 # graphs (the sampler's default there), drafts and trees as docs/sampling-race.md measured them
 RACE_ON_GPU = ["--batch-sizes", "1,32", "--drafts", "2,4", "--trees", "1,3", "--compile", "on"]
@@ -363,7 +363,7 @@ def race(report: Report, timeout: float) -> None:
                                             f"{failure(output)}", "log_tail": log_tail(output)})
             return
     result = report.scratch / "race.json"
-    command = [sys.executable, "benchmarks/sampling_race.py", "--ao", str(folder / "ao"),
+    command = [sys.executable, "benchmarks/sampling_race.py", "--ao", str(folder / "aogpt"),
                "--gpt", str(folder / "gpt"), "--judge", str(language), "--json", str(result),
                *(RACE_SMOKE if smoke else RACE_ON_GPU)]
     data = benchmark(command, result, left(), lambda rows: _keep(report, "race", rows))

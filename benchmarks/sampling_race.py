@@ -54,11 +54,11 @@ from aogpt.trainer.judge import (
     check_judge_matches,
     diversity,
     generative_perplexity,
-    headline,
 )
 from aogpt.trainer.ranks import RankShare
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from race_table import BASELINE, quality, table  # noqa: E402
 from results import ResultsFile, show_table  # noqa: E402
 from sampling_model import timed  # noqa: E402
 
@@ -66,16 +66,6 @@ JSON = OutputFile("benchmarks/sampling_race.py", "race", (".json",))
 TABLE = OutputFile("benchmarks/sampling_race.py", "table", (".md",))
 PLOT = OutputFile("benchmarks/sampling_race.py", "plot", (".png",))
 OUTPUTS = {"json": JSON, "table": TABLE, "plot": PLOT}
-BASELINE = "GPT, one token per call"
-# configs/synthetic.yaml's and configs/gpt_synthetic.yaml's recipe on a language, a network and a
-# budget that train in seconds on a CPU: for the GPU report's smoke run and the tests
-TINY_LANGUAGE = ["--seq-len", "16", "--vocab", "16", "--train-samples", "512",
-                 "--val-samples", "32", "--topics", "2"]
-TINY_TRAINING = ["model.block_size=16", "model.vocab_size=16", "model.n_layer=1",
-                 "model.n_embd=32", "model.cond_dim=8", "train.max_steps=12",
-                 "optim.decay_steps=12", "optim.warmup_steps=2", "order.schedule_steps=4",
-                 "train.tokens_per_step=512", "train.micro_batch_size=32", "train.log_every=6",
-                 "eval.every=12", "eval.batches=1", "checkpoint.every=12", "data.num_workers=1"]
 # what the two runs must share for the race to compare samplers, not models
 SHAPE = ("n_layer", "n_head", "n_embd", "block_size", "vocab_size")
 
@@ -263,27 +253,6 @@ def time_rows(rows: list[dict], models: dict, args, n: int, device: torch.device
 
 
 # ---- reporting -------------------------------------------------------------------------------
-
-
-def quality(row: dict) -> tuple[float, float]:
-    return headline(row["judge"])
-
-
-def table(rows: list[dict], header: dict) -> str:
-    sizes = header["batch_sizes"]
-    judge = "true NLL (nats/token)" if header["exact_judge"] else "judge"
-    lines = ["| sampler | calls/token | drafts accepted | " + " | ".join(
-        f"tokens/s, batch {b} (x GPT)" for b in sizes) + f" | {judge} | unigram entropy | "
-        "repetition |", "|---" * (6 + len(sizes)) + "|"]
-    for row in rows:
-        value, error = quality(row)
-        rates = " | ".join(f"{row['tokens_per_s'][b]:,.0f} ({row['speedup'][b]:.2f}x)"
-                           for b in sizes)
-        accepted = "" if row["acceptance"] is None else f"{row['acceptance']:.0%}"
-        lines.append(f"| {row['label']} | {row['calls_per_token']:.3f} | {accepted} | {rates} | "
-                     f"{value:.4f} +- {error:.4f} | {row['judge']['entropy']:.3f} | "
-                     f"{row['judge']['repetition']:.3f} |")
-    return "\n".join(lines) + "\n"
 
 
 def plot(rows: list[dict], header: dict, path: Path) -> None:

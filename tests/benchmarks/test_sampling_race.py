@@ -21,9 +21,10 @@ from aogpt.trainer.judge import Judge, generative_perplexity
 
 sys.path.insert(0, str(REPO / "benchmarks"))
 import sampling_race  # noqa: E402
+from race_table import TINY_LANGUAGE, TINY_TRAINING  # noqa: E402
 
-N, VOCAB = 16, 16  # sampling_race.TINY_LANGUAGE's
-SHRUNK = sampling_race.TINY_TRAINING
+N, VOCAB = 16, 16  # race_table.TINY_LANGUAGE's
+SHRUNK = TINY_TRAINING
 
 
 def train(config: str, data: Path, out: Path) -> subprocess.Popen:
@@ -40,7 +41,7 @@ def runs(tmp_path_factory):
     root = tmp_path_factory.mktemp("race")
     data = root / "language"
     built = run_cli("data_prep/synthetic_to_mds.py", "--out", str(data),
-                    *sampling_race.TINY_LANGUAGE)
+                    *TINY_LANGUAGE)
     assert built.returncode == 0, built.stderr
     trainings = {name: train(config, data, root / name) for name, config in
                  (("ao", "configs/synthetic.yaml"), ("gpt", "configs/gpt_synthetic.yaml"))}
