@@ -140,22 +140,19 @@ def _add_bf16_product(out: torch.Tensor, a: torch.Tensor, b: torch.Tensor) -> No
         out += _upcast(a @ b)
 
 
-@functools.cache
-def _between_graphs(fn):
-    """fn run eager even inside a compiled graph. Inductor has no lowering of addmm's out_dtype
-    ("tuned_addmm() takes 3 positional arguments"), and under tracing the probe above would see
-    fake tensors, which take it on any device: where the loss is traced (the whole model
-    compiled, speed.engine_compile) the head's gradient is summed as eager code sums it. Made
-    on first use: torch.compiler.disable imports dynamo, which eager sampling never loads."""
-    return torch.compiler.disable(fn)
-
-
 def _add_weight_grad(grad_w: torch.Tensor, grad_logits: torch.Tensor, h: torch.Tensor) -> None:
     """grad_w (vocab, d) += grad_logits.T @ h, summed in grad_w's dtype (>= fp32)."""
     if grad_w.dtype == grad_logits.dtype:
         grad_w.addmm_(grad_logits.t(), h)  # fp32: accumulate without a temporary
+    elif torch.compiler.is_compiling():
+        # Inductor has no lowering of addmm's out_dtype ("tuned_addmm() takes 3 positional
+        # arguments"), and under tracing the probe above would see fake tensors, which take it
+        # on any device: where the loss is traced (the whole model compiled,
+        # speed.engine_compile) the product runs eager between graphs, summed as eager code sums
+        # it. (torch.compiler.disable imports dynamo: made here, where dynamo is running.)
+        torch.compiler.disable(_add_bf16_product)(grad_w, grad_logits.t(), h)
     else:
-        _between_graphs(_add_bf16_product)(grad_w, grad_logits.t(), h)
+        _add_bf16_product(grad_w, grad_logits.t(), h)
 
 
 def _last_level_cache_bytes() -> int:
