@@ -172,7 +172,11 @@ LIBRARY_KERNELS = (("attention", ("flash", "fmha", "attention", "attn", "dot_do_
                                "nvjet")),
                    ("optimizer + EMA", ("multi_tensor_apply", "adam", "lerp")),
                    ("orders/gathers", ("index", "gather", "scatter", "embedding", "sort", "radix")),
-                   ("copies", ("memcpy", "memset", "copy", "cat", "fill")))
+                   ("copies", ("memcpy", "memset", "copy", "cat", "fill")),
+                   # eager adds, products and sums (autograd adding a micro-step's gradient into
+                   # the one held, a bias's gradient): the census classes a pure add, mul or
+                   # sum as norm + AdaLN (AFFINE_OPS), so the GPU's must go there too
+                   ("norm + AdaLN", ("cudafunctor_add", "mulfunctor", "sum_functor")))
 LOSS_OPS = {"logsumexp", "exp"}
 NAMED_OPS = COPY_OPS | NORM_OPS | AFFINE_OPS | GATHER_OPS | LOSS_OPS | {
     "gelu", "gelu_backward", "erf", "softmax", "_softmax", "where", "bitwise_xor", "rshift"}

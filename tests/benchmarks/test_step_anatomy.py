@@ -149,6 +149,15 @@ def test_the_committed_anatomies_hold_the_prediction_its_classes_and_kernels(nam
     ("triton_red_fused_logsumexp_sub_3", "loss"),
     ("void at::native::(anonymous namespace)::indexSelectLargeIndex<float, long, unsigned int, "
      "2, 2, -2, true>", "orders/gathers"),
+    # autograd's gradient accumulation, eager: the census's add_ (AFFINE_OPS), not "other"
+    ("void at::native::vectorized_elementwise_kernel<4, at::native::CUDAFunctor_add<float>, "
+     "std::array<char*, 3ul> >(int, at::native::CUDAFunctor_add<float>, std::array<char*, 3ul>)",
+     "norm + AdaLN"),
+    ("void at::native::reduce_kernel<128, 4, at::native::ReduceOp<float, at::native::"
+     "func_wrapper_t<float, at::native::sum_functor<float, float, float>::operator()("
+     "at::TensorIterator&)::{lambda(float, float)#1}>, unsigned int, float, 4> >", "norm + AdaLN"),
+    ("void cudnn::fusion::compute_dot_do_o_specialized<true, 64>(void const*, void const*, "
+     "void*, void*, unsigned int)", "attention"),
 ])
 def test_a_gpu_profiles_kernels_are_classed_as_the_census_classes_them(name, expected):
     """The profiler's time per class (the GPU report's column beside the prediction) is only as
