@@ -201,47 +201,39 @@ class SpeculativeSampling(Strategy):
         index = target_slots.clamp(max=n - 1)  # target j is the order's position A + j
         positions = sampler.orders.gather(1, index)
         drawn = inverse_cdf(probs, sampler.uniforms.gather(1, positions))  # new drafts
-        drawn_candidates, drawn_present = self._more_candidates(probs, drawn, positions)
 
         # the pending drafts j < P: each position takes the first of its candidates that the
         # recursive rule accepts (accept_candidates); m = the first that takes none, t = the
         # first that takes another than its first candidate: the positions before are final
         j = torch.arange(targets, device=sampler.device)
         is_pending = j < pending  # (b, targets)
+        if self.siblings:
+            drawn_candidates, drawn_present = self._more_candidates(probs, drawn, positions)
+            candidates, present = self.candidates, self.present
+        else:  # a chain: a pending position's one candidate is its draft, in `ordered`
+            candidates = sampler.ordered.gather(1, index[:, :window])[..., None]
+            present = is_pending[:, :window, None]
         taken, left = accept_candidates(
-            probs[:, :window], self.draft_probs, self.candidates, self.present,
+            probs[:, :window], self.draft_probs, candidates, present,
             self.accept_uniforms.gather(1, positions[:, :window, None].expand(-1, -1, self.tree)))
         taken = torch.where(is_pending[:, :window], taken, 0)  # past P: nothing to decide
         m = first_where(taken < 0, self.pending)  # (b,) P where none
-        t = first_where(taken > 0, self.pending)
+        t = first_where(taken > 0, self.pending) if self.siblings else self.pending
         redrawn_at, other_at = m < t, t < m  # (b,): where the call stops, and why
         stop = torch.minimum(m, t)
 
-        # m is redrawn from its last residual; t takes its candidate, and the position after t
-        # is drawn exactly from that candidate's row (all P accepted: the row after them gives it)
+        # write the new drafts (the row after the pending ones and the copies), then what the
+        # rule decided: m is redrawn from its last residual, t takes its candidate
         at_stop = stop.clamp(max=window - 1)[:, None]
         u_m = self.residual_uniforms.gather(1, positions.gather(1, at_stop))[:, 0]
         redrawn = inverse_cdf(left.gather(1, at_stop[..., None].expand(-1, 1, left.size(-1))
                                           )[:, 0], u_m)
-        other = self.candidates.gather(1, at_stop[..., None].expand(-1, 1, self.tree))[:, 0]
-        other = other.gather(1, taken.gather(1, at_stop).clamp(min=0))[:, 0]
-        after = (self.final + stop + 1).clamp(max=n - 1)[:, None]
-        bonus = self._bonus(candidate_probs, at_stop[:, 0], taken.gather(1, at_stop)[:, 0],
-                            sampler.orders.gather(1, after)[:, 0])
-
-        # write the new drafts (the row after the pending ones and the copies), then what the
-        # rule decided
         ordered = sampler.ordered
         ordered.scatter_(1, torch.where(valid & ~is_pending, target_slots, n), drawn)
-        for where, token in ((redrawn_at, redrawn), (other_at, other)):
-            ordered.scatter_(1, torch.where(where, self.final + stop, n)[:, None], token[:, None])
-        has_bonus = other_at & (self.final + stop + 1 < n)
-        ordered.scatter_(1, torch.where(has_bonus, after[:, 0], n)[:, None], bonus[:, None])
-        if self.siblings:  # the slot of the candidate taken gets its row's keys and values
-            row = at_stop[:, 0] * (self.tree - 1) + (taken.gather(1, at_stop)[:, 0] - 1).clamp(
-                min=0)
-            sampler.cache.copy_slot(torch.where(other_at, n + 1 + row, n),
-                                    torch.where(other_at, self.final + stop + 1, n))
+        ordered.scatter_(1, torch.where(redrawn_at, self.final + stop, n)[:, None],
+                         redrawn[:, None])
+        if self.siblings:
+            self._take_other(candidate_probs, taken, at_stop, other_at, stop)
 
         # the entries up to the stop are final (and the bonus after another candidate); the
         # ones after stay pending with their candidates and proposals: old drafts, then this
@@ -252,13 +244,12 @@ class SpeculativeSampling(Strategy):
                                       stop + other_at.long()]) * active[:, 0]
         keep = (made_final[:, None] + torch.arange(window, device=sampler.device)).clamp(
             max=targets - 1)  # (b, window)
-        old = is_pending[..., None]
-        for mine, pending_ones, new_ones in (
-                (self.draft_probs, self.draft_probs, probs),
-                (self.candidates, self.candidates, drawn_candidates),
-                (self.present, self.present, drawn_present)):
-            padded = torch.cat([pending_ones, new_ones[:, window:]], dim=1)  # (b, targets, ...)
-            chosen = torch.where(old, padded, new_ones)
+        carried = [(self.draft_probs, probs)]
+        if self.siblings:
+            carried += [(self.candidates, drawn_candidates), (self.present, drawn_present)]
+        for mine, new_ones in carried:
+            padded = torch.cat([mine, new_ones[:, window:]], dim=1)  # (b, targets, ...)
+            chosen = torch.where(is_pending[..., None], padded, new_ones)
             mine.copy_(chosen.gather(1, keep[..., None].expand(-1, -1, chosen.size(-1))))
         self.final += made_final
         self.pending.copy_(drafted.clamp(min=0, max=window))
@@ -298,16 +289,28 @@ class SpeculativeSampling(Strategy):
             present.append(left.sum(dim=-1) > 0)
         return torch.stack(candidates, dim=-1), torch.stack(present, dim=-1)
 
-    def _bonus(self, candidate_probs: torch.Tensor, entry: torch.Tensor, taken: torch.Tensor,
-               position: torch.Tensor) -> torch.Tensor:
-        """(b,): the token after a position that took candidate `taken` > 0 of entry `entry`,
-        drawn from that candidate's row as one token per call would (Stream.TOKEN of the next
-        position, at `position`)."""
-        if not self.siblings:
-            return torch.zeros_like(entry)
-        row = (entry * (self.tree - 1) + (taken - 1).clamp(min=0))[:, None, None]
-        probs = candidate_probs.gather(1, row.expand(-1, 1, candidate_probs.size(-1)))[:, 0]
-        return inverse_cdf(probs, self.sampler.uniforms.gather(1, position[:, None])[:, 0])
+    def _take_other(self, candidate_probs: torch.Tensor, taken: torch.Tensor,
+                    at_stop: torch.Tensor, other_at: torch.Tensor, stop: torch.Tensor) -> None:
+        """Where a position took candidate `taken` > 0 (other_at): that candidate is final, the
+        position after it is drawn exactly from the candidate's row (Stream.TOKEN of that
+        position, as one token per call would: the row saw only final tokens), and the row's
+        keys and values go to the position's slot."""
+        sampler, n = self.sampler, self.sampler.seq_len
+        which = taken.gather(1, at_stop)[:, 0]  # (b,) the candidate taken at the stop
+        other = self.candidates.gather(1, at_stop[..., None].expand(-1, 1, self.tree))[:, 0]
+        other = other.gather(1, which.clamp(min=0)[:, None])[:, 0]
+        row = at_stop[:, 0] * (self.tree - 1) + (which - 1).clamp(min=0)  # its candidate row
+        after = (self.final + stop + 1).clamp(max=n - 1)[:, None]
+        probs = candidate_probs.gather(1, row[:, None, None].expand(-1, 1,
+                                                                  candidate_probs.size(-1)))[:, 0]
+        bonus = inverse_cdf(probs, sampler.uniforms.gather(1, sampler.orders.gather(1, after)
+                                                           )[:, 0])
+        ordered = sampler.ordered
+        ordered.scatter_(1, torch.where(other_at, self.final + stop, n)[:, None], other[:, None])
+        has_bonus = other_at & (self.final + stop + 1 < n)
+        ordered.scatter_(1, torch.where(has_bonus, after[:, 0], n)[:, None], bonus[:, None])
+        sampler.cache.copy_slot(torch.where(other_at, n + 1 + row, n),
+                                torch.where(other_at, self.final + stop + 1, n))
 
 
 def first_where(mask: torch.Tensor, otherwise: torch.Tensor) -> torch.Tensor:
