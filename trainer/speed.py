@@ -51,13 +51,18 @@ def engine_compiles(cfg: RunConfig, device: torch.device) -> bool:
         mode == "compiled_autograd" or (mode == "deepcompile" and device.type == "cuda"))
 
 
+def replays_cuda_graphs(cfg: RunConfig, device: torch.device) -> bool:
+    """Whether train.compile_scope's graphs replay as CUDA graphs (speed.cuda_graphs)."""
+    return (cfg.speed.cuda_graphs and device.type == "cuda" and bool(cfg.train.compile)
+            and not engine_compiles(cfg, device))
+
+
 def compile_model(model, cfg: RunConfig, device: torch.device) -> None:
     """train.compile_scope's graphs, before the engine is built (unless the engine compiles)."""
     if not cfg.train.compile or engine_compiles(cfg, device):
         return
-    cuda_graphs = cfg.speed.cuda_graphs and device.type == "cuda"
-    model.compile_for_training(cfg.train.compile_scope,
-                               mode="reduce-overhead" if cuda_graphs else None)
+    model.compile_for_training(cfg.train.compile_scope, mode="reduce-overhead"
+                               if replays_cuda_graphs(cfg, device) else None)
 
 
 def micro_step_begins(engine, cfg: RunConfig, device: torch.device) -> None:
@@ -68,7 +73,7 @@ def micro_step_begins(engine, cfg: RunConfig, device: torch.device) -> None:
     accumulation fails on CUDA graphs (pytorch/pytorch#169545, seen on the H200 in
     'accessing tensor output of CUDAGraphs that has been overwritten by a subsequent run').
     With one allocated, each micro-step's gradient is added into it in place."""
-    if not (cfg.speed.cuda_graphs and cfg.train.compile and device.type == "cuda"):
+    if not replays_cuda_graphs(cfg, device):
         return
     torch.compiler.cudagraph_mark_step_begin()
     allocate_grads(engine.module)
