@@ -338,13 +338,12 @@ def race_header(args, ao: tuple, gpt: tuple, n: int, judge: Judge | None,
     if share.is_main and runs["ao"]["step"] != runs["gpt"]["step"]:
         print(f"note: the AO-GPT was saved at step {runs['ao']['step']}, the GPT at "
               f"{runs['gpt']['step']}", file=sys.stderr, flush=True)
-    settings = {key: value for key, value in vars(args).items() if key != "local_rank"}
     return {"device": device_name(device), "threads": torch.get_num_threads(),
             "dtype": str(next(ao[0].parameters()).dtype), "seq_len": n,
             "num_samples": args.num_samples, "batch_sizes": args.batch_sizes,
             "exact_judge": judge is not None and judge.language is not None,
             "processes": share.world_size, "runs": runs,
-            "provenance": provenance(None, args.weights, settings, made_by=JSON.made_by,
+            "provenance": provenance(None, args.weights, vars(args), made_by=JSON.made_by,
                                      ao=ao[1], gpt=gpt[1])}
 
 

@@ -169,7 +169,9 @@ def provenance(source: CheckpointSource | None, weights: str | None, settings: d
     file read (not the path given: a run's final/ or latest checkpoint), its tag and the step it
     was saved at, the weights (ema or raw), the command's settings, its other `inputs` (JSON
     values), the code (aogpt_version, git_sha) and the time. source None: no checkpoint of this
-    project was read (a Hugging Face judge)."""
+    project was read (a Hugging Face judge). The deepspeed launcher's --local_rank is no setting:
+    the same run on one process or many records the same settings."""
+    settings = {key: value for key, value in settings.items() if key != "local_rank"}
     record = {}
     if source is not None:
         meta = read_consolidated(source.file, weights=())["meta"]

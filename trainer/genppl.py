@@ -88,8 +88,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     print(format_report(report))
     if args.json:
-        settings = {key: value for key, value in vars(args).items() if key != "local_rank"}
-        origin = provenance(judge.source, args.weights if judge.source else None, settings,
+        origin = provenance(judge.source, args.weights if judge.source else None, vars(args),
                             made_by=REPORT.made_by, judge=str(Path(args.judge).resolve()),
                             samples=str(args.samples.resolve()), sampled_from=sampled_from)
         write_json_atomic({**report, "provenance": origin}, args.json, indent=2)

@@ -504,8 +504,7 @@ def load(args: argparse.Namespace, device: torch.device) -> tuple:
     source = locate_checkpoint(args.ckpt)
     model = load_checkpoint(source.file, weights=args.weights, map_location=device).to(dtype)
     encoding = load_gpt2(args.tokenizer_file) if model.config.reads_gpt2 else TokenIds()
-    settings = {key: value for key, value in vars(args).items() if key != "local_rank"}
-    origin = provenance(source, args.weights, settings, made_by=SAMPLES.made_by)
+    origin = provenance(source, args.weights, vars(args), made_by=SAMPLES.made_by)
     if args.judge is not None:
         check_judge_matches(args.judge, origin)
     return source, model, encoding, origin
