@@ -101,6 +101,11 @@ def selected(grid: list[dict], filters: list[str]) -> list[dict]:
     bad = [f for f, w in zip(filters, wanted, strict=True) if len(w) != 2 or w[0] not in SETTING]
     if bad:
         raise UsageError(f"--train-filter {bad[0]}: use KEY=VALUE with KEY in {', '.join(SETTING)}")
+    for key, value in wanted:  # a value no row has (a typo) would leave the call nothing to do
+        known = {str(setting_of(row, key)) for row in grid}
+        if not set(value.split("|")) & known:
+            raise UsageError(f"--train-filter {key}={value}: no training row has it; {key} is "
+                             f"one of {', '.join(repr(v) for v in sorted(known))}")
     return [row for row in grid
             if all(str(setting_of(row, k)) in v.split("|") for k, v in wanted)]
 

@@ -209,6 +209,8 @@ def test_a_smoke_run_without_out_writes_to_a_temporary_folder_never_to_docs(run_
 @pytest.mark.parametrize("args, message", [
     (["--smoke", "--only", "train,speed"], "--only: unknown part(s) speed"),
     (["--smoke", "--train-filter", "dtype=bf16"], "--train-filter dtype=bf16: use KEY=VALUE"),
+    (["--dry-run", "--train-filter", "lever=cuda_graph"],
+     "--train-filter lever=cuda_graph: no training row has it; lever is one of ''"),
 ])
 def test_bad_options_are_one_line_errors(run_main, tmp_path, args, message):
     code, _, err = run_main(gpu_report.main, *args, "--out", tmp_path / "r.md")
