@@ -40,7 +40,7 @@ from aogpt.model import load_checkpoint
 from aogpt.model.checkpoint import read_consolidated
 from aogpt.run_folder import RunFolder
 from aogpt.trainer.config import load_config
-from aogpt.trainer.failsafe import EXIT_PREEMPTED
+from aogpt.trainer.failsafe import EXIT_PREEMPTED, SECOND_CTRL_C
 from aogpt.trainer.main import main
 from aogpt.trainer.metrics import read_metrics
 
@@ -425,20 +425,24 @@ def test_sigusr1_stops_a_single_process_run_with_its_own_exit_status(synthetic_d
 
 
 def test_a_second_ctrl_c_stops_at_once_and_says_what_is_lost(synthetic_data, tmp_path):
-    """Steps of 64 micro-batches: the second Ctrl-C comes long before the step could end."""
+    """Steps of 256 micro-batches (seconds each on any CPU); the second Ctrl-C follows the first's
+    answer at once, so it comes long before the step could end. (With a fixed half second
+    between them and steps of 64, a fast CPU finished the step first, saved and was exiting.)"""
     out, log = tmp_path / "single", tmp_path / "single.log"
     args = [sys.executable, MAIN, *reference_args(synthetic_data, out, "ds_configs/cpu.json",
                                                   "train.micro_batch_size=1",
-                                                  "train.tokens_per_step=4096",
+                                                  "train.tokens_per_step=16384",
                                                   "checkpoint.every=1")]
     with log.open("w") as sink:
         proc = subprocess.Popen(args, cwd=REPO, stdout=sink, stderr=subprocess.STDOUT)
         latest = out / "checkpoints" / "latest"
         while not latest.is_file():
             assert proc.poll() is None, log.read_text()
-            time.sleep(0.1)
+            time.sleep(0.05)
         proc.send_signal(signal.SIGINT)
-        time.sleep(0.5)
+        while SECOND_CTRL_C not in log.read_text():
+            assert proc.poll() is None, log.read_text()
+            time.sleep(0.01)
         proc.send_signal(signal.SIGINT)
         assert proc.wait(timeout=60) == 130, log.read_text()
     assert latest.read_text() == "step_00000001"  # nothing saved after the first Ctrl-C
