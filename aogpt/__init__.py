@@ -65,14 +65,15 @@ def check_unique(values: list | tuple, flag: str, text: str) -> None:
                          f"once")
 
 
-def comma_counts(text: str, flag: str) -> list[int]:
-    """A list flag of counts, "1,8,32": each a whole number >= 1, none twice; else UsageError."""
+def comma_counts(text: str, flag: str, minimum: int = 1) -> list[int]:
+    """A list flag of counts, "1,8,32": each a whole number >= minimum, none twice; else
+    UsageError."""
     try:
         values = [int(value) for value in text.split(",")]
     except ValueError:
         raise UsageError(f"{flag} takes a comma list of whole numbers, got {text!r}") from None
-    if min(values) < 1:
-        raise UsageError(f"{flag} values must be >= 1, got {text!r}")
+    if min(values) < minimum:
+        raise UsageError(f"{flag} values must be >= {minimum}, got {text!r}")
     check_unique(values, flag, text)
     return values
 

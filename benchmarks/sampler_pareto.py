@@ -2,7 +2,7 @@
 
     python benchmarks/sampler_pareto.py --ckpt RUN [--judge DATA-or-MODEL] [--num-samples 256]
         [--batch-sizes 1,32] [--steps 8,16,32,64,N] [--drafts 1,2,4,8,16] [--trees 1,2,3]
-        [--seq-len N] [--order random|l2r]
+        [--tree-depths 0,15] [--seq-len N] [--order random|l2r]
         [--planners confidence,margin,entropy] [--thresholds 0.9,0.7,0.5,0.3]
         [--json OUT] [--plot docs/sampler-pareto.png] [--table docs/sampler-pareto.md]
 
@@ -89,6 +89,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "1,2,4,8,16 below n; '' none)")
     add("--trees", default="1", help="speculative: candidates per drafted position, C, at each "
         "K (default 1, the chain; 1,2,3: chains and trees)")
+    add("--tree-depths", default="0", help="speculative trees: the positions verified on the "
+        "branch of a candidate other than the first, L, at each K and C > 1, each at most K - 1 "
+        "(default 0: that candidate ends the call's run)")
     add("--planners", default="confidence,margin,entropy",
         help="planners at one position per call (default confidence,margin,entropy; '' none)")
     add("--thresholds", default="0.9,0.7,0.5,0.3",
@@ -107,6 +110,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     args.batch_sizes = comma_counts(args.batch_sizes, "--batch-sizes")
     args.drafts = comma_counts(args.drafts, "--drafts") if args.drafts else args.drafts
     args.trees = comma_counts(args.trees, "--trees")
+    args.tree_depths = comma_counts(args.tree_depths, "--tree-depths", minimum=0)
     args.order = reading_named(args.order, "--order").word
     args.steps = comma_counts(args.steps, "--steps") if args.steps else None
     args.planners = [p for p in args.planners.split(",") if p]
@@ -151,7 +155,8 @@ def fractions(text: str, flag: str) -> list[float]:
 
 
 def settings(n: int, steps: list[int] | None, drafts: list[int] | None, planners: list[str] = (),
-             thresholds: list[float] = (), trees: list[int] = (1,)) -> list[tuple[str, dict]]:
+             thresholds: list[float] = (), trees: list[int] = (1,),
+             tree_depths: list[int] = (0,)) -> list[tuple[str, dict]]:
     """(label, SamplingConfig fields) of every sampler measured; S = n first, the reference."""
     steps = sorted(steps or {s for s in [n // 16, n // 8, n // 4, n // 2, n] if s >= 1},
                    reverse=True)
@@ -162,8 +167,10 @@ def settings(n: int, steps: list[int] | None, drafts: list[int] | None, planners
     drafts = [k for k in (DEFAULT_DRAFTS if drafts is None else drafts) if k < n]
     rows += [(f"speculative K={k}", {"sampler": "speculative", "draft": k})
              for k in drafts if 1 in trees]
-    rows += [(f"speculative tree K={k} C={c}", {"sampler": "speculative", "draft": k, "tree": c})
-             for k in drafts for c in trees if c > 1]
+    rows += [(f"speculative tree K={k} C={c}" + (f" L={depth}" if depth else ""),
+              {"sampler": "speculative", "draft": k, "tree": c, "tree_depth": depth})
+             for k in drafts for c in trees if c > 1
+             for depth in sorted({min(d, k - 1) for d in tree_depths})]
     if planners or thresholds:
         rows.append((f"{LEFT_TO_RIGHT.word} S=n", {"sampler": "parallel", "steps": n,
                                                      "order": LEFT_TO_RIGHT.word}))
@@ -294,7 +301,7 @@ def main(argv: list[str] | None = None) -> int:
               "provenance": origin}
     rows = []
     for label, fields in settings(n, args.steps, args.drafts, args.planners, args.thresholds,
-                                  args.trees):
+                                  args.trees, args.tree_depths):
         row = measure(model, label, fields, args, n, judge, device)
         rows.append(row)
         value, error = quality(row)

@@ -37,6 +37,12 @@ class SamplingConfig:
     # (a draft tree); 1 = one per position (a chain). A call then feeds (tree - 1) * draft rows
     # more, and accepts a position whenever one of its candidates passes
     tree: int = 1
+    # speculative trees: drafted positions verified along the branch of a candidate other than
+    # the first (its descendants: the first candidates of the positions after it, each a row of
+    # its own, seeing that candidate instead of the first), so that taking it does not end the
+    # call's run; 0 = the candidate's own row only. A call feeds (tree - 1) * draft * depth rows
+    # more (depth at most draft - 1)
+    tree_depth: int = 0
     # parallel: revealed fraction after step i of S: "linear" i/S, "cosine" 1 - cos(i/S * pi/2)
     schedule: Literal["linear", "cosine"] = "linear"
     # parallel: "deterministic": the paper's counts (at least one token per step); "binomial": each

@@ -56,11 +56,28 @@ Candidates after the first draw and accept with their own uniforms (Stream.TOKEN
 Stream.ACCEPT keyed by the candidate too). A greedy proposal has one token: its other
 candidates are absent, and greedy decoding stays one token per call's.
 
+Branches (tree_depth = L > 0): each candidate d^c of entry j after the first also has L rows
+after its own, carrying the first candidates of entries j + 1 .. j + L and seeing the final
+tokens, the first candidates before j, d^c and the branch's rows before them: the chain of
+first candidates, as it would go on had entry j taken d^c. When entry j takes d^c, its branch
+goes on where the call would otherwise stop: entry j + 1 + i is decided by the same rule
+against the branch's row i (its target given the final tokens, now d^c among them), and while
+it takes its first candidate, the next entry against row i + 1. The first entry that takes
+another candidate, none, or that no row of the branch carries ends the call: it takes that
+candidate, a draw from its residual, or a draw from its target exactly. The proof is the
+chain's: each entry's target is its distribution given exactly the tokens final before it,
+and its candidates and uniforms were read by nothing that decided those tokens (the chain's
+own verdict on the entries after j, made against rows that saw d^0, is discarded unread). The
+branch's rows of the entries made final are copied to their slots. A branch's own later
+candidates have no rows: a tree of C candidates and depth L costs (C - 1) K (L + 1) rows, not
+C^K.
+
 The cache: slots up to the last final token hold exactly what one-token-at-a-time decoding
 writes (the same tokens, positions and targets); the next call feeds from the first slot that
-does not. Every call has the same shape (2 draft + 1 rows, and (tree - 1) draft candidate rows,
-the whole cache as keys), the first one excepted when a prompt is longer than `draft`: on a GPU
-that is one CUDA graph. The host reads one flag per call, whether every sample is done.
+does not. Every call has the same shape (2 draft + 1 rows, and (tree - 1) draft (depth + 1)
+candidate rows, the whole cache as keys), the first one excepted when a prompt is longer than
+`draft`: on a GPU that is one CUDA graph. The host reads one flag per call, whether every
+sample is done.
 """
 
 from __future__ import annotations
@@ -104,7 +121,10 @@ class SpeculativeSampling(Strategy):
         self.sampler, self.config = sampler, sampler.config
         b, n, device = sampler.batch_size, sampler.seq_len, sampler.device
         self.window, self.tree = self.config.draft, self.config.tree  # drafts pending at most
-        self.siblings = (self.tree - 1) * self.window  # rows of the candidates after the first
+        # each candidate after the first has a row of its own and `depth` more on its branch
+        self.depth = min(self.config.tree_depth, self.window - 1) if self.tree > 1 else 0
+        self.branch = 1 + self.depth
+        self.siblings = (self.tree - 1) * self.window * self.branch  # rows after the order's
         state = {"dtype": torch.long, "device": device}
         self.final = torch.zeros(b, **state)  # A: tokens of the order that are final
         self.pending = torch.zeros(b, **state)  # P: drafts after them
@@ -232,16 +252,18 @@ class SpeculativeSampling(Strategy):
         ordered.scatter_(1, torch.where(valid & ~is_pending, target_slots, n), drawn)
         ordered.scatter_(1, torch.where(redrawn_at, self.final + stop, n)[:, None],
                          redrawn[:, None])
-        if self.siblings:
-            self._take_other(candidate_probs, taken, at_stop, other_at, stop)
+        on_branch = torch.zeros(3, *stop.shape, dtype=torch.long, device=sampler.device)
+        if self.siblings:  # entries made final, decided and accepted on the branch taken
+            on_branch = self._follow_branch(candidate_probs, taken, at_stop, other_at)
 
-        # the entries up to the stop are final (and the bonus after another candidate); the
-        # ones after stay pending with their candidates and proposals: old drafts, then this
+        # the entries up to the stop are final (and those on the branch of another candidate);
+        # the ones after stay pending with their candidates and proposals: old drafts, then this
         # call's draws
-        made_final = torch.minimum(stop + 1 + other_at.long(), n - self.final)
+        made_final = torch.minimum(stop + 1 + on_branch[0], n - self.final)
         drafted = (end[:, 0] - self.final) - made_final  # entries after the final ones
-        self.counters += torch.stack([active[:, 0].long(), torch.minimum(stop + 1, self.pending),
-                                      stop + other_at.long()]) * active[:, 0]
+        self.counters += torch.stack([
+            active[:, 0].long(), torch.minimum(stop + 1 + on_branch[1], self.pending),
+            stop + other_at.long() + on_branch[2]]) * active[:, 0]
         keep = (made_final[:, None] + torch.arange(window, device=sampler.device)).clamp(
             max=targets - 1)  # (b, window)
         carried = [(self.draft_probs, probs)]
@@ -257,22 +279,33 @@ class SpeculativeSampling(Strategy):
         return logits, target_slots, valid
 
     def _candidate_rows(self, keys: int) -> tuple[torch.Tensor, ...]:
-        """The rows of the pending drafts' candidates after the first, (b, (tree - 1) draft)
-        each: candidate c of entry j carries its token at position σ_{A+j}, asks for σ_{A+j+1},
-        and sees the slots up to A + j (the final tokens and its ancestors, the first candidates
-        of the entries before it) and its own scratch slot after the trash slot; absent ones pad
+        """The rows of the pending drafts' candidates after the first and of their branches,
+        (b, siblings) each, `branch` rows per candidate: candidate c of entry j carries its token
+        at position σ_{A+j}, asks for σ_{A+j+1}, and sees the slots up to A + j (the final
+        tokens and its ancestors, the first candidates of the entries before it) and its own
+        scratch slot after the trash slot; the i-th row of its branch carries entry j + i's
+        first candidate, asks for σ_{A+j+i+1}, and sees what the candidate's row sees and the
+        branch's rows up to its own. Rows of absent candidates, or past the pending drafts, pad
         (the trash slot)."""
         sampler, n, device = self.sampler, self.sampler.seq_len, self.sampler.device
-        entry = torch.arange(self.window, device=device).repeat_interleave(self.tree - 1)
-        which = torch.arange(1, self.tree, device=device).repeat(self.window)
-        at = self.final[:, None] + entry  # (b, siblings): the order's index of each
-        fed = (entry < self.pending[:, None]) & self.present[:, entry, which]
-        tokens = self.candidates[:, entry, which]
+        per_entry = (self.tree - 1) * self.branch
+        entry = torch.arange(self.window, device=device).repeat_interleave(per_entry)
+        which = torch.arange(1, self.tree, device=device).repeat_interleave(self.branch).repeat(
+            self.window)
+        depth = torch.arange(self.branch, device=device).repeat(self.window * (self.tree - 1))
+        carried = entry + depth  # the entry whose token the row carries
+        at = self.final[:, None] + carried  # (b, siblings): the order's index of each
+        fed = (carried < self.pending[:, None]) & self.present[:, entry, which]
+        first = self.candidates[:, carried.clamp(max=self.window - 1), 0]
+        tokens = torch.where(depth == 0, self.candidates[:, entry, which], first)
         positions = sampler.orders.gather(1, at.clamp(max=n - 1))
         target_positions = sampler.orders.gather(1, (at + 1).clamp(max=n - 1))
-        write = torch.where(fed, n + 1 + torch.arange(self.siblings, device=device), n)
+        own = n + 1 + torch.arange(self.siblings, device=device)  # each row's scratch slot
+        write = torch.where(fed, own, n)
         key = torch.arange(keys, device=device)
-        mask = (key == write[..., None]) | (fed[..., None] & (key <= at[..., None]))
+        ancestors = key <= (self.final[:, None] + entry)[..., None]  # (b, siblings, keys)
+        on_branch = (key >= (own - depth)[:, None]) & (key <= own[:, None])  # (siblings, keys)
+        mask = (key == write[..., None]) | (fed[..., None] & (ancestors | on_branch))
         return tokens, positions, target_positions, write, mask[:, None]
 
     def _more_candidates(self, probs: torch.Tensor, drawn: torch.Tensor,
@@ -289,28 +322,64 @@ class SpeculativeSampling(Strategy):
             present.append(left.sum(dim=-1) > 0)
         return torch.stack(candidates, dim=-1), torch.stack(present, dim=-1)
 
-    def _take_other(self, candidate_probs: torch.Tensor, taken: torch.Tensor,
-                    at_stop: torch.Tensor, other_at: torch.Tensor, stop: torch.Tensor) -> None:
-        """Where a position took candidate `taken` > 0 (other_at): that candidate is final, the
-        position after it is drawn exactly from the candidate's row (Stream.TOKEN of that
-        position, as one token per call would: the row saw only final tokens), and the row's
-        keys and values go to the position's slot."""
-        sampler, n = self.sampler, self.sampler.seq_len
-        which = taken.gather(1, at_stop)[:, 0]  # (b,) the candidate taken at the stop
-        other = self.candidates.gather(1, at_stop[..., None].expand(-1, 1, self.tree))[:, 0]
-        other = other.gather(1, which.clamp(min=0)[:, None])[:, 0]
-        row = at_stop[:, 0] * (self.tree - 1) + (which - 1).clamp(min=0)  # its candidate row
-        after = (self.final + stop + 1).clamp(max=n - 1)[:, None]
-        probs = candidate_probs.gather(1, row[:, None, None].expand(-1, 1,
-                                                                  candidate_probs.size(-1)))[:, 0]
-        bonus = inverse_cdf(probs, sampler.uniforms.gather(1, sampler.orders.gather(1, after)
-                                                           )[:, 0])
-        ordered = sampler.ordered
-        ordered.scatter_(1, torch.where(other_at, self.final + stop, n)[:, None], other[:, None])
-        has_bonus = other_at & (self.final + stop + 1 < n)
-        ordered.scatter_(1, torch.where(has_bonus, after[:, 0], n)[:, None], bonus[:, None])
-        sampler.cache.copy_slot(torch.where(other_at, n + 1 + row, n),
-                                torch.where(other_at, self.final + stop + 1, n))
+    def _follow_branch(self, candidate_probs: torch.Tensor, taken: torch.Tensor,
+                       at_stop: torch.Tensor, other_at: torch.Tensor) -> torch.Tensor:
+        """Where entry t took candidate `taken` > 0 (other_at): that candidate is final, and the
+        entries after it are decided on its branch, whose rows saw it instead of the first
+        candidate. Entry t + 1 + i's target is the branch's row i. While a row of the branch
+        carries the entry (i < depth, and the entry is pending), the entry is decided by the
+        rule (accept_candidates) against that target, and its first candidate taken goes on to
+        the next; the first entry that takes another candidate or none, or that no row carries,
+        ends the branch: it takes that candidate, a draw from its residual, or (no row carries
+        it) a draw from its target exactly (Stream.TOKEN of its position, as one token per call
+        would: the row saw only final tokens). The branch's rows of the entries made final go to
+        their slots. Returns (3, b): the entries after t made final, decided by the rule, and
+        accepted (zeros where no other candidate was taken)."""
+        sampler, n, device = self.sampler, self.sampler.seq_len, self.sampler.device
+        vocab = candidate_probs.size(-1)
+        t = at_stop[:, 0]
+        which = taken.gather(1, at_stop)[:, 0]  # (b,) the candidate taken at t
+        other = self.candidates[torch.arange(len(t), device=device), t, which.clamp(min=0)]
+        base = (t * (self.tree - 1) + (which - 1).clamp(min=0)) * self.branch  # its own row
+        i = torch.arange(self.branch, device=device)
+        entry = t[:, None] + 1 + i  # (b, branch): the entry each row of the branch asks for
+        rows = (base[:, None] + i)[..., None].expand(-1, -1, vocab)
+        targets = candidate_probs.gather(1, rows)  # (b, branch, vocab)
+        ruled = (entry < self.pending[:, None]) & (i < self.depth)
+        held = entry.clamp(max=self.window - 1)
+
+        def pending(state: torch.Tensor) -> torch.Tensor:  # each entry's (b, branch, ...)
+            return state.gather(1, held[..., None].expand(-1, -1, state.size(-1)))
+
+        candidates = pending(self.candidates)
+        positions = sampler.orders.gather(1, (self.final[:, None] + entry).clamp(max=n - 1))
+        present = pending(self.present) & ruled[..., None]
+        branch_taken, left = accept_candidates(
+            targets, pending(self.draft_probs), candidates, present,
+            self.accept_uniforms.gather(1, positions[..., None].expand(-1, -1, self.tree)))
+        follows = ruled & (branch_taken == 0)  # the entry took the candidate its row carries
+        s = first_where(~follows, torch.full_like(t, self.depth))  # the branch's last entry
+        at_s = s[:, None]
+        ruled_s, taken_s = ruled.gather(1, at_s)[:, 0], branch_taken.gather(1, at_s)[:, 0]
+        position_s = positions.gather(1, at_s)
+        exact = inverse_cdf(targets.gather(1, at_s[..., None].expand(-1, 1, vocab))[:, 0],
+                            sampler.uniforms.gather(1, position_s)[:, 0])
+        redrawn = inverse_cdf(left.gather(1, at_s[..., None].expand(-1, 1, vocab))[:, 0],
+                              self.residual_uniforms.gather(1, position_s)[:, 0])
+        candidate = candidates.gather(1, at_s[..., None].expand(-1, 1, self.tree))[:, 0]
+        candidate = candidate.gather(1, taken_s.clamp(min=0)[:, None])[:, 0]
+        token = torch.where(ruled_s, torch.where(taken_s < 0, redrawn, candidate), exact)
+
+        ordered, start = sampler.ordered, self.final + t  # the order's index of entry t
+        ordered.scatter_(1, torch.where(other_at, start, n)[:, None], other[:, None])
+        last = start + 1 + s
+        ordered.scatter_(1, torch.where(other_at & (last < n), last, n)[:, None], token[:, None])
+        for row in range(self.branch):  # entry t + row's slot is A + t + row + 1
+            moved = other_at & (row <= s)
+            sampler.cache.copy_slot(torch.where(moved, n + 1 + base + row, n),
+                                    torch.where(moved, start + 1 + row, n))
+        return torch.stack([s + 1, s + ruled_s.long(), s + (ruled_s & (taken_s > 0)).long()]
+                           ) * other_at
 
 
 def first_where(mask: torch.Tensor, otherwise: torch.Tensor) -> torch.Tensor:

@@ -96,6 +96,12 @@ DRAFT = _count("draft", "K", "positions drafted ahead per call (default 4); a ca
 TREE = _count("tree", "C", "candidate tokens kept for each drafted position, verified together "
                          "(a draft tree; default 1: a chain); a call feeds (C - 1) K rows more",
               " (candidates per drafted position)")
+TREE_DEPTH = Option("tree_depth", "with --tree C > 1: the drafted positions after a candidate "
+                                  "other than the first also verified on its branch, up to L of "
+                                  "them (default 0: that candidate ends the call's run); a call "
+                                  "feeds (C - 1) K L rows more (L at most K - 1)",
+                    valid=lambda value: value >= 0, must=">= 0 (positions verified on a branch)",
+                    metavar="L")
 REVEAL = _count("reveal", "R", "positions revealed per call (default 1)",
                 " (positions revealed per call)")
 THRESHOLD = Option("threshold", "reveal every candidate whose top probability reaches P, in (0, 1) "
@@ -232,6 +238,8 @@ def _speculative_summary(config: SamplingConfig, records: list[dict], positions:
     decided = sum(r["drafts_decided"] for r in records)
     accepted = sum(r["drafts_accepted"] for r in records)
     tree = f", tree {config.tree}" if config.tree > 1 else ""
+    if config.tree > 1 and config.tree_depth:
+        tree += f" depth {min(config.tree_depth, config.draft - 1)}"
     return (f"speculative (draft {config.draft}{tree}): {_mean_calls(records) / positions:.3f} "
             f"network calls per token, {accepted / max(decided, 1):.0%} of {decided:,} drafts "
             "accepted")
@@ -267,7 +275,8 @@ WAYS = _table(
     Way("speculative", "sampler", SpeculativeSampling,
         "exact (the joint of one token per call) in fewer calls: drafts K positions ahead and "
         "verifies them (arXiv 2504.20456)",
-        (DRAFT, TREE), _fit_draft, lambda config, positions: positions, _speculative_summary,
+        (DRAFT, TREE, TREE_DEPTH), _fit_draft, lambda config, positions: positions,
+        _speculative_summary,
         any_order=True),
     _planner("confidence", ConfidencePlanner,
              "reveals the positions whose most likely token is likeliest", REVEAL),

@@ -278,6 +278,90 @@ def test_more_candidates_accept_more_drafts_in_fewer_calls_never_more_than_token
     assert all((out.sample_calls <= N).all() for out in runs.values())
 
 
+# ---- branches: the positions after a candidate other than the first, on its own rows ---------
+
+
+@pytest.mark.slow  # 10,000 samples: 7 to 16 s each on 2 cores
+@pytest.mark.parametrize("tree", [2, 3])
+@pytest.mark.parametrize("prompt", [False, True], ids=["nothing-given", "one-given"])
+def test_draft_trees_with_branches_follow_the_exact_joint_of_one_token_per_call(tree, prompt):
+    model = exact_model()
+    config = SamplingConfig(sampler="speculative", draft=3, tree=tree, tree_depth=2)
+    assert chi_square_p_value(model, *exact_case(prompt), config, EXACT_SAMPLES) > 1e-3
+
+
+def branch_rows_seeing_the_first_candidate(monkeypatch):
+    """The plausible wrong branch: its rows see entry j's first candidate, as the chain's rows
+    do, instead of the candidate the branch is of."""
+    right = speculative.SpeculativeSampling._candidate_rows
+
+    def wrong(self, keys):
+        tokens, positions, targets, write, mask = right(self, keys)
+        n, row = self.sampler.seq_len, torch.arange(self.siblings)
+        entry, depth = row // ((self.tree - 1) * self.branch), row % self.branch
+        key, follows = torch.arange(keys), depth >= 1
+        candidate_slot = (key == (n + 1 + row - depth)[:, None]) & follows[:, None]
+        first_slot = key == (self.final[:, None] + entry + 1)[..., None]
+        fed = ((write != n) & follows)[..., None]
+        return tokens, positions, targets, write, (
+            mask[:, 0] & ~candidate_slot | fed & first_slot)[:, None]
+
+    monkeypatch.setattr(speculative.SpeculativeSampling, "_candidate_rows", wrong)
+
+
+@pytest.mark.parametrize("wrong", [False, True], ids=["branch", "wrong-branch"])
+def test_after_a_generation_with_branches_the_cache_holds_the_full_forward(wrong, monkeypatch):
+    """The branches' rows of the entries they made final are the slots' keys and values; a
+    branch whose rows saw the first candidate instead of its own leaves other ones there (and
+    targets conditioned on a token that is not final, which the chi-square test needs far more
+    samples to see)."""
+    if wrong:
+        branch_rows_seeing_the_first_candidate(monkeypatch)
+    model = tiny_model()
+    config = SamplingConfig(sampler="speculative", draft=3, tree=3, tree_depth=2, seed=5)
+    out, sampler = generate(model, config, torch.arange(B))
+    if not wrong:
+        assert_cache_holds_the_full_forward(model, out, sampler)
+        return
+    with pytest.raises(AssertionError, match="not close"):
+        assert_cache_holds_the_full_forward(model, out, sampler)
+
+
+def test_greedy_draft_trees_with_branches_give_the_tokens_of_one_token_per_call():
+    model = tiny_model()
+    one_per_call, _ = generate(model, SamplingConfig(steps=N, temperature=0.0), torch.arange(B))
+    fast, _ = generate(model, SamplingConfig(sampler="speculative", draft=3, tree=3,
+                                             tree_depth=2, temperature=0.0), torch.arange(B))
+    assert torch.equal(fast.tokens, one_per_call.tokens)
+
+
+def test_branches_save_calls_never_more_than_tokens_and_are_batch_invariant():
+    model = tiny_model()
+    runs = {depth: generate(model, SamplingConfig(sampler="speculative", draft=4, tree=3,
+                                                  tree_depth=depth, seed=1), torch.arange(16))[0]
+            for depth in (0, 3)}
+    assert runs[3].sample_calls.sum() < runs[0].sample_calls.sum()
+    for out in runs.values():
+        assert (out.sample_calls <= N).all()
+        assert (out.stats["drafts_accepted"] <= out.stats["drafts_decided"]).all()
+    alone, _ = generate(model, SamplingConfig(sampler="speculative", draft=4, tree=3,
+                                              tree_depth=3, seed=1), torch.tensor([5]))
+    assert torch.equal(alone.tokens[0], runs[3].tokens[5])
+    assert alone.sample_calls[0] == runs[3].sample_calls[5]
+
+
+def test_a_branch_deeper_than_the_draft_is_its_draft_less_one_and_below_zero_is_refused():
+    model = tiny_model()
+    deep, _ = generate(model, SamplingConfig(sampler="speculative", draft=3, tree=2,
+                                             tree_depth=9, seed=2), torch.arange(B))
+    most, _ = generate(model, SamplingConfig(sampler="speculative", draft=3, tree=2,
+                                             tree_depth=2, seed=2), torch.arange(B))
+    assert torch.equal(deep.tokens, most.tokens)
+    with pytest.raises(UsageError, match=r"tree_depth must be >= 0 \(positions verified on a "
+                                         r"branch\), got -1"):
+        KVCacheSampler(model, 1, N, SamplingConfig(sampler="speculative", tree=2, tree_depth=-1))
+
+
 def test_a_tree_below_one_is_refused():
     with pytest.raises(UsageError, match="tree must be >= 1"):
         KVCacheSampler(tiny_model(), 1, N, SamplingConfig(sampler="speculative", tree=0))
