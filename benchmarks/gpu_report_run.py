@@ -329,7 +329,8 @@ def generation(report: Report, timeout: float) -> None:
 RACE_CONFIGS = (("aogpt", "configs/synthetic.yaml"), ("gpt", "configs/gpt_synthetic.yaml"))
 # on a GPU: batch 1 (latency) and 32 (throughput), each sampler compiled and replayed as CUDA
 # graphs (the sampler's default there), drafts and trees as docs/sampling-race.md measured them
-RACE_ON_GPU = ["--batch-sizes", "1,32", "--drafts", "2,4", "--trees", "1,3", "--compile", "on"]
+RACE_ON_GPU = ["--batch-sizes", "1,32", "--drafts", "2,4", "--trees", "1,3", "--tree-depths",
+               "0,3", "--compile", "on"]
 RACE_SMOKE = ["--num-samples", "6", "--batch-sizes", "1,3", "--drafts", "2", "--trees", "1,2",
               "--timed-batches", "1", "--repeats", "1", "--compile", "off"]
 

@@ -2,8 +2,9 @@
 and steps sampling itself, side by side in one process.
 
     python benchmarks/sampling_race.py --ao RUN --gpt RUN [--judge DATA-or-MODEL]
-        [--num-samples 256] [--batch-sizes 1,8,32] [--drafts 2,4] [--trees 1,3] [--timed-batches 4]
-        [--repeats 2] [--compile auto|on|off] [--threads T] [--seq-len N] [--seed 0]
+        [--num-samples 256] [--batch-sizes 1,8,32] [--drafts 2,4] [--trees 1,3]
+        [--tree-depths 0,3] [--timed-batches 4] [--repeats 2] [--compile auto|on|off]
+        [--threads T] [--seq-len N] [--seed 0]
         [--device auto] [--json OUT] [--table OUT.md] [--plot OUT.png] [--force]
 
 It trains nothing: --ao is an AO-GPT run trained with the paper's mixture (10% of its orders left
@@ -13,9 +14,10 @@ draws the same sample ids left to right, the order a GPT can read:
 - GPT, one token per call: the baseline every speed-up is quoted against, at its best: its own
   static KV cache, the same batch, dtype and threads, and compiled where that is faster;
 - AO-GPT, one token per call: the same network cost per token, for reference;
-- AO-GPT speculative, K = each of --drafts, C = each of --trees: `--order l2r --sampler
-  speculative --draft K --tree C`, drafting the next K positions (C candidates each) from the
-  AO-GPT's own marginals and verifying them in the next call. Its samples are exactly its
+- AO-GPT speculative, K = each of --drafts, C = each of --trees (and L = each of --tree-depths
+  for C > 1): `--order l2r --sampler speculative --draft K --tree C --tree-depth L`, drafting
+  the next K positions (C candidates each) from the AO-GPT's own marginals and verifying them
+  in the next call. Its samples are exactly its
   one-token-per-call samples' distribution, in fewer calls.
 For each it reports network calls per token (each sample's own; a batch runs until its slowest
 sample is done), the drafts accepted, tokens per second at each batch size (each sampler eager
@@ -77,15 +79,23 @@ class Contestant:
     fields: dict  # its SamplingConfig's settings
 
 
-def contestants(n: int, drafts: list[int], trees: list[int]) -> list[Contestant]:
-    """The baseline first, then the AO-GPT one token per call, then speculative at each K and
-    tree C."""
+def contestants(n: int, drafts: list[int], trees: list[int],
+                tree_depths: list[int] = (0,)) -> list[Contestant]:
+    """The baseline first, then the AO-GPT one token per call, then speculative at each K, tree
+    C and (C > 1) branch depth L."""
     one_per_call = {"steps": n, "order": LEFT_TO_RIGHT.word}
+
+    def speculative(k: int, c: int, depth: int) -> Contestant:
+        label = (f"AO-GPT speculative K={k}" + (f" C={c}" if c > 1 else "")
+                 + (f" L={depth}" if depth else ""))
+        return Contestant(label, "ao", {"sampler": "speculative", "draft": k, "tree": c,
+                                        "tree_depth": depth, "order": LEFT_TO_RIGHT.word})
+
+    drafts = list(dict.fromkeys(min(k, n - 1) for k in drafts))
     return [Contestant(BASELINE, "gpt", one_per_call),
             Contestant("AO-GPT, one token per call", "ao", one_per_call),
-            *(Contestant(f"AO-GPT speculative K={k}" + (f" C={c}" if c > 1 else ""), "ao",
-                         {"sampler": "speculative", "draft": min(k, n - 1), "tree": c,
-                          "order": LEFT_TO_RIGHT.word}) for k in drafts for c in trees)]
+            *(speculative(k, c, depth) for k in drafts for c in trees
+              for depth in (sorted({min(d, k - 1) for d in tree_depths}) if c > 1 else [0]))]
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -102,6 +112,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     add("--drafts", default="2,4", help="the AO-GPT's speculative K (default 2,4)")
     add("--trees", default="1,3", help="candidates per drafted position, C, at each K (default "
         "1,3; 1: a chain)")
+    add("--tree-depths", default="0", help="trees: the positions verified on the branch of a "
+        "candidate other than the first, L, at each K and C > 1, each at most K - 1 (default 0)")
     add("--timed-batches", type=int, default=4,
         help="batches of other sample ids timed per batch size (default 4)")
     add("--repeats", type=int, default=2, help="runs of each timed batch, the shortest kept "
@@ -124,6 +136,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     args.batch_sizes = comma_counts(args.batch_sizes, "--batch-sizes")
     args.drafts = comma_counts(args.drafts, "--drafts") if args.drafts else []
     args.trees = comma_counts(args.trees, "--trees")
+    args.tree_depths = comma_counts(args.tree_depths, "--tree-depths", minimum=0)
     for flag in OUTPUTS:
         if getattr(args, flag) is not None:
             check_output_file(getattr(args, flag), f"--{flag}", args.force, OUTPUTS[flag])
@@ -311,7 +324,7 @@ def main(argv: list[str] | None = None) -> int:
     header = race_header(args, ao, gpt, n, judge, device, share)
     results = ResultsFile(args.json if share.is_main else None, {**header, "rows": []})
     rows = results.data["rows"]
-    for contestant in contestants(n, args.drafts, args.trees):
+    for contestant in contestants(n, args.drafts, args.trees, args.tree_depths):
         row = judged(models[contestant.network], contestant, args, n, judge, device, share)
         if row is None:
             continue  # rank 0 judges and times: the others only draw their share
