@@ -345,30 +345,15 @@ class SpeculativeSampling(Strategy):
         entry = t[:, None] + 1 + i  # (b, branch): the entry each row of the branch asks for
         rows = (base[:, None] + i)[..., None].expand(-1, -1, vocab)
         targets = candidate_probs.gather(1, rows)  # (b, branch, vocab)
-        ruled = (entry < self.pending[:, None]) & (i < self.depth)
-        held = entry.clamp(max=self.window - 1)
-
-        def pending(state: torch.Tensor) -> torch.Tensor:  # each entry's (b, branch, ...)
-            return state.gather(1, held[..., None].expand(-1, -1, state.size(-1)))
-
-        candidates = pending(self.candidates)
         positions = sampler.orders.gather(1, (self.final[:, None] + entry).clamp(max=n - 1))
-        present = pending(self.present) & ruled[..., None]
-        branch_taken, left = accept_candidates(
-            targets, pending(self.draft_probs), candidates, present,
-            self.accept_uniforms.gather(1, positions[..., None].expand(-1, -1, self.tree)))
-        follows = ruled & (branch_taken == 0)  # the entry took the candidate its row carries
-        s = first_where(~follows, torch.full_like(t, self.depth))  # the branch's last entry
+        s, ruled_s = torch.zeros_like(t), torch.zeros_like(other_at)  # depth 0: entry t + 1
+        accepted_s, decided = ruled_s, None
+        if self.depth:
+            s, ruled_s, accepted_s, decided = self._decide_on_branch(targets, entry, positions)
         at_s = s[:, None]
-        ruled_s, taken_s = ruled.gather(1, at_s)[:, 0], branch_taken.gather(1, at_s)[:, 0]
-        position_s = positions.gather(1, at_s)
         exact = inverse_cdf(targets.gather(1, at_s[..., None].expand(-1, 1, vocab))[:, 0],
-                            sampler.uniforms.gather(1, position_s)[:, 0])
-        redrawn = inverse_cdf(left.gather(1, at_s[..., None].expand(-1, 1, vocab))[:, 0],
-                              self.residual_uniforms.gather(1, position_s)[:, 0])
-        candidate = candidates.gather(1, at_s[..., None].expand(-1, 1, self.tree))[:, 0]
-        candidate = candidate.gather(1, taken_s.clamp(min=0)[:, None])[:, 0]
-        token = torch.where(ruled_s, torch.where(taken_s < 0, redrawn, candidate), exact)
+                            sampler.uniforms.gather(1, positions.gather(1, at_s))[:, 0])
+        token = exact if decided is None else torch.where(ruled_s, decided, exact)
 
         ordered, start = sampler.ordered, self.final + t  # the order's index of entry t
         ordered.scatter_(1, torch.where(other_at, start, n)[:, None], other[:, None])
@@ -378,8 +363,36 @@ class SpeculativeSampling(Strategy):
             moved = other_at & (row <= s)
             sampler.cache.copy_slot(torch.where(moved, n + 1 + base + row, n),
                                     torch.where(moved, start + 1 + row, n))
-        return torch.stack([s + 1, s + ruled_s.long(), s + (ruled_s & (taken_s > 0)).long()]
-                           ) * other_at
+        return torch.stack([s + 1, s + ruled_s.long(), s + accepted_s.long()]) * other_at
+
+    def _decide_on_branch(self, targets: torch.Tensor, entry: torch.Tensor,
+                          positions: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        """The rule along a branch (_follow_branch): for entries `entry` (b, branch) at
+        `positions`, with targets (b, branch, vocab), the index s (b,) of the entry that ends
+        the branch, whether the rule decided it (ruled: a row carries it and it is pending) and
+        accepted a candidate, and the token the rule gave it (a candidate, or a draw from its
+        residual)."""
+        i = torch.arange(self.branch, device=entry.device)
+        ruled = (entry < self.pending[:, None]) & (i < self.depth)
+        held = entry.clamp(max=self.window - 1)
+
+        def pending(state: torch.Tensor) -> torch.Tensor:  # each entry's (b, branch, ...)
+            return state.gather(1, held[..., None].expand(-1, -1, state.size(-1)))
+
+        candidates = pending(self.candidates)
+        taken, left = accept_candidates(
+            targets, pending(self.draft_probs), candidates,
+            pending(self.present) & ruled[..., None],
+            self.accept_uniforms.gather(1, positions[..., None].expand(-1, -1, self.tree)))
+        follows = ruled & (taken == 0)  # the entry took the candidate its row carries
+        s = first_where(~follows, torch.full_like(entry[:, 0], self.depth))
+        at_s = s[:, None]
+        ruled_s, taken_s = ruled.gather(1, at_s)[:, 0], taken.gather(1, at_s)[:, 0]
+        redrawn = inverse_cdf(left.gather(1, at_s[..., None].expand(-1, 1, left.size(-1)))[:, 0],
+                              self.residual_uniforms.gather(1, positions.gather(1, at_s))[:, 0])
+        candidate = candidates.gather(1, at_s[..., None].expand(-1, 1, self.tree))[:, 0]
+        candidate = candidate.gather(1, taken_s.clamp(min=0)[:, None])[:, 0]
+        return s, ruled_s, ruled_s & (taken_s > 0), torch.where(taken_s < 0, redrawn, candidate)
 
 
 def first_where(mask: torch.Tensor, otherwise: torch.Tensor) -> torch.Tensor:
