@@ -197,7 +197,11 @@ def _fit_steps(config: SamplingConfig, given: set[str], room: Room):
 
 
 def _fit_draft(config: SamplingConfig, given: set[str], room: Room):
-    """A draft reaching past the positions of a call is clipped, and said."""
+    """A draft reaching past the positions of a call is clipped, and said; branches asked for
+    without a tree to branch from are refused."""
+    if TREE_DEPTH.field in given and config.tree_depth > 0 and config.tree == 1:
+        raise UsageError(f"{TREE_DEPTH.flag} {config.tree_depth} branches from the candidates "
+                         f"after the first of each drafted position: give {TREE.flag} C > 1 too")
     if config.draft < room.each:
         return config, None
     draft = max(1, room.each - 1)

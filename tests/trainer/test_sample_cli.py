@@ -109,6 +109,15 @@ def test_a_draft_tree_is_recorded_and_does_not_depend_on_the_batch_size(checkpoi
     assert [r["network_calls"] for r in batched] == [r["network_calls"] for r in alone]
 
 
+def test_branches_without_a_tree_are_refused_in_one_line(checkpoint, tmp_path, capsys):
+    code, _ = speculative(checkpoint, tmp_path, "--tree-depth", "2")
+    err = capsys.readouterr().err
+    assert code == 2 and err.count("\n") == 1 and (
+        "--tree-depth 2 branches from the candidates after the first of each drafted position: "
+        "give --tree C > 1 too") in err
+    assert not (tmp_path / "speculative.jsonl").exists()
+
+
 def test_a_draft_past_the_positions_left_is_clipped_and_said(checkpoint, tmp_path, capsys):
     code, records = speculative(checkpoint, tmp_path, "--draft", "40", "--num-samples", "1")
     assert code == 0 and records[0]["settings"]["draft"] == N - 1
