@@ -160,7 +160,9 @@ class Patience:
             ConnectionClosedError,
             ConnectTimeoutError,
             EndpointConnectionError,
+            IncompleteReadError,
             ReadTimeoutError,
+            ResponseStreamingError,
         )
 
         waited, attempts = 0.0, 0
@@ -168,8 +170,11 @@ class Patience:
             started = time.monotonic()
             try:
                 return request()
+            # a body cut short (IncompleteReadError, ResponseStreamingError) is a connection
+            # dropped mid-answer: a store going away while a shard streams in
             except (ConnectTimeoutError, ReadTimeoutError, ConnectionClosedError,
-                    EndpointConnectionError, ClientError) as err:
+                    EndpointConnectionError, IncompleteReadError, ResponseStreamingError,
+                    ClientError) as err:
                 if ((isinstance(err, ClientError) and _error_code(err) not in BUSY)
                         or (type(err) is EndpointConnectionError and not refused_too)):
                     raise

@@ -7,6 +7,8 @@ accepts any). Nothing is mocked inside the processes under test.
 
 SilentServer is an endpoint that accepts connections and never answers (a store that hangs, a
 firewall that lets the handshake through): what the bounded waits are tested against.
+CutShortServer answers every request with the start of a body and then closes the connection
+(a store that goes away while an object streams in).
 """
 
 from __future__ import annotations
@@ -128,3 +130,27 @@ class SilentServer:
         self.socket.close()
         for connection in self.held:
             connection.close()
+
+
+class CutShortServer(SilentServer):
+    """Answers each request with a 200 that promises BODY bytes, sends a few of them, and closes
+    the connection: the object's body is cut short, as when a store goes away mid-download."""
+
+    BODY = 1000
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                connection = self.socket.accept()[0]
+            except OSError:  # closed
+                return
+            with connection:
+                request = b""
+                while b"\r\n\r\n" not in request:
+                    chunk = connection.recv(65536)
+                    if not chunk:
+                        break
+                    request += chunk
+                connection.sendall(b"HTTP/1.1 200 OK\r\nContent-Type: application/octet-stream"
+                                   + f"\r\nContent-Length: {self.BODY}\r\n\r\n".encode()
+                                   + b"x" * 10)

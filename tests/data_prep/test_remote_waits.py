@@ -12,8 +12,9 @@ import time
 
 import pytest
 from conftest import REPO
-from s3_testing import CREDENTIALS, SilentServer
+from s3_testing import CREDENTIALS, CutShortServer, SilentServer
 
+from aogpt import UsageError
 from aogpt.data_prep import remote, verify
 
 BUDGET_S = 2
@@ -92,3 +93,24 @@ def test_a_long_wait_says_so_every_30_s_then_gives_up(tmp_path):
     assert re.search(r"did not answer in 4\d s \(4 tries, the last: ReadTimeoutError; ",
                      lines[1]), lines[1]
     assert seconds < 40 + 10
+
+
+def test_a_body_cut_short_is_tried_again_then_one_line_and_no_partial_file(tmp_path,
+                                                                            monkeypatch):
+    """A store that goes away while an object streams in (its body ends before its length):
+    a dropped connection, tried again within the budget like a silence, then the same one line;
+    the shard's name never holds part of it."""
+    with CutShortServer() as server:
+        for name, value in silent_env(server).items():
+            monkeypatch.setenv(name, value)
+        started = time.monotonic()
+        with pytest.raises(UsageError) as failure:
+            remote.download_url("s3://bucket/train/shard.00000.mds", tmp_path / "shard.mds",
+                                "data s3://bucket/train")
+        assert time.monotonic() - started < BUDGET_S + 10
+    assert re.fullmatch(
+        rf"data s3://bucket/train: the S3 endpoint {server.url} did not answer in \d+ s \(\d+ "
+        rf"tries, the last: (IncompleteReadError|ResponseStreamingError); "
+        rf"{remote.TIMEOUT_SETTING}={BUDGET_S}\): check S3_ENDPOINT_URL and the network, or "
+        rf"raise {remote.TIMEOUT_SETTING} for a slow store", str(failure.value))
+    assert list(tmp_path.iterdir()) == []
