@@ -52,6 +52,7 @@ from aogpt.files import (
 from aogpt.model.orders import ANY_ORDER, LEFT_TO_RIGHT, reading_named
 from aogpt.model.precision import device_name
 from aogpt.model.sampler import KVCacheSampler, SamplingConfig
+from aogpt.model.sampler.config import branch_depth
 from aogpt.model.sampler.ways import REVEAL, reading
 from aogpt.trainer.judge import (
     Judge,
@@ -170,7 +171,7 @@ def settings(n: int, steps: list[int] | None, drafts: list[int] | None, planners
     rows += [(f"speculative tree K={k} C={c}" + (f" L={depth}" if depth else ""),
               {"sampler": "speculative", "draft": k, "tree": c, "tree_depth": depth})
              for k in drafts for c in trees if c > 1
-             for depth in sorted({min(d, k - 1) for d in tree_depths})]
+             for depth in sorted({branch_depth(k, c, d) for d in tree_depths})]
     if planners or thresholds:
         rows.append((f"{LEFT_TO_RIGHT.word} S=n", {"sampler": "parallel", "steps": n,
                                                      "order": LEFT_TO_RIGHT.word}))

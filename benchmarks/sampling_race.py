@@ -51,6 +51,7 @@ from aogpt.model.checkpoint import locate_checkpoint, provenance, read_consolida
 from aogpt.model.orders import LEFT_TO_RIGHT
 from aogpt.model.precision import device_name, reproducible_dtype, resolve_device
 from aogpt.model.sampler import KVCacheSampler, SamplingConfig
+from aogpt.model.sampler.config import branch_depth
 from aogpt.trainer.judge import (
     Judge,
     check_judge_matches,
@@ -95,7 +96,7 @@ def contestants(n: int, drafts: list[int], trees: list[int],
     return [Contestant(BASELINE, "gpt", one_per_call),
             Contestant("AO-GPT, one token per call", "ao", one_per_call),
             *(speculative(k, c, depth) for k in drafts for c in trees
-              for depth in (sorted({min(d, k - 1) for d in tree_depths}) if c > 1 else [0]))]
+              for depth in sorted({branch_depth(k, c, d) for d in tree_depths}))]
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:

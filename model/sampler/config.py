@@ -70,6 +70,11 @@ class SamplingConfig:
     def __post_init__(self):
         self.order = reading_named(self.order, "order").word  # an alias is kept as its word
 
+    @property
+    def branch_depth(self) -> int:
+        """tree_depth as the speculative sampler uses it (branch_depth())."""
+        return branch_depth(self.draft, self.tree, self.tree_depth)
+
     def validate(self) -> None:
         """UsageError for a setting that cannot run: the way's own (its options) and the
         common ones."""
@@ -83,6 +88,12 @@ class SamplingConfig:
         if self.top_k < 0:
             raise UsageError(f"top_k must be >= 0 (0 = off), got {self.top_k}")
 
+
+
+def branch_depth(draft: int, tree: int, tree_depth: int) -> int:
+    """The positions verified on a branch: tree_depth, at most draft - 1 (a branch runs over the
+    drafted positions after its candidate), and none without a tree (nothing to branch from)."""
+    return min(tree_depth, draft - 1) if tree > 1 else 0
 
 
 _unknown = [option.field for option in OPTIONS

@@ -122,7 +122,7 @@ class SpeculativeSampling(Strategy):
         b, n, device = sampler.batch_size, sampler.seq_len, sampler.device
         self.window, self.tree = self.config.draft, self.config.tree  # drafts pending at most
         # each candidate after the first has a row of its own and `depth` more on its branch
-        self.depth = min(self.config.tree_depth, self.window - 1) if self.tree > 1 else 0
+        self.depth = self.config.branch_depth
         self.branch = 1 + self.depth
         self.siblings = (self.tree - 1) * self.window * self.branch  # rows after the order's
         state = {"dtype": torch.long, "device": device}
@@ -252,18 +252,19 @@ class SpeculativeSampling(Strategy):
         ordered.scatter_(1, torch.where(valid & ~is_pending, target_slots, n), drawn)
         ordered.scatter_(1, torch.where(redrawn_at, self.final + stop, n)[:, None],
                          redrawn[:, None])
-        on_branch = torch.zeros(3, *stop.shape, dtype=torch.long, device=sampler.device)
-        if self.siblings:  # entries made final, decided and accepted on the branch taken
-            on_branch = self._follow_branch(candidate_probs, taken, at_stop, other_at)
+        branch_final = branch_decided = branch_accepted = 0  # a chain has no branch
+        if self.siblings:
+            branch_final, branch_decided, branch_accepted = self._follow_branch(
+                candidate_probs, taken, at_stop, other_at)
 
         # the entries up to the stop are final (and those on the branch of another candidate);
         # the ones after stay pending with their candidates and proposals: old drafts, then this
         # call's draws
-        made_final = torch.minimum(stop + 1 + on_branch[0], n - self.final)
+        made_final = torch.minimum(stop + 1 + branch_final, n - self.final)
         drafted = (end[:, 0] - self.final) - made_final  # entries after the final ones
         self.counters += torch.stack([
-            active[:, 0].long(), torch.minimum(stop + 1 + on_branch[1], self.pending),
-            stop + other_at.long() + on_branch[2]]) * active[:, 0]
+            active[:, 0].long(), torch.minimum(stop + 1 + branch_decided, self.pending),
+            stop + other_at.long() + branch_accepted]) * active[:, 0]
         keep = (made_final[:, None] + torch.arange(window, device=sampler.device)).clamp(
             max=targets - 1)  # (b, window)
         carried = [(self.draft_probs, probs)]
@@ -296,8 +297,10 @@ class SpeculativeSampling(Strategy):
         carried = entry + depth  # the entry whose token the row carries
         at = self.final[:, None] + carried  # (b, siblings): the order's index of each
         fed = (carried < self.pending[:, None]) & self.present[:, entry, which]
-        first = self.candidates[:, carried.clamp(max=self.window - 1), 0]
-        tokens = torch.where(depth == 0, self.candidates[:, entry, which], first)
+        tokens = self.candidates[:, entry, which]
+        if self.depth:  # the branches' rows carry the first candidates of the entries after
+            first = self.candidates[:, carried.clamp(max=self.window - 1), 0]
+            tokens = torch.where(depth == 0, tokens, first)
         positions = sampler.orders.gather(1, at.clamp(max=n - 1))
         target_positions = sampler.orders.gather(1, (at + 1).clamp(max=n - 1))
         own = n + 1 + torch.arange(self.siblings, device=device)  # each row's scratch slot
@@ -323,7 +326,8 @@ class SpeculativeSampling(Strategy):
         return torch.stack(candidates, dim=-1), torch.stack(present, dim=-1)
 
     def _follow_branch(self, candidate_probs: torch.Tensor, taken: torch.Tensor,
-                       at_stop: torch.Tensor, other_at: torch.Tensor) -> torch.Tensor:
+                       at_stop: torch.Tensor, other_at: torch.Tensor
+                       ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Where entry t took candidate `taken` > 0 (other_at): that candidate is final, and the
         entries after it are decided on its branch, whose rows saw it instead of the first
         candidate. Entry t + 1 + i's target is the branch's row i. While a row of the branch
@@ -333,8 +337,8 @@ class SpeculativeSampling(Strategy):
         ends the branch: it takes that candidate, a draw from its residual, or (no row carries
         it) a draw from its target exactly (Stream.TOKEN of its position, as one token per call
         would: the row saw only final tokens). The branch's rows of the entries made final go to
-        their slots. Returns (3, b): the entries after t made final, decided by the rule, and
-        accepted (zeros where no other candidate was taken)."""
+        their slots. Returns the entries after t made final, decided by the rule, and accepted,
+        (b,) each (zeros where no other candidate was taken)."""
         sampler, n, device = self.sampler, self.sampler.seq_len, self.sampler.device
         vocab = candidate_probs.size(-1)
         t = at_stop[:, 0]
@@ -363,7 +367,8 @@ class SpeculativeSampling(Strategy):
             moved = other_at & (row <= s)
             sampler.cache.copy_slot(torch.where(moved, n + 1 + base + row, n),
                                     torch.where(moved, start + 1 + row, n))
-        return torch.stack([s + 1, s + ruled_s.long(), s + accepted_s.long()]) * other_at
+        return ((s + 1) * other_at, (s + ruled_s.long()) * other_at,
+                (s + accepted_s.long()) * other_at)
 
     def _decide_on_branch(self, targets: torch.Tensor, entry: torch.Tensor,
                           positions: torch.Tensor) -> tuple[torch.Tensor, ...]:

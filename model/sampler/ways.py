@@ -196,7 +196,7 @@ def _fit_steps(config: SamplingConfig, given: set[str], room: Room):
     return config, None
 
 
-def _fit_draft(config: SamplingConfig, given: set[str], room: Room):
+def _fit_speculative(config: SamplingConfig, given: set[str], room: Room):
     """A draft reaching past the positions of a call is clipped, and said; branches asked for
     without a tree to branch from are refused."""
     if TREE_DEPTH.field in given and config.tree_depth > 0 and config.tree == 1:
@@ -242,8 +242,8 @@ def _speculative_summary(config: SamplingConfig, records: list[dict], positions:
     decided = sum(r["drafts_decided"] for r in records)
     accepted = sum(r["drafts_accepted"] for r in records)
     tree = f", tree {config.tree}" if config.tree > 1 else ""
-    if config.tree > 1 and config.tree_depth:
-        tree += f" depth {min(config.tree_depth, config.draft - 1)}"
+    if config.branch_depth:
+        tree += f" depth {config.branch_depth}"
     return (f"speculative (draft {config.draft}{tree}): {_mean_calls(records) / positions:.3f} "
             f"network calls per token, {accepted / max(decided, 1):.0%} of {decided:,} drafts "
             "accepted")
@@ -279,7 +279,7 @@ WAYS = _table(
     Way("speculative", "sampler", SpeculativeSampling,
         "exact (the joint of one token per call) in fewer calls: drafts K positions ahead and "
         "verifies them (arXiv 2504.20456)",
-        (DRAFT, TREE, TREE_DEPTH), _fit_draft, lambda config, positions: positions,
+        (DRAFT, TREE, TREE_DEPTH), _fit_speculative, lambda config, positions: positions,
         _speculative_summary,
         any_order=True),
     _planner("confidence", ConfidencePlanner,
