@@ -199,6 +199,8 @@ class EvalConfig:
     sample_tree: int = 1  # speculative: candidates kept per drafted position (1: a chain)
     # speculative trees: positions verified on the branch of a candidate other than the first
     sample_tree_depth: int = 0
+    # speculative: drafts after a redrawn position drawn from rows that saw only final tokens
+    sample_predraft: int = 0
     sample_temperature: float = 1.0
     sample_top_p: float = 1.0  # the paper's nucleus rule (trainer/sample.py --top-p-rule paper)
     # the samples' judge: a local Hugging Face GPT-2 folder (generative perplexity), or a synthetic

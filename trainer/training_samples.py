@@ -47,7 +47,7 @@ from aogpt.trainer.judge import Judge, generative_perplexity
 def sampling_config(cfg: EvalConfig, any_order: bool) -> SamplingConfig:
     config = SamplingConfig(sampler=cfg.sample_sampler, steps=cfg.sample_steps,
                             draft=cfg.sample_draft, tree=cfg.sample_tree,
-                            tree_depth=cfg.sample_tree_depth,
+                            tree_depth=cfg.sample_tree_depth, predraft=cfg.sample_predraft,
                             temperature=cfg.sample_temperature,
                             top_p=cfg.sample_top_p, top_p_rule="paper",
                             order=(ANY_ORDER if any_order else LEFT_TO_RIGHT).word)

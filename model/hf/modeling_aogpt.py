@@ -106,10 +106,10 @@ class AOGPTForCausalLM(PreTrainedModel, GenerationMixin):
         40: more_ids}, as sampler.given_tokens reads them; they are read first and the rest is
         generated. steps: the paper's sampler's network calls (default one per generated token:
         exact ancestral sampling). sampling: SamplingConfig's other fields (sampler="speculative"
-        with draft=K, and tree=C candidates per drafted position, for exactly that distribution in
-        fewer calls; schedule, counts, order (a word of model/orders.py READINGS), temperature,
-        top_p, top_k, seed). sample_ids (default 0..num_samples-1) key the randomness with the
-        seed, as in trainer/sample.py.
+        with draft=K, tree=C candidates per drafted position, tree_depth and predraft, for
+        exactly that distribution in fewer calls; schedule, counts, order (a word of
+        model/orders.py READINGS), temperature, top_p, top_k, seed). sample_ids (default
+        0..num_samples-1) key the randomness with the seed, as in trainer/sample.py.
         Returns the sampler's Generation: .tokens (b, seq_len) at their positions, .orders.
         """
         seq_len = seq_len or self.config.block_size

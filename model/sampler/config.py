@@ -43,6 +43,11 @@ class SamplingConfig:
     # call's run; 0 = the candidate's own row only. A call feeds (tree - 1) * draft * depth rows
     # more (depth at most draft - 1)
     tree_depth: int = 0
+    # speculative: where a call redraws a rejected position, the first `predraft` drafts after it
+    # are drawn from rows that saw only the final tokens (each pending position's row has that
+    # many copies asking for the positions after it), not from rows that saw the rejected draft;
+    # 0 = those drafts stay pending. A call feeds draft * predraft rows more (at most draft)
+    predraft: int = 0
     # parallel: revealed fraction after step i of S: "linear" i/S, "cosine" 1 - cos(i/S * pi/2)
     schedule: Literal["linear", "cosine"] = "linear"
     # parallel: "deterministic": the paper's counts (at least one token per step); "binomial": each

@@ -72,12 +72,27 @@ branch's rows of the entries made final are copied to their slots. A branch's ow
 candidates have no rows: a tree of C candidates and depth L costs (C - 1) K (L + 1) rows, not
 C^K.
 
+Pre-drafts (predraft = R > 0): where a call stops at a redrawn position A + m, the drafts after
+it came from rows that saw the rejected draft d_{A+m}. They are valid proposals, but poor ones
+where a draft is rejected because the text went somewhere the draft did not: left to right on
+the first synthetic language, even a perfect model of it accepts 47% of its drafts at K = 4 so,
+85% with pre-drafts (benchmarks/perfect_drafts.py, docs/sampling-race.md). So each pending
+entry's row has R copies in the same call, which carry its token at its position, see what it
+sees but its own slot (the final tokens and the drafts before it), and ask for the R positions
+after it: σ_{A+j+1} .. σ_{A+j+R}, each given exactly the tokens that are final if the call stops
+at j. Where the call stops at a redrawn m, the first R drafts after it are drawn from m's
+copies (Stream.TOKEN of their positions) instead, with those rows as their proposals. Exactness
+is untouched: a draft may come from any proposal whose draw and acceptance uniforms nothing
+final has read, and nothing final read those of the positions after m (the old drafts there were
+drawn with the same Stream.TOKEN uniforms, but no row before them sees them, and this call's
+verdicts on them are discarded unread). A call feeds draft * R rows more.
+
 The cache: slots up to the last final token hold exactly what one-token-at-a-time decoding
 writes (the same tokens, positions and targets); the next call feeds from the first slot that
-does not. Every call has the same shape (2 draft + 1 rows, and (tree - 1) draft (depth + 1)
-candidate rows, the whole cache as keys), the first one excepted when a prompt is longer than
-`draft`: on a GPU that is one CUDA graph. The host reads one flag per call, whether every
-sample is done.
+does not. Every call has the same shape (2 draft + 1 rows, (tree - 1) draft (depth + 1)
+candidate rows and draft R pre-draft rows, the whole cache as keys), the first one excepted
+when a prompt is longer than `draft`: on a GPU that is one CUDA graph. The host reads one flag
+per call, whether every sample is done.
 """
 
 from __future__ import annotations
@@ -125,6 +140,9 @@ class SpeculativeSampling(Strategy):
         self.depth = self.config.branch_depth
         self.branch = 1 + self.depth
         self.siblings = (self.tree - 1) * self.window * self.branch  # rows after the order's
+        self.predraft = min(self.config.predraft, self.window)  # R copies of each pending row
+        self.predrafts = self.window * self.predraft  # rows after the candidates'
+        self.extra = self.siblings + self.predrafts
         state = {"dtype": torch.long, "device": device}
         self.final = torch.zeros(b, **state)  # A: tokens of the order that are final
         self.pending = torch.zeros(b, **state)  # P: drafts after them
@@ -147,7 +165,7 @@ class SpeculativeSampling(Strategy):
                 self.present, self.counters]
 
     def cache_layout(self) -> CacheLayout:
-        return CacheLayout(scratch=self.siblings)  # a slot for each candidate's row
+        return CacheLayout(scratch=self.extra)  # a slot for each candidate's and pre-draft's row
 
     def decided(self) -> Decided:
         return Decided(final=self.final, pending=self.pending, accepted=self.counters[2],
@@ -166,11 +184,11 @@ class SpeculativeSampling(Strategy):
         first_rows = max(steady, int(given.max()) + 1 + self.window)
         if sampler.bucketed and first_rows > steady:  # few shapes whatever the prompts
             first_rows = bucket(first_rows, n + self.window)
-        keys = n + 1 + self.siblings
+        keys = n + 1 + self.extra
         calls, rows = 0, 0
         while calls <= n and bool((self.final < n).any()):  # the one read of the device per call
-            shape = ((first_rows if calls == 0 else steady) + self.siblings,
-                     steady + self.siblings, keys)
+            shape = ((first_rows if calls == 0 else steady) + self.extra, steady + self.extra,
+                     keys)
             if on_step is not None:  # lo, c, hi of this call, before it moves them
                 bounds = torch.stack([self.fed_from, self.final + self.pending,
                                       (self.final + self.pending + 1 + self.window).clamp(max=n)])
@@ -209,15 +227,18 @@ class SpeculativeSampling(Strategy):
         last_real = (final + pending).clamp(max=n - 1)
         end = (final + pending + 1 + window).clamp(max=n)
         lo = torch.where(active, self.fed_from[:, None], n)  # a finished sample only pads
-        laid = sampler.lay_out(lo, final, last_real, end, rows - self.siblings,
-                               targets - self.siblings, keys)
+        laid = sampler.lay_out(lo, final, last_real, end, rows - self.extra,
+                               targets - self.extra, keys)
         if self.siblings:
             laid = laid.extended(*self._candidate_rows(keys))
+        if self.predrafts:
+            laid = laid.extended(*self._predraft_rows(keys))
         logits = sampler.feed(*laid.fed())
         target_slots, valid = laid.target_slots, laid.valid
-        targets -= self.siblings  # the order's; the candidates' rows are read after them
-        probs = token_probs(logits, self.config)  # (b, targets + siblings, vocab)
-        probs, candidate_probs = probs[:, :targets], probs[:, targets:]
+        targets -= self.extra  # the order's; the candidates' and pre-drafts' rows come after
+        probs = token_probs(logits, self.config)  # (b, targets + extra, vocab)
+        probs, candidate_probs, predraft_probs = probs.split(
+            [targets, self.siblings, self.predrafts], dim=1)
         index = target_slots.clamp(max=n - 1)  # target j is the order's position A + j
         positions = sampler.orders.gather(1, index)
         drawn = inverse_cdf(probs, sampler.uniforms.gather(1, positions))  # new drafts
@@ -274,6 +295,8 @@ class SpeculativeSampling(Strategy):
             padded = torch.cat([mine, new_ones[:, window:]], dim=1)  # (b, targets, ...)
             chosen = torch.where(is_pending[..., None], padded, new_ones)
             mine.copy_(chosen.gather(1, keep[..., None].expand(-1, -1, chosen.size(-1))))
+        if self.predrafts:
+            self._take_predrafts(predraft_probs, at_stop, redrawn_at, made_final)
         self.final += made_final
         self.pending.copy_(drafted.clamp(min=0, max=window))
         self.fed_from.copy_(self.final)
@@ -310,6 +333,50 @@ class SpeculativeSampling(Strategy):
         on_branch = (key >= (own - depth)[:, None]) & (key <= own[:, None])  # (siblings, keys)
         mask = (key == write[..., None]) | (fed[..., None] & (ancestors | on_branch))
         return tokens, positions, target_positions, write, mask[:, None]
+
+    def _predraft_rows(self, keys: int) -> tuple[torch.Tensor, ...]:
+        """The pre-draft rows, (b, predrafts) each, R per pending entry: entry j's carry the token
+        its row carries (σ_{A+j-1}'s, at slot A + j), ask for σ_{A+j+1} .. σ_{A+j+R}, and see the
+        slots before A + j and their own scratch slot (after the candidates'). Rows of entries
+        that are not pending, or that ask past the order, pad (the trash slot)."""
+        sampler, n, device = self.sampler, self.sampler.seq_len, self.sampler.device
+        entry = torch.arange(self.window, device=device).repeat_interleave(self.predraft)
+        gap = torch.arange(1, self.predraft + 1, device=device).repeat(self.window)
+        source = self.final[:, None] + entry  # (b, predrafts): the slot whose token each carries
+        asked = source + gap  # the order's index of the position each asks for
+        fed = (entry < self.pending[:, None]) & (asked < n)
+        carried = (source - 1).clamp(min=0, max=n - 1)
+        tokens = sampler.ordered.gather(1, carried)
+        positions = torch.where(source == 0, -1, sampler.orders.gather(1, carried))
+        target_positions = sampler.orders.gather(1, asked.clamp(max=n - 1))
+        own = n + 1 + self.siblings + torch.arange(self.predrafts, device=device)
+        write = torch.where(fed, own, n)
+        key = torch.arange(keys, device=device)
+        mask = (key == write[..., None]) | (fed[..., None] & (key < source[..., None]))
+        return tokens, positions, target_positions, write, mask[:, None]
+
+    def _take_predrafts(self, probs: torch.Tensor, at_stop: torch.Tensor,
+                        redrawn_at: torch.Tensor, made_final: torch.Tensor) -> None:
+        """Where the call stopped at a redrawn entry m (redrawn_at), the first R pending entries
+        after it become m's pre-drafts: drawn from its pre-draft rows `probs` (b, predrafts,
+        vocab), which saw exactly the tokens final before m, with them as their proposals (and
+        a tree's other candidates drawn from them)."""
+        sampler, n, device = self.sampler, self.sampler.seq_len, self.sampler.device
+        vocab, r = probs.size(-1), self.predraft
+        gap = torch.arange(r, device=device)
+        rows = (at_stop * r + gap)[..., None].expand(-1, -1, vocab)  # (b, R, vocab)
+        fresh = probs.gather(1, rows)
+        at = (self.final + made_final)[:, None] + gap  # the order's index of each new draft
+        positions = sampler.orders.gather(1, at.clamp(max=n - 1))
+        tokens = inverse_cdf(fresh, sampler.uniforms.gather(1, positions))
+        use = redrawn_at[:, None] & (at < n)  # (b, R)
+        sampler.ordered.scatter_(1, torch.where(use, at, n), tokens)
+        self.draft_probs[:, :r] = torch.where(use[..., None], fresh, self.draft_probs[:, :r])
+        if self.siblings:
+            candidates, present = self._more_candidates(fresh, tokens, positions)
+            self.candidates[:, :r] = torch.where(use[..., None], candidates,
+                                                 self.candidates[:, :r])
+            self.present[:, :r] = torch.where(use[..., None], present, self.present[:, :r])
 
     def _more_candidates(self, probs: torch.Tensor, drawn: torch.Tensor,
                          positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

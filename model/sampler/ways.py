@@ -102,6 +102,12 @@ TREE_DEPTH = Option("tree_depth", "with --tree C > 1: the drafted positions afte
                                   "feeds (C - 1) K L rows more (L at most K - 1)",
                     valid=lambda value: value >= 0, must=">= 0 (positions verified on a branch)",
                     metavar="L")
+PREDRAFT = Option("predraft", "where a call redraws a rejected position, draw the first R drafts "
+                              "after it from rows that saw only the final tokens, not the rejected "
+                              "draft (default 0: they stay pending); a call feeds K R rows more "
+                              "(R at most K)",
+                  valid=lambda value: value >= 0, must=">= 0 (fresh drafts after a rejection)",
+                  metavar="R")
 REVEAL = _count("reveal", "R", "positions revealed per call (default 1)",
                 " (positions revealed per call)")
 THRESHOLD = Option("threshold", "reveal every candidate whose top probability reaches P, in (0, 1) "
@@ -244,6 +250,8 @@ def _speculative_summary(config: SamplingConfig, records: list[dict], positions:
     tree = f", tree {config.tree}" if config.tree > 1 else ""
     if config.branch_depth:
         tree += f" depth {config.branch_depth}"
+    if config.predraft:
+        tree += f", predraft {min(config.predraft, config.draft)}"
     return (f"speculative (draft {config.draft}{tree}): {_mean_calls(records) / positions:.3f} "
             f"network calls per token, {accepted / max(decided, 1):.0%} of {decided:,} drafts "
             "accepted")
@@ -279,7 +287,7 @@ WAYS = _table(
     Way("speculative", "sampler", SpeculativeSampling,
         "exact (the joint of one token per call) in fewer calls: drafts K positions ahead and "
         "verifies them (arXiv 2504.20456)",
-        (DRAFT, TREE, TREE_DEPTH), _fit_speculative, lambda config, positions: positions,
+        (DRAFT, TREE, TREE_DEPTH, PREDRAFT), _fit_speculative, lambda config, positions: positions,
         _speculative_summary,
         any_order=True),
     _planner("confidence", ConfidencePlanner,

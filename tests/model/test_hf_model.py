@@ -85,10 +85,10 @@ def test_given_tokens_may_be_a_tensor():
 
 
 def test_generate_any_order_takes_the_speculative_samplers_draft_tree():
-    """sampler="speculative", draft and tree pass through to the sampler: the tokens are the
-    KV-cache sampler's with the same settings."""
+    """sampler="speculative", draft, tree and predraft pass through to the sampler: the tokens
+    are the KV-cache sampler's with the same settings."""
     model, hf = wrapped(BASE)
-    settings = {"sampler": "speculative", "draft": 3, "tree": 2, "seed": 4}
+    settings = {"sampler": "speculative", "draft": 3, "tree": 2, "predraft": 2, "seed": 4}
     out = hf.generate_any_order(num_samples=2, **settings)
     n = model.config.block_size
     direct = KVCacheSampler(model.eval(), 2, n, SamplingConfig(steps=n, **settings)).generate(

@@ -205,7 +205,9 @@ REPLAYED = {"parallel": SamplingConfig(steps=5, seed=2),
             "binomial": SamplingConfig(steps=6, counts="binomial", top_k=5, seed=3),
             "speculative": SamplingConfig(sampler="speculative", draft=3, seed=4),
             "branched tree": SamplingConfig(sampler="speculative", draft=3, tree=3, tree_depth=2,
-                                            seed=4)}
+                                            seed=4),
+            "pre-drafts": SamplingConfig(sampler="speculative", draft=3, tree=2, predraft=3,
+                                         seed=4)}
 
 
 @pytest.mark.parametrize("config", REPLAYED.values(), ids=REPLAYED.keys())

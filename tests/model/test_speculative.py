@@ -365,3 +365,81 @@ def test_a_branch_deeper_than_the_draft_is_its_draft_less_one_and_below_zero_is_
 def test_a_tree_below_one_is_refused():
     with pytest.raises(UsageError, match="tree must be >= 1"):
         KVCacheSampler(tiny_model(), 1, N, SamplingConfig(sampler="speculative", tree=0))
+
+
+# ---- pre-drafts: the drafts after a redrawn position, from rows that saw only final tokens ----
+
+
+@pytest.mark.slow  # 10,000 samples: 7 to 16 s each on 2 cores
+@pytest.mark.parametrize("order, tree, prompt", [("l2r", 1, False), ("random", 1, True),
+                                                 ("random", 3, False)])
+def test_pre_drafts_follow_the_exact_joint_of_one_token_per_call(order, tree, prompt):
+    model = exact_model()
+    config = SamplingConfig(sampler="speculative", draft=2, tree=tree, predraft=2, order=order)
+    positions, given = exact_case(prompt) if order == "random" else (4, None)
+    assert chi_square_p_value(model, positions, given, config, EXACT_SAMPLES) > 1e-3
+
+
+@pytest.mark.slow  # 10,000 samples: 7 to 16 s on 2 cores
+def test_the_same_test_fails_for_pre_drafts_verified_against_the_drafts_they_replaced(
+        monkeypatch):
+    """A pre-draft is accepted by its own proposal, the row it was drawn from: one verified
+    against the proposal of the draft it replaced (drawn from a row that saw the rejected
+    draft) is accepted at the wrong rate, and the test must see it."""
+    right = speculative.SpeculativeSampling._take_predrafts
+
+    def keeping_old_proposals(self, *args):
+        before = self.draft_probs.clone()
+        right(self, *args)
+        self.draft_probs.copy_(before)
+
+    monkeypatch.setattr(speculative.SpeculativeSampling, "_take_predrafts", keeping_old_proposals)
+    config = SamplingConfig(sampler="speculative", draft=2, predraft=2, order="l2r")
+    assert chi_square_p_value(exact_model(), 4, None, config, EXACT_SAMPLES) < 1e-6
+
+
+def test_after_a_generation_with_pre_drafts_the_cache_holds_the_full_forward():
+    model = tiny_model()
+    for tree in (1, 3):
+        config = SamplingConfig(sampler="speculative", draft=3, tree=tree, predraft=2, seed=5)
+        out, sampler = generate(model, config, torch.arange(B))
+        assert_cache_holds_the_full_forward(model, out, sampler)
+
+
+def test_greedy_pre_drafts_give_the_tokens_of_one_token_per_call():
+    model = tiny_model()
+    one_per_call, _ = generate(model, SamplingConfig(steps=N, temperature=0.0, order="l2r"),
+                               torch.arange(B))
+    fast, _ = generate(model, SamplingConfig(sampler="speculative", draft=3, predraft=3,
+                                             temperature=0.0, order="l2r"), torch.arange(B))
+    assert torch.equal(fast.tokens, one_per_call.tokens)
+
+
+def test_pre_drafts_save_calls_left_to_right_never_more_than_tokens_and_are_batch_invariant():
+    model = tiny_model()
+    runs = {r: generate(model, SamplingConfig(sampler="speculative", draft=4, predraft=r,
+                                              order="l2r", seed=1), torch.arange(16))[0]
+            for r in (0, 4)}
+    rejected = {r: (out.stats["drafts_decided"] - out.stats["drafts_accepted"]).sum()
+                for r, out in runs.items()}
+    assert rejected[0] > 0  # else there is nothing to pre-draft after
+    assert runs[4].sample_calls.sum() < runs[0].sample_calls.sum()
+    for out in runs.values():
+        assert (out.sample_calls <= N).all()
+        assert (out.stats["drafts_accepted"] <= out.stats["drafts_decided"]).all()
+    alone, _ = generate(model, SamplingConfig(sampler="speculative", draft=4, predraft=4,
+                                              order="l2r", seed=1), torch.tensor([5]))
+    assert torch.equal(alone.tokens[0], runs[4].tokens[5])
+    assert alone.sample_calls[0] == runs[4].sample_calls[5]
+
+
+def test_more_pre_drafts_than_drafts_are_the_draft_and_below_zero_is_refused():
+    model = tiny_model()
+    many, _ = generate(model, SamplingConfig(sampler="speculative", draft=2, predraft=9, seed=2),
+                       torch.arange(B))
+    most, _ = generate(model, SamplingConfig(sampler="speculative", draft=2, predraft=2, seed=2),
+                       torch.arange(B))
+    assert torch.equal(many.tokens, most.tokens)
+    with pytest.raises(UsageError, match=r"predraft must be >= 0 \(fresh drafts after a "
+                                         r"rejection\), got -1"):
+        KVCacheSampler(model, 1, N, SamplingConfig(sampler="speculative", predraft=-1))

@@ -97,13 +97,14 @@ def test_a_speculative_sample_does_not_depend_on_the_batch_size(checkpoint, tmp_
     assert [r["network_calls"] for r in batched] == [r["network_calls"] for r in alone]
 
 
-@pytest.mark.parametrize("depth", ["0", "2"])
+@pytest.mark.parametrize("depth, predraft", [("0", "0"), ("2", "0"), ("0", "2")])
 def test_a_draft_tree_is_recorded_and_does_not_depend_on_the_batch_size(checkpoint, tmp_path,
-                                                                        depth):
-    tree = ("--tree", "3", "--tree-depth", depth)
+                                                                        depth, predraft):
+    tree = ("--tree", "3", "--tree-depth", depth, "--predraft", predraft)
     code, batched = speculative(checkpoint, tmp_path, *tree, "--num-samples", "3")
-    assert code == 0 and all((r["settings"]["tree"], r["settings"]["tree_depth"]) == (3, int(depth))
-                             for r in batched)
+    assert code == 0 and all(
+        (r["settings"]["tree"], r["settings"]["tree_depth"], r["settings"]["predraft"])
+        == (3, int(depth), int(predraft)) for r in batched)
     _, alone = speculative(checkpoint, tmp_path, *tree, "--num-samples", "3", "--batch-size", "1")
     assert [r["tokens"] for r in batched] == [r["tokens"] for r in alone]
     assert [r["network_calls"] for r in batched] == [r["network_calls"] for r in alone]

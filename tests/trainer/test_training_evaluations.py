@@ -143,12 +143,15 @@ def test_sample_metrics_are_genppl_pys_report_on_the_rounds_file(run, run_main, 
 
 def test_the_training_samples_take_a_draft_tree_and_refuse_a_bad_one():
     cfg = EvalConfig(sample_sampler="speculative", sample_draft=3, sample_tree=2,
-                     sample_tree_depth=2)
+                     sample_tree_depth=2, sample_predraft=3)
     config = sampling_config(cfg, any_order=True)
-    assert (config.sampler, config.draft, config.tree, config.tree_depth) == (
-        "speculative", 3, 2, 2)
+    assert (config.sampler, config.draft, config.tree, config.tree_depth, config.predraft) == (
+        "speculative", 3, 2, 2, 3)
     with pytest.raises(UsageError, match="eval.sample_.*tree must be >= 1"):
         sampling_config(EvalConfig(sample_sampler="speculative", sample_tree=0), any_order=True)
     with pytest.raises(UsageError, match=r"eval.sample_.*tree_depth must be >= 0"):
         sampling_config(EvalConfig(sample_sampler="speculative", sample_tree_depth=-1),
+                        any_order=True)
+    with pytest.raises(UsageError, match=r"eval.sample_.*predraft must be >= 0"):
+        sampling_config(EvalConfig(sample_sampler="speculative", sample_predraft=-1),
                         any_order=True)
