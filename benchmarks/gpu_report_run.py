@@ -328,11 +328,12 @@ def generation(report: Report, timeout: float) -> None:
 # the race's two networks, trained as a user trains them (a smoke run shrinks them)
 RACE_CONFIGS = (("aogpt", "configs/synthetic.yaml"), ("gpt", "configs/gpt_synthetic.yaml"))
 # on a GPU: batch 1 (latency) and 32 (throughput), each sampler compiled and replayed as CUDA
-# graphs (the sampler's default there), drafts and trees as docs/sampling-race.md measured them
-RACE_ON_GPU = ["--batch-sizes", "1,32", "--drafts", "2,4", "--trees", "1,3", "--tree-depths",
-               "0,3", "--compile", "on"]
+# graphs (the sampler's default there): chains, trees and branches, each without and with
+# pre-drafts (docs/sampling-race.md: K = 4 and 6 with them reach 2x the GPT on a 2-core CPU)
+RACE_ON_GPU = ["--batch-sizes", "1,32", "--drafts", "4,8", "--trees", "1,3", "--tree-depths",
+               "0,3", "--predrafts", "0,8", "--compile", "on"]
 RACE_SMOKE = ["--num-samples", "6", "--batch-sizes", "1,3", "--drafts", "2", "--trees", "1,2",
-              "--timed-batches", "1", "--repeats", "1", "--compile", "off"]
+              "--predrafts", "0,2", "--timed-batches", "1", "--repeats", "1", "--compile", "off"]
 
 
 def race(report: Report, timeout: float) -> None:

@@ -2,7 +2,7 @@
 
     python benchmarks/sampler_pareto.py --ckpt RUN [--judge DATA-or-MODEL] [--num-samples 256]
         [--batch-sizes 1,32] [--steps 8,16,32,64,N] [--drafts 1,2,4,8,16] [--trees 1,2,3]
-        [--tree-depths 0,15] [--seq-len N] [--order random|l2r]
+        [--tree-depths 0,15] [--predrafts 0,4] [--seq-len N] [--order random|l2r]
         [--planners confidence,margin,entropy] [--thresholds 0.9,0.7,0.5,0.3]
         [--json OUT] [--plot docs/sampler-pareto.png] [--table docs/sampler-pareto.md]
 
@@ -12,7 +12,9 @@ order a hard-to-draft language's drafts are judged in):
 - parallel, the paper's sampler, at S network calls (--steps), with the deterministic counts and
   with the binomial ones; S = n (one token per call) is exact ancestral sampling, the reference;
 - speculative at each draft length K (--drafts): exactly S = n's distribution, in fewer calls;
-  and draft trees at each C > 1 of --trees (C candidates per drafted position);
+  and draft trees at each C > 1 of --trees (C candidates per drafted position); each of them
+  with R = each of --predrafts pre-drafts (the drafts after a redrawn position from rows that
+  saw only final tokens);
 - left to right at S = n, and the planners (model/sampler/planners.py), which choose each next
   position by the model's own scores: confidence, margin and entropy at one position per call,
   threshold at each --thresholds (every position whose top probability reaches it per call).
@@ -93,6 +95,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     add("--tree-depths", default="0", help="speculative trees: the positions verified on the "
         "branch of a candidate other than the first, L, at each K and C > 1, each at most K - 1 "
         "(default 0: that candidate ends the call's run)")
+    add("--predrafts", default="0", help="speculative: the drafts after a redrawn position drawn "
+        "from rows that saw only final tokens, R, at each K, C and L, each at most K (default 0)")
     add("--planners", default="confidence,margin,entropy",
         help="planners at one position per call (default confidence,margin,entropy; '' none)")
     add("--thresholds", default="0.9,0.7,0.5,0.3",
@@ -112,6 +116,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     args.drafts = comma_counts(args.drafts, "--drafts") if args.drafts else args.drafts
     args.trees = comma_counts(args.trees, "--trees")
     args.tree_depths = comma_counts(args.tree_depths, "--tree-depths", minimum=0)
+    args.predrafts = comma_counts(args.predrafts, "--predrafts", minimum=0)
     args.order = reading_named(args.order, "--order").word
     args.steps = comma_counts(args.steps, "--steps") if args.steps else None
     args.planners = [p for p in args.planners.split(",") if p]
@@ -157,7 +162,8 @@ def fractions(text: str, flag: str) -> list[float]:
 
 def settings(n: int, steps: list[int] | None, drafts: list[int] | None, planners: list[str] = (),
              thresholds: list[float] = (), trees: list[int] = (1,),
-             tree_depths: list[int] = (0,)) -> list[tuple[str, dict]]:
+             tree_depths: list[int] = (0,), predrafts: list[int] = (0,)
+             ) -> list[tuple[str, dict]]:
     """(label, SamplingConfig fields) of every sampler measured; S = n first, the reference."""
     steps = sorted(steps or {s for s in [n // 16, n // 8, n // 4, n // 2, n] if s >= 1},
                    reverse=True)
@@ -166,12 +172,16 @@ def settings(n: int, steps: list[int] | None, drafts: list[int] | None, planners
     rows += [(f"parallel binomial S={s}", {"sampler": "parallel", "steps": s, "counts": "binomial"})
              for s in steps if s < n]
     drafts = [k for k in (DEFAULT_DRAFTS if drafts is None else drafts) if k < n]
-    rows += [(f"speculative K={k}", {"sampler": "speculative", "draft": k})
-             for k in drafts if 1 in trees]
-    rows += [(f"speculative tree K={k} C={c}" + (f" L={depth}" if depth else ""),
-              {"sampler": "speculative", "draft": k, "tree": c, "tree_depth": depth})
+    fresh = lambda k: sorted({min(r, k) for r in predrafts})  # noqa: E731
+    rows += [(f"speculative K={k}" + (f" R={r}" if r else ""),
+              {"sampler": "speculative", "draft": k, "predraft": r})
+             for k in drafts if 1 in trees for r in fresh(k)]
+    rows += [(f"speculative tree K={k} C={c}" + (f" L={depth}" if depth else "")
+              + (f" R={r}" if r else ""),
+              {"sampler": "speculative", "draft": k, "tree": c, "tree_depth": depth,
+               "predraft": r})
              for k in drafts for c in trees if c > 1
-             for depth in sorted({branch_depth(k, c, d) for d in tree_depths})]
+             for depth in sorted({branch_depth(k, c, d) for d in tree_depths}) for r in fresh(k)]
     if planners or thresholds:
         rows.append((f"{LEFT_TO_RIGHT.word} S=n", {"sampler": "parallel", "steps": n,
                                                      "order": LEFT_TO_RIGHT.word}))
@@ -302,7 +312,7 @@ def main(argv: list[str] | None = None) -> int:
               "provenance": origin}
     rows = []
     for label, fields in settings(n, args.steps, args.drafts, args.planners, args.thresholds,
-                                  args.trees, args.tree_depths):
+                                  args.trees, args.tree_depths, args.predrafts):
         row = measure(model, label, fields, args, n, judge, device)
         rows.append(row)
         value, error = quality(row)

@@ -3,8 +3,8 @@ and steps sampling itself, side by side in one process.
 
     python benchmarks/sampling_race.py --ao RUN --gpt RUN [--judge DATA-or-MODEL]
         [--num-samples 256] [--batch-sizes 1,8,32] [--drafts 2,4] [--trees 1,3]
-        [--tree-depths 0,3] [--timed-batches 4] [--repeats 2] [--compile auto|on|off]
-        [--threads T] [--seq-len N] [--seed 0]
+        [--tree-depths 0,3] [--predrafts 0,4] [--timed-batches 4] [--repeats 2]
+        [--compile auto|on|off] [--threads T] [--seq-len N] [--seed 0]
         [--device auto] [--json OUT] [--table OUT.md] [--plot OUT.png] [--force]
 
 It trains nothing: --ao is an AO-GPT run trained with the paper's mixture (10% of its orders left
@@ -15,9 +15,9 @@ draws the same sample ids left to right, the order a GPT can read:
   static KV cache, the same batch, dtype and threads, and compiled where that is faster;
 - AO-GPT, one token per call: the same network cost per token, for reference;
 - AO-GPT speculative, K = each of --drafts, C = each of --trees (and L = each of --tree-depths
-  for C > 1): `--order l2r --sampler speculative --draft K --tree C --tree-depth L`, drafting
-  the next K positions (C candidates each) from the AO-GPT's own marginals and verifying them
-  in the next call. Its samples are exactly its
+  for C > 1, R = each of --predrafts): `--order l2r --sampler speculative --draft K --tree C
+  --tree-depth L --predraft R`, drafting the next K positions (C candidates each) from the
+  AO-GPT's own marginals and verifying them in the next call. Its samples are exactly its
   one-token-per-call samples' distribution, in fewer calls.
 For each it reports network calls per token (each sample's own; a batch runs until its slowest
 sample is done), the drafts accepted, tokens per second at each batch size (each sampler eager
@@ -80,23 +80,25 @@ class Contestant:
     fields: dict  # its SamplingConfig's settings
 
 
-def contestants(n: int, drafts: list[int], trees: list[int],
-                tree_depths: list[int] = (0,)) -> list[Contestant]:
+def contestants(n: int, drafts: list[int], trees: list[int], tree_depths: list[int] = (0,),
+                predrafts: list[int] = (0,)) -> list[Contestant]:
     """The baseline first, then the AO-GPT one token per call, then speculative at each K, tree
-    C and (C > 1) branch depth L."""
+    C, (C > 1) branch depth L and pre-drafts R."""
     one_per_call = {"steps": n, "order": LEFT_TO_RIGHT.word}
 
-    def speculative(k: int, c: int, depth: int) -> Contestant:
+    def speculative(k: int, c: int, depth: int, r: int) -> Contestant:
         label = (f"AO-GPT speculative K={k}" + (f" C={c}" if c > 1 else "")
-                 + (f" L={depth}" if depth else ""))
+                 + (f" L={depth}" if depth else "") + (f" R={r}" if r else ""))
         return Contestant(label, "ao", {"sampler": "speculative", "draft": k, "tree": c,
-                                        "tree_depth": depth, "order": LEFT_TO_RIGHT.word})
+                                        "tree_depth": depth, "predraft": r,
+                                        "order": LEFT_TO_RIGHT.word})
 
     drafts = list(dict.fromkeys(min(k, n - 1) for k in drafts))
     return [Contestant(BASELINE, "gpt", one_per_call),
             Contestant("AO-GPT, one token per call", "ao", one_per_call),
-            *(speculative(k, c, depth) for k in drafts for c in trees
-              for depth in sorted({branch_depth(k, c, d) for d in tree_depths}))]
+            *(speculative(k, c, depth, r) for k in drafts for c in trees
+              for depth in sorted({branch_depth(k, c, d) for d in tree_depths})
+              for r in sorted({min(r, k) for r in predrafts}))]
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -115,6 +117,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "1,3; 1: a chain)")
     add("--tree-depths", default="0", help="trees: the positions verified on the branch of a "
         "candidate other than the first, L, at each K and C > 1, each at most K - 1 (default 0)")
+    add("--predrafts", default="0", help="the drafts after a redrawn position drawn from rows "
+        "that saw only final tokens, R, at each K, C and L, each at most K (default 0)")
     add("--timed-batches", type=int, default=4,
         help="batches of other sample ids timed per batch size (default 4)")
     add("--repeats", type=int, default=2, help="runs of each timed batch, the shortest kept "
@@ -138,6 +142,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     args.drafts = comma_counts(args.drafts, "--drafts") if args.drafts else []
     args.trees = comma_counts(args.trees, "--trees")
     args.tree_depths = comma_counts(args.tree_depths, "--tree-depths", minimum=0)
+    args.predrafts = comma_counts(args.predrafts, "--predrafts", minimum=0)
     for flag in OUTPUTS:
         if getattr(args, flag) is not None:
             check_output_file(getattr(args, flag), f"--{flag}", args.force, OUTPUTS[flag])
@@ -325,7 +330,7 @@ def main(argv: list[str] | None = None) -> int:
     header = race_header(args, ao, gpt, n, judge, device, share)
     results = ResultsFile(args.json if share.is_main else None, {**header, "rows": []})
     rows = results.data["rows"]
-    for contestant in contestants(n, args.drafts, args.trees, args.tree_depths):
+    for contestant in contestants(n, args.drafts, args.trees, args.tree_depths, args.predrafts):
         row = judged(models[contestant.network], contestant, args, n, judge, device, share)
         if row is None:
             continue  # rank 0 judges and times: the others only draw their share

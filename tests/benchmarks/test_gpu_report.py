@@ -159,6 +159,7 @@ def test_smoke_race_trains_both_networks_and_races_them_left_to_right(tmp_path):
     labels = [row["label"] for row in race["rows"]]
     assert labels[0] == "GPT, one token per call"
     assert any("speculative" in label for label in labels)
+    assert "AO-GPT speculative K=2 R=2" in labels  # the smoke races pre-drafts too
     for row in race["rows"]:
         assert set(row["speedup"]) == {"1", "3"} and 0 < row["calls_per_token"] <= 1
     text = out.read_text()

@@ -25,7 +25,7 @@ def run(tmp_path_factory):
     code = sampler_pareto.main([
         "--ckpt", str(model), "--weights", "raw", "--judge", str(language), "--num-samples", "4",
         "--batch-sizes", "1,2", "--timed-batches", "1", "--steps", f"4,{N}", "--drafts", "2",
-        "--trees", "1,2", "--tree-depths", "0,5",
+        "--trees", "1,2", "--tree-depths", "0,5", "--predrafts", "0,9",
         "--planners", "confidence", "--thresholds", "0.5", "--json", str(out),
         "--table", str(root / "table.md"), "--plot", str(root / "plot.png")])
     assert code == 0
@@ -36,8 +36,9 @@ def test_every_family_is_measured_and_judged_exactly(run):
     data, root = run
     rows = {row["label"]: row for row in data["rows"]}
     assert list(rows) == [f"parallel S={N}", "parallel S=4", "parallel binomial S=4",
-                          "speculative K=2", "speculative tree K=2 C=2",
-                          "speculative tree K=2 C=2 L=1", "l2r S=n",
+                          "speculative K=2", "speculative K=2 R=2", "speculative tree K=2 C=2",
+                          "speculative tree K=2 C=2 R=2", "speculative tree K=2 C=2 L=1",
+                          "speculative tree K=2 C=2 L=1 R=2", "l2r S=n",
                           "planner confidence",
                           "planner threshold 0.5"]
     assert rows[f"parallel S={N}"]["calls_per_token"] == 1.0
@@ -45,6 +46,7 @@ def test_every_family_is_measured_and_judged_exactly(run):
     assert rows["speculative K=2"]["calls_per_token"] <= 1.0
     assert rows["speculative tree K=2 C=2"]["settings"]["tree"] == 2
     assert rows["speculative tree K=2 C=2 L=1"]["settings"]["tree_depth"] == 1  # 5: K - 1 at most
+    assert rows["speculative K=2 R=2"]["settings"]["predraft"] == 2  # 9: K at most
     assert rows["planner confidence"]["calls_per_token"] == 1.0  # one position per call
     assert 1 / N <= rows["planner threshold 0.5"]["calls_per_token"] <= 1.0
     for row in rows.values():

@@ -57,7 +57,7 @@ def race(runs):
     code = sampling_race.main([
         "--ao", str(root / "ao"), "--gpt", str(root / "gpt"), "--judge", str(data),
         "--num-samples", "6", "--batch-sizes", "1,3", "--drafts", "2,4", "--trees", "1,2",
-        "--tree-depths", "0,3", "--timed-batches", "2",
+        "--tree-depths", "0,3", "--predrafts", "0,2", "--timed-batches", "2",
         "--repeats", "1", "--compile", "off", "--json", str(root / "race.json"),
         "--table", str(root / "race.md"), "--plot", str(root / "race.png")])
     assert code == 0
@@ -68,10 +68,9 @@ def race(runs):
 def test_the_race_times_and_judges_every_sampler_against_the_gpt(race, runs):
     data, root = race
     rows = {row["label"]: row for row in data["rows"]}
-    assert list(rows) == [sampling_race.BASELINE, "AO-GPT, one token per call",
-                          "AO-GPT speculative K=2", "AO-GPT speculative K=2 C=2",
-                          "AO-GPT speculative K=2 C=2 L=1", "AO-GPT speculative K=4",
-                          "AO-GPT speculative K=4 C=2", "AO-GPT speculative K=4 C=2 L=3"]
+    speculative = [f"AO-GPT speculative K={k}{tree}{r}" for k, depth in ((2, 1), (4, 3))
+                   for tree in ("", " C=2", f" C=2 L={depth}") for r in ("", " R=2")]
+    assert list(rows) == [sampling_race.BASELINE, "AO-GPT, one token per call", *speculative]
     assert data["complete"] and data["runs"]["gpt"]["family"] == "left-to-right GPT"
     assert data["runs"]["ao"]["order"]["kind"] == "mixture"
     for row in rows.values():
@@ -85,6 +84,7 @@ def test_the_race_times_and_judges_every_sampler_against_the_gpt(race, runs):
         assert rows[label]["calls_per_token"] < 1.0 and rows[label]["acceptance"] > 0
     assert rows["AO-GPT speculative K=4 C=2"]["settings"]["tree"] == 2
     assert rows["AO-GPT speculative K=4 C=2 L=3"]["settings"]["tree_depth"] == 3
+    assert rows["AO-GPT speculative K=4 R=2"]["settings"]["predraft"] == 2
     assert rows["AO-GPT, one token per call"]["calls_per_token"] == 1.0
     assert "AO-GPT speculative K=4" in (root / "race.md").read_text()
     assert (root / "race.png").stat().st_size > 1000
