@@ -84,6 +84,11 @@ def _count(field_name: str, metavar: str, help: str, meaning: str = "") -> Optio
     return Option(field_name, help, must=f">= 1{meaning}", metavar=metavar)
 
 
+def _count_from_zero(field_name: str, metavar: str, help: str, meaning: str) -> Option:
+    return Option(field_name, help, valid=lambda value: value >= 0, must=f">= 0{meaning}",
+                  metavar=metavar)
+
+
 STEPS = _count("steps", "S", "network calls (default: one per position to generate, exact "
                              "ancestral sampling)")
 SCHEDULE = _choice("schedule", ("linear", "cosine"),
@@ -96,18 +101,15 @@ DRAFT = _count("draft", "K", "positions drafted ahead per call (default 4); a ca
 TREE = _count("tree", "C", "candidate tokens kept for each drafted position, verified together "
                          "(a draft tree; default 1: a chain); a call feeds (C - 1) K rows more",
               " (candidates per drafted position)")
-TREE_DEPTH = Option("tree_depth", "with --tree C > 1: the drafted positions after a candidate "
-                                  "other than the first also verified on its branch, up to L of "
-                                  "them (default 0: that candidate ends the call's run); a call "
-                                  "feeds (C - 1) K L rows more (L at most K - 1)",
-                    valid=lambda value: value >= 0, must=">= 0 (positions verified on a branch)",
-                    metavar="L")
-PREDRAFT = Option("predraft", "where a call redraws a rejected position, draw the first R drafts "
-                              "after it from rows that saw only the final tokens, not the rejected "
-                              "draft (default 0: they stay pending); a call feeds K R rows more "
-                              "(R at most K)",
-                  valid=lambda value: value >= 0, must=">= 0 (fresh drafts after a rejection)",
-                  metavar="R")
+TREE_DEPTH = _count_from_zero("tree_depth", "L", "with --tree C > 1: the drafted positions after "
+                              "a candidate other than the first also verified on its branch, up "
+                              "to L of them (default 0: that candidate ends the call's run); a "
+                              "call feeds (C - 1) K L rows more (L at most K - 1)",
+                              " (positions verified on a branch)")
+PREDRAFT = _count_from_zero("predraft", "R", "where a call redraws a rejected position, draw the "
+                            "first R drafts after it from rows that saw only the final tokens, "
+                            "not the rejected draft (default 0: they stay pending); a call feeds "
+                            "K R rows more (R at most K)", " (fresh drafts after a rejection)")
 REVEAL = _count("reveal", "R", "positions revealed per call (default 1)",
                 " (positions revealed per call)")
 THRESHOLD = Option("threshold", "reveal every candidate whose top probability reaches P, in (0, 1) "
