@@ -204,8 +204,7 @@ def table(data: dict) -> str:
                                f"Drafts accepted by gap: {gaps}."])
 
 
-@cli_entry
-def main(argv: list[str] | None = None) -> int:
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--language", required=True,
                         help="a synthetic language's data folder (data_prep/synthetic_to_mds.py)")
@@ -221,12 +220,40 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--force", action="store_true",
                         help="replace --json if this benchmark wrote it")
     args = parser.parse_args(argv)
-    drafts = comma_counts(args.drafts, "--drafts")
-    trees = comma_counts(args.trees, "--trees")
-    predrafts = comma_counts(args.predrafts, "--predrafts", minimum=0)
+    args.drafts = comma_counts(args.drafts, "--drafts")
+    args.trees = comma_counts(args.trees, "--trees")
+    args.predrafts = comma_counts(args.predrafts, "--predrafts", minimum=0)
     check_counts(args, "num_texts", "gaps", "seq_len")
     if args.json:
         check_output_file(args.json, "--json", args.force, JSON)
+    return args
+
+
+def measure(model: PerfectModel, n: int, window: int, tree: int, predraft: int,
+            args: argparse.Namespace) -> dict:
+    """One sampler's row: --num-texts texts drawn with the perfect model, judged exactly."""
+    rng = np.random.default_rng([args.seed, window, tree, predraft])
+    texts, calls, decided, accepted = [], 0, 0, 0
+    for _ in range(args.num_texts):
+        tokens, c, d, a = generate(model, n, window, tree, predraft, rng)
+        texts.append(tokens)
+        calls, decided, accepted = calls + c, decided + d, accepted + a
+    nll = model.language.conditional_nll(np.array(texts)).sum(axis=1) / n
+    per_token = calls / (args.num_texts * n)
+    label = (f"K={window}" + (f" C={tree}" if tree > 1 else "")
+             + (f" R={predraft}" if predraft else ""))
+    print(f"{label:12s} {per_token:.3f} calls/token, {accepted / max(decided, 1):.0%} of the "
+          "drafts accepted", flush=True)
+    return {"sampler": label, "draft": window, "tree": tree, "predraft": predraft,
+            "calls_per_token": per_token, "accepted": accepted / max(decided, 1),
+            "true_nll": float(nll.mean()),
+            "true_nll_se": float(nll.std(ddof=1) / math.sqrt(len(nll))),
+            "call_cost_for_2x": 1 / (2 * per_token)}
+
+
+@cli_entry
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
     language = load_language(args.language, "--language")
     n = args.seq_len or read_manifest(args.language)["seq_len"]
     if args.gaps >= n:
@@ -234,39 +261,21 @@ def main(argv: list[str] | None = None) -> int:
     entropy, error = language.entropy_per_token(n)
     print(f"{language.summary()}; n = {n}, entropy {entropy:.4f} +- {error:.4f} nats per token",
           flush=True)
-    results = ResultsFile(args.json, {
-        "provenance": {"made_by": JSON.made_by, "settings": {k: str(v) for k, v in
-                                                           vars(args).items()}},
-        "language": str(args.language), "fingerprint": language.fingerprint,
-        "seq_len": n, "num_texts": args.num_texts, "seed": args.seed, "entropy": entropy,
-        "gap_acceptance": gap_acceptance(language, n, args.gaps, min(args.num_texts, 512),
-                                         args.seed),
-        "results": []})
-    for g, share in enumerate(results.data["gap_acceptance"], start=1):
+    gaps = gap_acceptance(language, n, args.gaps, min(args.num_texts, 512), args.seed)
+    for g, share in enumerate(gaps, start=1):
         print(f"a draft {g} position(s) ahead of the last known token: {share:.1%} accepted")
+    results = ResultsFile(args.json, {
+        "provenance": {"made_by": JSON.made_by,
+                       "settings": {key: str(value) for key, value in vars(args).items()}},
+        "language": str(args.language), "fingerprint": language.fingerprint, "seq_len": n,
+        "num_texts": args.num_texts, "seed": args.seed, "entropy": entropy,
+        "gap_acceptance": gaps, "results": []})
     model = PerfectModel(language)
-    rows = [(window, tree, predraft) for tree in trees for window in drafts
-            for predraft in sorted({min(r, window) for r in predrafts})]
-    for window, tree, predraft in rows:
-        rng = np.random.default_rng([args.seed, window, tree, predraft])
-        texts, calls, decided, accepted = [], 0, 0, 0
-        for _ in range(args.num_texts):
-            tokens, c, d, a = generate(model, n, window, tree, predraft, rng)
-            texts.append(tokens)
-            calls, decided, accepted = calls + c, decided + d, accepted + a
-        nll = language.conditional_nll(np.array(texts)).sum(axis=1) / n
-        per_token = calls / (args.num_texts * n)
-        label = (f"K={window}" + (f" C={tree}" if tree > 1 else "")
-                 + (f" R={predraft}" if predraft else ""))
-        results.data["results"].append({
-            "sampler": label, "draft": window, "tree": tree, "predraft": predraft,
-            "calls_per_token": per_token, "accepted": accepted / max(decided, 1),
-            "true_nll": float(nll.mean()),
-            "true_nll_se": float(nll.std(ddof=1) / math.sqrt(len(nll))),
-            "call_cost_for_2x": 1 / (2 * per_token)})
-        print(f"{label:12s} {per_token:.3f} calls/token, {accepted / max(decided, 1):.0%} of "
-              f"the drafts accepted", flush=True)
-        results.row_done()
+    for tree in args.trees:
+        for window in args.drafts:
+            for predraft in sorted({min(r, window) for r in args.predrafts}):
+                results.data["results"].append(measure(model, n, window, tree, predraft, args))
+                results.row_done()
     results.finish()
     show_table(table(results.data), None)
     if args.json:
