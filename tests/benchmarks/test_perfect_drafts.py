@@ -93,8 +93,8 @@ def test_perfect_drafts_are_exact_and_pre_drafts_save_calls(language, run_main, 
         assert abs(row["true_nll"] - data["entropy"]) < 4 * row["true_nll_se"]
         assert 1 / (row["draft"] + 1) <= row["calls_per_token"] < 1
         assert row["call_cost_for_2x"] == pytest.approx(1 / (2 * row["calls_per_token"]))
-    for plain, fresh in (("K=1", "K=1 R=1"), ("K=3", "K=3 R=3"), ("K=3 C=2", "K=3 C=2 R=3")):
-        assert rows[fresh]["calls_per_token"] < rows[plain]["calls_per_token"]
+    for plain, fresh in (("K=3", "K=3 R=3"), ("K=3 C=2", "K=3 C=2 R=3")):  # 0.08, 0.06 fewer
+        assert rows[fresh]["calls_per_token"] < rows[plain]["calls_per_token"] - 0.02
     gaps = data["gap_acceptance"]
     assert len(gaps) == 3 and 1 > gaps[0] > gaps[1] > gaps[2] > 0
     assert "| K=3 R=3 |" in stdout
