@@ -53,7 +53,7 @@ from aogpt.data_prep.manifest import read_manifest
 from aogpt.data_prep.synthetic import SyntheticLanguage, load_language
 from aogpt.files import OutputFile, check_output_file
 
-JSON = OutputFile("benchmarks/perfect_drafts.py", "perfect-model drafts", (".json",))
+JSON = OutputFile("benchmarks/perfect_drafts.py", "perfect-model report", (".json",))
 
 
 @dataclass
