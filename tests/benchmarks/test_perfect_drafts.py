@@ -57,7 +57,8 @@ class NetworkModel:
         return self.memo[state]
 
 
-@pytest.mark.parametrize("draft, predraft", [(2, 0), (2, 2), (3, 1)])
+@pytest.mark.parametrize("draft, predraft", [  # ~3 s each on an idle 2-core CPU
+    pytest.param(2, 0, marks=pytest.mark.slow), (2, 2), pytest.param(3, 1, marks=pytest.mark.slow)])
 def test_the_rule_is_the_samplers_its_calls_per_token_with_a_network_as_the_model(draft, predraft):
     """Run with a network (untrained, sharpened so that drafts are often rejected) as its model,
     the simulation takes the calls per token the sampler takes with that network, left to right,
