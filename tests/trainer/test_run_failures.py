@@ -398,10 +398,11 @@ def test_sigterm_ends_a_run_that_no_step_can_answer_within_the_grace(synthetic_d
     """The loader's worker hangs (stopped, as on a dead filesystem) before step 1 can finish: no
     step ever answers SIGTERM, and the watchdog ends the run after checkpoint.signal_grace_s."""
     out = tmp_path / "run"
-    # 32 micro-batches of one sequence per step: the batches prefetched before the worker stops
-    # cannot finish a step
+    # 256 micro-batches of one sequence per step (seconds on any CPU): neither the batches
+    # prefetched before the worker stops nor those a busy machine lets the trainer take while
+    # the test looks for the worker can finish a step (with 32, a loaded run once finished two)
     command = train_command(synthetic_data, out, "train.micro_batch_size=1",
-                            "train.tokens_per_step=2048", "checkpoint.signal_grace_s=3")
+                            "train.tokens_per_step=16384", "checkpoint.signal_grace_s=3")
     run = Run(command, tmp_path / "run.log")
     worker = run.loader_worker()
     worker.suspend()
