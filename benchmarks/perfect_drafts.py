@@ -52,6 +52,7 @@ from aogpt import UsageError, check_counts, cli_entry, comma_counts
 from aogpt.data_prep.manifest import read_manifest
 from aogpt.data_prep.synthetic import SyntheticLanguage, load_language
 from aogpt.files import OutputFile, check_output_file
+from aogpt.model.sampler.config import fresh_drafts
 
 JSON = OutputFile("benchmarks/perfect_drafts.py", "perfect-model report", (".json",))
 
@@ -273,7 +274,7 @@ def main(argv: list[str] | None = None) -> int:
     model = PerfectModel(language)
     for tree in args.trees:
         for window in args.drafts:
-            for predraft in sorted({min(r, window) for r in args.predrafts}):
+            for predraft in sorted({fresh_drafts(window, r) for r in args.predrafts}):
                 results.data["results"].append(measure(model, n, window, tree, predraft, args))
                 results.row_done()
     results.finish()

@@ -54,7 +54,7 @@ from aogpt.files import (
 from aogpt.model.orders import ANY_ORDER, LEFT_TO_RIGHT, reading_named
 from aogpt.model.precision import device_name
 from aogpt.model.sampler import KVCacheSampler, SamplingConfig
-from aogpt.model.sampler.config import branch_depth
+from aogpt.model.sampler.config import branch_depth, fresh_drafts
 from aogpt.model.sampler.ways import REVEAL, reading
 from aogpt.trainer.judge import (
     Judge,
@@ -172,16 +172,16 @@ def settings(n: int, steps: list[int] | None, drafts: list[int] | None, planners
     rows += [(f"parallel binomial S={s}", {"sampler": "parallel", "steps": s, "counts": "binomial"})
              for s in steps if s < n]
     drafts = [k for k in (DEFAULT_DRAFTS if drafts is None else drafts) if k < n]
-    fresh = lambda k: sorted({min(r, k) for r in predrafts})  # noqa: E731
+    fresh = {k: sorted({fresh_drafts(k, r) for r in predrafts}) for k in drafts}
     rows += [(f"speculative K={k}" + (f" R={r}" if r else ""),
               {"sampler": "speculative", "draft": k, "predraft": r})
-             for k in drafts if 1 in trees for r in fresh(k)]
+             for k in drafts if 1 in trees for r in fresh[k]]
     rows += [(f"speculative tree K={k} C={c}" + (f" L={depth}" if depth else "")
               + (f" R={r}" if r else ""),
               {"sampler": "speculative", "draft": k, "tree": c, "tree_depth": depth,
                "predraft": r})
              for k in drafts for c in trees if c > 1
-             for depth in sorted({branch_depth(k, c, d) for d in tree_depths}) for r in fresh(k)]
+             for depth in sorted({branch_depth(k, c, d) for d in tree_depths}) for r in fresh[k]]
     if planners or thresholds:
         rows.append((f"{LEFT_TO_RIGHT.word} S=n", {"sampler": "parallel", "steps": n,
                                                      "order": LEFT_TO_RIGHT.word}))

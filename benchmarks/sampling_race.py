@@ -51,7 +51,7 @@ from aogpt.model.checkpoint import locate_checkpoint, provenance, read_consolida
 from aogpt.model.orders import LEFT_TO_RIGHT
 from aogpt.model.precision import device_name, reproducible_dtype, resolve_device
 from aogpt.model.sampler import KVCacheSampler, SamplingConfig
-from aogpt.model.sampler.config import branch_depth
+from aogpt.model.sampler.config import branch_depth, fresh_drafts
 from aogpt.trainer.judge import (
     Judge,
     check_judge_matches,
@@ -98,7 +98,7 @@ def contestants(n: int, drafts: list[int], trees: list[int], tree_depths: list[i
             Contestant("AO-GPT, one token per call", "ao", one_per_call),
             *(speculative(k, c, depth, r) for k in drafts for c in trees
               for depth in sorted({branch_depth(k, c, d) for d in tree_depths})
-              for r in sorted({min(r, k) for r in predrafts}))]
+              for r in sorted({fresh_drafts(k, r) for r in predrafts}))]
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:

@@ -80,6 +80,11 @@ class SamplingConfig:
         """tree_depth as the speculative sampler uses it (branch_depth())."""
         return branch_depth(self.draft, self.tree, self.tree_depth)
 
+    @property
+    def fresh_drafts(self) -> int:
+        """predraft as the speculative sampler uses it (fresh_drafts())."""
+        return fresh_drafts(self.draft, self.predraft)
+
     def validate(self) -> None:
         """UsageError for a setting that cannot run: the way's own (its options) and the
         common ones."""
@@ -99,6 +104,12 @@ def branch_depth(draft: int, tree: int, tree_depth: int) -> int:
     """The positions verified on a branch: tree_depth, at most draft - 1 (a branch runs over the
     drafted positions after its candidate), and none without a tree (nothing to branch from)."""
     return min(tree_depth, draft - 1) if tree > 1 else 0
+
+
+def fresh_drafts(draft: int, predraft: int) -> int:
+    """The drafts after a redrawn position that its pre-draft rows draw: predraft, at most draft
+    (no more are pending)."""
+    return min(predraft, draft)
 
 
 _unknown = [option.field for option in OPTIONS

@@ -287,10 +287,7 @@ class KVCacheSampler:
         slot = lo + torch.arange(rows, device=self.device)  # (b, rows)
         fed = slot < torch.maximum(hi, c + 1).clamp(max=n)
         # a row at slot k carries the token of slot min(k, c): its own, or a_m's for the copies
-        source = torch.minimum(slot, c)
-        token_index = (source - 1).clamp(min=0)
-        tokens = self.ordered.gather(1, token_index)
-        positions = torch.where(source == 0, -1, self.orders.gather(1, token_index))
+        tokens, positions = self.slot_inputs(torch.minimum(slot, c))
         target_positions = self.orders.gather(1, slot.clamp(max=n - 1))
         if copy_targets is not None:
             candidate = (slot - c).clamp(min=0, max=copy_targets.size(1) - 1)
@@ -304,6 +301,14 @@ class KVCacheSampler:
         # padding rows write to the trash slot n and attend like row c (all finite keys)
         return Rows(tokens, positions, target_positions, torch.where(fed, slot, n), mask, row,
                     target_slots, target_slots < hi)
+
+    def slot_inputs(self, slots: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The token and position a row at cache slot k carries: the order's token before σ_k
+        and its position, or the [None] slot's (position -1) at slot 0. (tokens, positions),
+        each the shape of `slots`."""
+        index = (slots - 1).clamp(min=0, max=self.seq_len - 1)
+        return (self.ordered.gather(1, index),
+                torch.where(slots == 0, -1, self.orders.gather(1, index)))
 
     def feed(self, tokens: torch.Tensor, positions: torch.Tensor, target_positions: torch.Tensor,
              write_slots: torch.Tensor, mask: torch.Tensor, read_rows: torch.Tensor

@@ -140,7 +140,7 @@ class SpeculativeSampling(Strategy):
         self.depth = self.config.branch_depth
         self.branch = 1 + self.depth
         self.siblings = (self.tree - 1) * self.window * self.branch  # rows after the order's
-        self.predraft = min(self.config.predraft, self.window)  # R copies of each pending row
+        self.predraft = self.config.fresh_drafts  # R copies of each pending entry's row
         self.predrafts = self.window * self.predraft  # rows after the candidates'
         self.extra = self.siblings + self.predrafts
         state = {"dtype": torch.long, "device": device}
@@ -345,9 +345,7 @@ class SpeculativeSampling(Strategy):
         source = self.final[:, None] + entry  # (b, predrafts): the slot whose token each carries
         asked = source + gap  # the order's index of the position each asks for
         fed = (entry < self.pending[:, None]) & (asked < n)
-        carried = (source - 1).clamp(min=0, max=n - 1)
-        tokens = sampler.ordered.gather(1, carried)
-        positions = torch.where(source == 0, -1, sampler.orders.gather(1, carried))
+        tokens, positions = sampler.slot_inputs(source)
         target_positions = sampler.orders.gather(1, asked.clamp(max=n - 1))
         own = n + 1 + self.siblings + torch.arange(self.predrafts, device=device)
         write = torch.where(fed, own, n)

@@ -252,8 +252,8 @@ def _speculative_summary(config: SamplingConfig, records: list[dict], positions:
     tree = f", tree {config.tree}" if config.tree > 1 else ""
     if config.branch_depth:
         tree += f" depth {config.branch_depth}"
-    if config.predraft:
-        tree += f", predraft {min(config.predraft, config.draft)}"
+    if config.fresh_drafts:
+        tree += f", predraft {config.fresh_drafts}"
     return (f"speculative (draft {config.draft}{tree}): {_mean_calls(records) / positions:.3f} "
             f"network calls per token, {accepted / max(decided, 1):.0%} of {decided:,} drafts "
             "accepted")
